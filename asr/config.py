@@ -1,0 +1,173 @@
+"""Typed configuration: dataclasses loaded from YAML, validated on load.
+
+Every component owns a ``@dataclass`` of its options (``features.config``,
+``asr.data.config``, ``asr.models.*``). This module only knows how to turn a
+nested ``dict`` into those dataclasses and how to apply command-line overrides
+of the form ``key.sub=value``. An unknown key is an error that names the key's
+full dotted path, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is wrong; the message names the key."""
+
+
+def from_dict(cls: type, data: dict | None, path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, recursing into nested dataclasses.
+
+    ``path`` is the dotted prefix used in error messages (``"model.listener"``).
+    """
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f" in '{path}'" if path else ""
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"unknown config key '{_join(path, unknown[0])}'{where} (known keys: {known})")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        values[name] = _convert(hints[name], value, _join(path, name))
+    try:
+        obj = cls(**values)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"{path or 'config'}: {err}") from err
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """Inverse of :func:`from_dict`: plain dicts/lists, safe to dump as YAML."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _convert(hint: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, path)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"{path}: cannot convert {value!r}")
+    if origin is typing.Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, allowed))}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (item,) = typing.get_args(hint)[:1] or (Any,)
+        return [_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, str):
+            # PyYAML reads "1e-3" (no dot) as a string; accept what float() accepts.
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"model.listener.num_layers=4"`` -> (["model", "listener", "num_layers"], 4).
+
+    The value is parsed as YAML, so ``true``, ``3``, ``1e-3``, ``[1, 2]`` and
+    ``null`` mean what they mean in a recipe.
+    """
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    keys = key.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"override '{text}' has an empty key part")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return keys, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply ``key.sub=value`` overrides to a nested dict (a new dict is returned)."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            child = node.get(k)
+            if child is None:
+                child = node[k] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{text}': '{k}' is not a section")
+            node = child
+        node[keys[-1]] = value
+    return data
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of config keys")
+    return data

@@ -1,0 +1,85 @@
+"""The contract every recogniser implements, so training and decoding are shared.
+
+A model is an ``nn.Module`` with:
+
+``forward(features, feature_lengths, tokens, token_lengths) -> ModelOutput``
+    features (B, T, D) float, feature_lengths (B,) int, tokens (B, L) int padded
+    with the tokenizer's pad id (no ``<sos>``/``<eos>``: the model adds them with
+    :func:`asr.models.common.add_sos_eos`), token_lengths (B,).
+
+``encode(features, feature_lengths) -> EncoderOutput``
+
+and the step-wise decoding interface used by greedy and beam search
+(``asr.decoding``):
+
+``init_decoder_state(encoder: EncoderOutput) -> state``
+    The state before the first step, for a batch of B hypotheses.
+``decode_step(tokens, state, encoder: EncoderOutput) -> (log_probs, state)``
+    tokens (N,) the last emitted token of each hypothesis (``<sos>`` first);
+    log_probs (N, V). ``encoder`` has N rows, already expanded to the beam.
+``reorder_decoder_state(state, index) -> state``
+    Select/duplicate hypotheses: ``index`` (N',) long picks rows of the state.
+
+The state is opaque to the search (any nesting of tensors whose first
+dimension is the hypothesis dimension works with :func:`reorder_nested`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EncoderOutput:
+    """What the encoder hands the decoder.
+
+    out:  (B, T', H) encoder states after time reduction.
+    mask: (B, T') bool, True = valid frame.
+    lengths: (B,) valid lengths, ``mask.sum(1)``.
+    ctc_log_probs: (B, T', V) log-softmax of the CTC head, or None without one.
+    """
+
+    out: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor
+    ctc_log_probs: torch.Tensor | None = None
+
+    def index_select(self, index: torch.Tensor) -> "EncoderOutput":
+        """Rows ``index`` of every field: used to expand a batch to B*k beams."""
+        return EncoderOutput(
+            out=self.out.index_select(0, index),
+            mask=self.mask.index_select(0, index),
+            lengths=self.lengths.index_select(0, index),
+            ctc_log_probs=None if self.ctc_log_probs is None else self.ctc_log_probs.index_select(0, index),
+        )
+
+
+@dataclass
+class ModelOutput:
+    """Loss terms of one batch. ``loss`` is what is optimised:
+    ``(1 - ctc_weight) * attention_loss + ctc_weight * ctc_loss``; the parts are
+    reported separately (None when absent). ``num_tokens`` counts target tokens
+    incl. ``<eos>``, for token-weighted averaging across batches."""
+
+    loss: torch.Tensor
+    attention_loss: torch.Tensor | None
+    ctc_loss: torch.Tensor | None
+    num_tokens: int
+    attention_weights: torch.Tensor | None = None  # (B, L, T') for plots, optional
+
+
+def reorder_nested(state, index: torch.Tensor):
+    """Apply ``index_select(0, index)`` to every tensor in a nested state."""
+    if state is None:
+        return None
+    if isinstance(state, torch.Tensor):
+        return state.index_select(0, index)
+    if isinstance(state, (list, tuple)):
+        return type(state)(reorder_nested(s, index) for s in state)
+    if isinstance(state, dict):
+        return {k: reorder_nested(v, index) for k, v in state.items()}
+    if isinstance(state, EncoderOutput):
+        return state.index_select(index)
+    raise TypeError(f"cannot reorder decoder state of type {type(state).__name__}")

@@ -1,0 +1,105 @@
+"""Kaldi-compatible log-mel filterbanks and MFCCs, built on ``torchaudio.compliance.kaldi``.
+
+Scaling. Kaldi reads audio as 16-bit integers, so its dither (``--dither=1.0``
+means Gaussian noise of one least-significant bit) and its log energies are in
+int16 units. Waveforms here are float in [-1, 1]; they are multiplied by
+``INT16_SCALE`` (32768) before framing, so the features, and the ``dither``
+value of :class:`~features.config.FeatureConfig`, mean exactly what they mean
+in Kaldi. (Without the scaling every log-mel value would be shifted by
+``2 * log(32768) ~= 20.8`` and a dither of 1.0 would be deafening.)
+
+Dither. ``torchaudio``'s own dither draws from the global RNG, per frame. We
+instead add the noise once to the whole waveform, from a caller-supplied
+``torch.Generator``, so that training runs are reproducible. Each frame still
+sees independent N(0, dither^2) noise on every sample, as in Kaldi; only
+overlapping frames now share their noise on the overlap.
+
+The other options are Kaldi's defaults: povey window, pre-emphasis 0.97,
+per-frame DC removal, power spectrum, mel filters from 20 Hz to Nyquist,
+``snip_edges=True`` (only whole frames: ``T = 1 + (N - window) // shift``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchaudio.compliance import kaldi
+
+from features.audio import AudioError
+from features.config import FeatureConfig
+
+INT16_SCALE = 32768.0
+
+
+def frame_sizes(config: FeatureConfig) -> tuple[int, int]:
+    """(window, shift) in samples at ``config.sample_rate``, rounded down as Kaldi does."""
+    # Same expression as torchaudio's kaldi module, so float rounding agrees with it.
+    window = int(config.sample_rate * config.frame_length_ms * 0.001)
+    shift = int(config.sample_rate * config.frame_shift_ms * 0.001)
+    return window, shift
+
+
+def num_frames(num_samples: int, config: FeatureConfig) -> int:
+    """Frames produced from ``num_samples`` samples at ``config.sample_rate`` (0 if shorter than a window)."""
+    window, shift = frame_sizes(config)
+    return 0 if num_samples < window else 1 + (num_samples - window) // shift
+
+
+def add_dither(waveform: Tensor, amount: float, generator: torch.Generator | None = None) -> Tensor:
+    """``waveform (N,)`` in int16 units plus N(0, amount^2) noise drawn from ``generator``."""
+    if amount == 0.0:
+        return waveform
+    noise = torch.randn(waveform.shape, generator=generator, dtype=waveform.dtype, device=waveform.device)
+    return waveform + amount * noise
+
+
+def log_mel_fbank(waveform: Tensor, config: FeatureConfig) -> Tensor:
+    """``waveform (N,)`` in int16 units -> log-mel filterbank ``(T, num_mel_bins)``."""
+    return kaldi.fbank(waveform.unsqueeze(0), num_mel_bins=config.num_mel_bins, **_kaldi_options(config))
+
+
+def mfcc(waveform: Tensor, config: FeatureConfig) -> Tensor:
+    """``waveform (N,)`` in int16 units -> MFCC ``(T, num_ceps)`` (C0 included, liftered by 22 as in Kaldi).
+
+    The DCT runs over ``config.num_mel_bins`` filters, so ``num_ceps=40`` over
+    40+ filters gives Kaldi's "hires" MFCC, an invertible rotation of the fbank.
+    """
+    return kaldi.mfcc(
+        waveform.unsqueeze(0),
+        num_ceps=config.num_ceps,
+        num_mel_bins=config.num_mel_bins,
+        **_kaldi_options(config),
+    )
+
+
+def extract(
+    waveform: Tensor, config: FeatureConfig, dither: float = 0.0, generator: torch.Generator | None = None
+) -> Tensor:
+    """Mono ``waveform (N,)`` float in [-1, 1] at ``config.sample_rate`` -> ``(T, base_dim)`` float32.
+
+    ``dither`` is in int16 units (Kaldi's convention); pass 0 for inference.
+    Raises :class:`AudioError` if the waveform is shorter than one frame.
+    """
+    window, _ = frame_sizes(config)
+    if waveform.dim() != 1:
+        raise AudioError(f"expected a mono waveform of shape (N,), got {tuple(waveform.shape)}")
+    if waveform.shape[0] < window:
+        raise AudioError(
+            f"waveform of {waveform.shape[0]} samples is shorter than one {config.frame_length_ms:g} ms frame "
+            f"({window} samples at {config.sample_rate} Hz)"
+        )
+    scaled = add_dither(waveform.float() * INT16_SCALE, dither, generator)
+    if config.kind == "fbank":
+        return log_mel_fbank(scaled, config)
+    return mfcc(scaled, config)
+
+
+def _kaldi_options(config: FeatureConfig) -> dict:
+    # dither=0 here: the dither, if any, was already added with a reproducible generator.
+    return dict(
+        sample_frequency=float(config.sample_rate),
+        frame_length=config.frame_length_ms,
+        frame_shift=config.frame_shift_ms,
+        dither=0.0,
+        snip_edges=True,
+    )

@@ -1,0 +1,38 @@
+"""Shared test fixtures: the real speech in ``../shared/data`` (see its README)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("ASR_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
+
+
+def _require(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"test data not found: {path} (set ASR_SHARED_DATA to the shared data folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    return _require(SHARED_DATA)
+
+
+@pytest.fixture(scope="session")
+def fsdd_recordings() -> Path:
+    """Free Spoken Digit Dataset recordings: {digit}_{speaker}_{take}.wav, 8 kHz."""
+    return _require(SHARED_DATA / "fsdd" / "recordings")
+
+
+@pytest.fixture(scope="session")
+def librivox_mini() -> Path:
+    """Five LibriVox utterances in LibriSpeech layout (subset folder), 16 kHz FLAC."""
+    return _require(SHARED_DATA / "librivox_mini" / "LibriSpeech" / "test-mini")
+
+
+@pytest.fixture(scope="session")
+def fsdd_dev() -> Path:
+    """Connected-digit dev set in LibriSpeech layout (subset folder)."""
+    return _require(SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev")
