@@ -45,7 +45,7 @@ class FeatureConfig:
     frame_length_ms: float = 25.0
     frame_shift_ms: float = 10.0   # 10 ms shift -> 100 frames per second
     deltas: bool = False           # append delta and delta-delta (triples the dimension)
-    dither: float = 0.0            # Kaldi-style dither added in training only (0 disables)
+    dither: float = 0.0            # training-only Gaussian dither in int16 units (Kaldi's 1.0 = one LSB); 0 disables
     mvn: Literal["none", "utterance", "global"] = "none"
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
 
@@ -63,7 +63,8 @@ class FeatureConfig:
             raise ValueError(f"num_ceps must be in [1, num_mel_bins={self.num_mel_bins}], got {self.num_ceps}")
         if self.frame_length_ms <= 0 or self.frame_shift_ms <= 0:
             raise ValueError(
-                f"frame_length_ms and frame_shift_ms must be positive, got {self.frame_length_ms}, {self.frame_shift_ms}"
+                "frame_length_ms and frame_shift_ms must be positive, "
+                f"got {self.frame_length_ms}, {self.frame_shift_ms}"
             )
         if self.dither < 0:
             raise ValueError(f"dither must be >= 0, got {self.dither}")

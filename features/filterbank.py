@@ -45,6 +45,26 @@ def num_frames(num_samples: int, config: FeatureConfig) -> int:
     return 0 if num_samples < window else 1 + (num_samples - window) // shift
 
 
+def check_mel_filters(config: FeatureConfig) -> None:
+    """Raise ``ValueError`` if some mel filter covers no FFT bin (too many bins for the rate and window).
+
+    Such a filter's output is a constant log(epsilon) column: harmless-looking
+    but pure noise after MVN, so it is refused up front.
+    """
+    window, _ = frame_sizes(config)
+    fft_size = 1 << (window - 1).bit_length()  # Kaldi rounds the window up to a power of two
+    # low_freq=20, high_freq=Nyquist, no VTLN warp: the defaults extract() uses.
+    banks, _ = kaldi.get_mel_banks(
+        config.num_mel_bins, fft_size, float(config.sample_rate), 20.0, 0.0, 100.0, -500.0, 1.0
+    )
+    empty = int((banks.sum(dim=1) == 0).sum())
+    if empty:
+        raise ValueError(
+            f"num_mel_bins={config.num_mel_bins} is too many for sample_rate={config.sample_rate} with "
+            f"frame_length_ms={config.frame_length_ms:g}: {empty} mel filters contain no FFT bin"
+        )
+
+
 def add_dither(waveform: Tensor, amount: float, generator: torch.Generator | None = None) -> Tensor:
     """``waveform (N,)`` in int16 units plus N(0, amount^2) noise drawn from ``generator``."""
     if amount == 0.0:

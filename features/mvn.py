@@ -1,0 +1,157 @@
+"""Mean-variance normalisation (MVN) of ``(T, D)`` features, per feature dimension.
+
+Modes (``FeatureConfig.mvn``):
+
+- ``none``: features are left as computed.
+- ``utterance``: each utterance is shifted and scaled by its own per-dimension
+  mean and standard deviation. Needs no statistics, but removes the absolute
+  level (loudness, channel) of every utterance, and on very short utterances
+  the statistics are noisy.
+- ``global``: one mean and standard deviation per dimension, accumulated once
+  over the training set (:class:`GlobalStats`), saved, and carried in the model
+  checkpoint so that inference divides by exactly the numbers training used.
+
+Both use the population standard deviation (divide by the frame count, not
+count - 1) floored at ``std_floor``, so a constant dimension (e.g. a single
+frame, or digital silence) is centred rather than blown up to inf/NaN.
+Statistics are accumulated in float64: a training set has ~10^8 frames of
+log-mel values around 10-20, and a float32 sum of squares would lose the
+variance to cancellation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+DEFAULT_STD_FLOOR = 1e-5
+
+
+def utterance_mvn(feats: Tensor, std_floor: float = DEFAULT_STD_FLOOR) -> Tensor:
+    """``(T, D)`` -> ``(T, D)`` float32 with per-dimension mean 0 and std 1 over this utterance's T frames."""
+    x = feats.double()
+    mean = x.mean(dim=0)
+    std = x.std(dim=0, unbiased=False).clamp(min=std_floor)
+    return ((x - mean) / std).float()
+
+
+class GlobalStats:
+    """Running per-dimension frame count, sum and sum of squares (float64) over a training set.
+
+    Usage: ``stats = GlobalStats(dim)``; ``stats.update(feats)`` for every
+    training utterance's raw ``(T, D)`` features; then ``stats.normalize(feats)``.
+    """
+
+    def __init__(self, dim: int, std_floor: float = DEFAULT_STD_FLOOR):
+        if dim < 1:
+            raise ValueError(f"GlobalStats: dim must be >= 1, got {dim}")
+        if std_floor <= 0:
+            raise ValueError(f"GlobalStats: std_floor must be positive, got {std_floor}")
+        self.dim = dim
+        self.std_floor = float(std_floor)
+        self.count = 0
+        self.sum = torch.zeros(dim, dtype=torch.float64)
+        self.sum_squares = torch.zeros(dim, dtype=torch.float64)
+
+    def update(self, feats: Tensor) -> None:
+        """Add the frames of one utterance, ``feats (T, D)``."""
+        if feats.dim() != 2 or feats.shape[1] != self.dim:
+            raise ValueError(
+                f"GlobalStats.update: expected features of shape (T, {self.dim}), got {tuple(feats.shape)}"
+            )
+        x = feats.detach().to("cpu", torch.float64)
+        self.count += x.shape[0]
+        self.sum += x.sum(dim=0)
+        self.sum_squares += (x * x).sum(dim=0)
+
+    @property
+    def mean(self) -> Tensor:
+        """Per-dimension mean, ``(D,)`` float64."""
+        self._require_frames()
+        return self.sum / self.count
+
+    @property
+    def std(self) -> Tensor:
+        """Per-dimension population standard deviation, floored at ``std_floor``; ``(D,)`` float64."""
+        mean = self.mean
+        # E[x^2] - E[x]^2 can come out slightly negative from rounding when the variance is ~0.
+        variance = (self.sum_squares / self.count - mean * mean).clamp(min=0.0)
+        return variance.sqrt().clamp(min=self.std_floor)
+
+    def normalize(self, feats: Tensor) -> Tensor:
+        """``(T, D)`` -> ``(T, D)`` float32, ``(feats - mean) / std`` with the accumulated statistics."""
+        if feats.dim() != 2 or feats.shape[1] != self.dim:
+            raise ValueError(f"global MVN: expected features of shape (T, {self.dim}), got {tuple(feats.shape)}")
+        mean, std = self.mean.to(feats.device), self.std.to(feats.device)
+        return ((feats.double() - mean) / std).float()
+
+    def state_dict(self) -> dict:
+        """Plain dict for a checkpoint: ``{"dim", "count", "sum", "sum_squares", "std_floor"}``."""
+        return {
+            "dim": self.dim,
+            "count": self.count,
+            "sum": self.sum.clone(),
+            "sum_squares": self.sum_squares.clone(),
+            "std_floor": self.std_floor,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> GlobalStats:
+        missing = {"dim", "count", "sum", "sum_squares", "std_floor"} - set(state)
+        if missing:
+            raise ValueError(f"GlobalStats state is missing {sorted(missing)}")
+        stats = cls(int(state["dim"]), float(state["std_floor"]))
+        total, squares = torch.as_tensor(state["sum"]), torch.as_tensor(state["sum_squares"])
+        if total.shape != (stats.dim,) or squares.shape != (stats.dim,):
+            raise ValueError(
+                f"GlobalStats state: sum {tuple(total.shape)} / sum_squares {tuple(squares.shape)} "
+                f"do not match dim {stats.dim}"
+            )
+        stats.count = int(state["count"])
+        stats.sum = total.to(torch.float64).clone()
+        stats.sum_squares = squares.to(torch.float64).clone()
+        return stats
+
+    def save(self, path: str | Path) -> None:
+        torch.save(self.state_dict(), Path(path))
+
+    @classmethod
+    def load(cls, path: str | Path) -> GlobalStats:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"MVN statistics file not found: {path}")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises several unrelated types for a corrupt file
+            raise ValueError(f"cannot read MVN statistics from {path}: {err}") from err
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} does not hold MVN statistics (got {type(state).__name__})")
+        try:
+            return cls.from_state_dict(state)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
+
+    def _require_frames(self) -> None:
+        if self.count == 0:
+            raise ValueError("GlobalStats has no frames yet: call update() on the training features first")
+
+    def __repr__(self) -> str:
+        return f"GlobalStats(dim={self.dim}, count={self.count})"
+
+
+def apply_mvn(feats: Tensor, mode: str, stats: GlobalStats | None = None) -> Tensor:
+    """Normalise ``feats (T, D)`` according to ``mode`` (``none | utterance | global``); float32 out."""
+    if mode == "none":
+        return feats
+    if mode == "utterance":
+        return utterance_mvn(feats)
+    if mode == "global":
+        if stats is None:
+            raise ValueError(
+                "mvn: global needs global statistics, but none were given: accumulate them over the training set "
+                "with FeaturePipeline.compute_global_stats(paths), or load them from the model checkpoint"
+            )
+        return stats.normalize(feats)
+    raise ValueError(f"mvn must be one of none, utterance, global; got {mode!r}")

@@ -1,0 +1,156 @@
+"""The one place where audio becomes features, for training and for inference alike.
+
+    load -> downmix -> resample -> (dither if train) -> fbank | MFCC -> deltas -> MVN -> (SpecAugment if train)
+
+Training, evaluation and ``transcribe`` all call :meth:`FeaturePipeline.from_waveform`
+(or :meth:`~FeaturePipeline.from_file`, which is ``load_audio`` + ``from_waveform``);
+``train`` switches on exactly the two stochastic steps and nothing else, so the
+features a model is evaluated on cannot drift from those it was trained on.
+The checkpoint stores :meth:`FeaturePipeline.state_dict` (config + MVN
+statistics), and :meth:`FeaturePipeline.from_state_dict` rebuilds the same
+pipeline at inference time.
+
+Output: ``(T, D)`` float32, T = 1 + (N - window) // shift frames of the
+resampled waveform (100 per second with the default 10 ms shift),
+D = :attr:`FeaturePipeline.feature_dim`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from features.audio import AudioError, load_audio, resample, to_mono
+from features.config import FeatureConfig, SpecAugmentConfig
+from features.deltas import add_deltas
+from features.filterbank import check_mel_filters, extract
+from features.mvn import GlobalStats, apply_mvn
+from features.specaugment import spec_augment
+
+
+class FeaturePipeline:
+    """Audio -> normalised ``(T, D)`` features, configured by a :class:`FeatureConfig`.
+
+    ``stats`` are the global MVN statistics (needed only for ``mvn: global``);
+    they can also be set later by :meth:`compute_global_stats`.
+    """
+
+    def __init__(self, config: FeatureConfig, stats: GlobalStats | None = None):
+        check_mel_filters(config)
+        self.config = config
+        self._stats: GlobalStats | None = None
+        self.stats = stats
+
+    @property
+    def feature_dim(self) -> int:
+        """D of the output features: mel bins (fbank) or cepstra (MFCC), times 3 with deltas."""
+        return self.config.feature_dim
+
+    @property
+    def stats(self) -> GlobalStats | None:
+        return self._stats
+
+    @stats.setter
+    def stats(self, stats: GlobalStats | None) -> None:
+        if stats is not None and stats.dim != self.feature_dim:
+            raise ValueError(
+                f"global MVN statistics have dimension {stats.dim}, but these features have {self.feature_dim} "
+                f"(kind={self.config.kind}, deltas={self.config.deltas}): were they computed with another config?"
+            )
+        self._stats = stats
+
+    def from_waveform(
+        self,
+        waveform: Tensor,
+        sample_rate: int,
+        train: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """``waveform (C, N)`` or ``(N,)``, float in [-1, 1] -> features ``(T, D)`` float32.
+
+        ``train=True`` adds dither (if ``config.dither > 0``) and SpecAugment (if
+        enabled), both drawn from ``generator``; ``train=False`` is deterministic.
+        """
+        feats = self._base_features(waveform, sample_rate, train, generator)
+        feats = apply_mvn(feats, self.config.mvn, self.stats)
+        if train and self.config.spec_augment.enabled:
+            # After MVN, 0 is the mean; without MVN fill with the utterance mean (see features.specaugment).
+            fill = "mean" if self.config.mvn == "none" else "zero"
+            feats = spec_augment(feats, self.config.spec_augment, generator, fill=fill)
+        return feats
+
+    def from_file(self, path: str | Path, train: bool = False, generator: torch.Generator | None = None) -> Tensor:
+        """Features ``(T, D)`` of an audio file; exactly ``from_waveform(*load_audio(path), ...)``."""
+        waveform, sample_rate = load_audio(path)
+        try:
+            return self.from_waveform(waveform, sample_rate, train=train, generator=generator)
+        except AudioError as err:
+            raise AudioError(f"{path}: {err}") from err
+
+    def raw_features(self, waveform: Tensor, sample_rate: int) -> Tensor:
+        """Features ``(T, D)`` before MVN and SpecAugment, without dither: what global stats are accumulated on."""
+        return self._base_features(waveform, sample_rate, train=False, generator=None)
+
+    def compute_global_stats(self, paths: Iterable[str | Path]) -> GlobalStats:
+        """Accumulate global MVN statistics over the raw features of ``paths`` (the training set).
+
+        Dither is left out: with the usual 1-LSB dither its effect on the
+        statistics is negligible, and the result does not depend on an RNG.
+        Also sets ``self.stats``.
+        """
+        stats = GlobalStats(self.feature_dim)
+        for path in paths:
+            waveform, sample_rate = load_audio(path)
+            try:
+                stats.update(self.raw_features(waveform, sample_rate))
+            except AudioError as err:
+                raise AudioError(f"{path}: {err}") from err
+        if stats.count == 0:
+            raise ValueError("compute_global_stats: no audio files were given")
+        self.stats = stats
+        return stats
+
+    def state_dict(self) -> dict:
+        """``{"config": plain dict, "stats": GlobalStats state or None}``, for the model checkpoint."""
+        return {
+            "config": dataclasses.asdict(self.config),
+            "stats": None if self.stats is None else self.stats.state_dict(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> FeaturePipeline:
+        """Rebuild the pipeline a checkpoint was trained with (inverse of :meth:`state_dict`)."""
+        if not isinstance(state, dict) or "config" not in state:
+            raise ValueError("feature pipeline state must be a dict with a 'config' entry")
+        config = _config_from_plain(state["config"])
+        stats = state.get("stats")
+        return cls(config, None if stats is None else GlobalStats.from_state_dict(stats))
+
+    def _base_features(
+        self, waveform: Tensor, sample_rate: int, train: bool, generator: torch.Generator | None
+    ) -> Tensor:
+        """Downmix -> resample -> (dither) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
+        if not torch.is_floating_point(waveform):
+            raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
+        mono = resample(to_mono(waveform), sample_rate, self.config.sample_rate)
+        dither = self.config.dither if train else 0.0
+        feats = extract(mono, self.config, dither=dither, generator=generator)
+        if self.config.deltas:
+            feats = add_deltas(feats)
+        return feats
+
+
+def _config_from_plain(data: dict) -> FeatureConfig:
+    # Keys missing from an older checkpoint take today's defaults; unknown keys are an error.
+    data = dict(data)
+    spec = data.pop("spec_augment", None) or {}
+    for cls, values, prefix in ((FeatureConfig, data, "features"), (SpecAugmentConfig, spec, "features.spec_augment")):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown feature config key '{prefix}.{unknown[0]}' in checkpoint")
+    return FeatureConfig(**data, spec_augment=SpecAugmentConfig(**spec))
