@@ -1,0 +1,169 @@
+"""Length-bucketed dynamic batches and the collate function that pads them.
+
+Batches are filled under a budget of *padded* feature frames
+(batch size x longest utterance in the batch), because that, not the number
+of utterances, is what sets memory and compute: a batch of short utterances
+holds many, a batch of long ones few. Sorting by length before filling keeps
+padding small.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Sampler
+
+from asr.data.tokenizer import PAD_ID
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of dataset indices of similar length, under a padded-frame budget.
+
+    num_frames:           feature frames of each utterance (an estimate from its duration is enough).
+    max_frames_per_batch: budget: ``len(batch) * max(num_frames of batch) <= max_frames_per_batch``.
+                          An utterance longer than the whole budget is not dropped: it gets a
+                          batch of its own (the only way such a batch exceeds the budget), so
+                          filter very long utterances beforehand (``data.max_duration``).
+    shuffle:              shuffle the order of batches, and which of equal-length utterances share
+                          one, differently each epoch; the draw depends only on ``seed + epoch``
+                          (call :meth:`set_epoch` before each epoch). Without shuffling, batches
+                          come shortest first.
+    num_replicas, rank:   distributed training: rank ``r`` gets batches ``r, r + R, r + 2R, ...``
+                          of the epoch's list, a disjoint share. So that every rank takes the same
+                          number of steps (a rank that stops early would hang the others' gradient
+                          all-reduce), the list is padded by repeating batches from its start;
+                          with ``drop_last`` the tail that does not divide evenly is dropped instead.
+
+    Every utterance is in exactly one batch per epoch (apart from the padding repeats).
+    """
+
+    def __init__(
+        self,
+        num_frames: Sequence[int],
+        max_frames_per_batch: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_replicas: int = 1,
+        rank: int = 0,
+        drop_last: bool = False,
+    ):
+        if max_frames_per_batch <= 0:
+            raise ValueError(f"max_frames_per_batch must be positive, got {max_frames_per_batch}")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"need num_replicas >= 1 and 0 <= rank < num_replicas, got {num_replicas}, {rank}")
+        if any(n < 0 for n in num_frames):
+            raise ValueError("num_frames must be non-negative")
+        self.num_frames = [int(n) for n in num_frames]
+        self.max_frames_per_batch = max_frames_per_batch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.drop_last = drop_last
+        self.epoch = 0
+        # Ties are the only thing the epoch changes in the packing, and packing depends
+        # only on the sorted lengths, so the number of batches is the same every epoch.
+        self._num_batches = len(self._pack(sorted(range(len(self.num_frames)), key=self.num_frames.__getitem__)))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        """All batches of the current epoch (every rank's), before the split between ranks."""
+        rng = random.Random(self.seed + self.epoch)
+        order = list(range(len(self.num_frames)))
+        if self.shuffle:
+            rng.shuffle(order)  # the stable sort below then breaks length ties in a random order
+        order.sort(key=self.num_frames.__getitem__)
+        batches = self._pack(order)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def _pack(self, order: list[int]) -> list[list[int]]:
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for index in order:  # ascending length, so the newest item is the longest in the batch
+            if current and (len(current) + 1) * self.num_frames[index] > self.max_frames_per_batch:
+                batches.append(current)
+                current = []
+            current.append(index)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _per_rank(self) -> int:
+        if self.drop_last:
+            return self._num_batches // self.num_replicas
+        return math.ceil(self._num_batches / self.num_replicas)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches()
+        total = self._per_rank() * self.num_replicas
+        while len(batches) < total:  # pad by repeating from the start (several rounds if needed)
+            batches.extend(batches[: total - len(batches)])
+        return iter(batches[self.rank : total : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self._per_rank()
+
+
+@dataclass
+class Batch:
+    """A padded mini-batch.
+
+    ids:             (B,) utterance ids, in batch order.
+    features:        (B, T, D) float32, zero after each utterance's length.
+    feature_lengths: (B,) long, valid frames per row (mask: ``lengths_to_mask``, True = valid).
+    tokens:          (B, L) long, padded with the PAD id (0); no <sos>/<eos>.
+    token_lengths:   (B,) long.
+    """
+
+    ids: list[str]
+    features: torch.Tensor
+    feature_lengths: torch.Tensor
+    tokens: torch.Tensor
+    token_lengths: torch.Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(
+            self.ids,
+            self.features.to(device, non_blocking=non_blocking),
+            self.feature_lengths.to(device, non_blocking=non_blocking),
+            self.tokens.to(device, non_blocking=non_blocking),
+            self.token_lengths.to(device, non_blocking=non_blocking),
+        )
+
+    def pin_memory(self) -> "Batch":
+        """Called by ``DataLoader(pin_memory=True)`` for faster host-to-GPU copies."""
+        return Batch(
+            self.ids,
+            self.features.pin_memory(),
+            self.feature_lengths.pin_memory(),
+            self.tokens.pin_memory(),
+            self.token_lengths.pin_memory(),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def collate(items: Sequence[dict]) -> Batch:
+    """Pad dataset items (``{"id", "features" (T, D), "tokens" (L,)}``) into a :class:`Batch`, order kept."""
+    if not items:
+        raise ValueError("cannot collate an empty batch")
+    dims = {item["features"].shape[1] for item in items}
+    if len(dims) != 1:
+        raise ValueError(f"feature dimensions differ within a batch: {sorted(dims)}")
+    feature_lengths = torch.tensor([item["features"].shape[0] for item in items], dtype=torch.long)
+    token_lengths = torch.tensor([item["tokens"].shape[0] for item in items], dtype=torch.long)
+    features = torch.zeros(len(items), int(feature_lengths.max()), dims.pop(), dtype=torch.float32)
+    tokens = torch.full((len(items), int(token_lengths.max())), PAD_ID, dtype=torch.long)
+    for row, item in enumerate(items):
+        features[row, : feature_lengths[row]] = item["features"]
+        tokens[row, : token_lengths[row]] = item["tokens"]
+    return Batch([item["id"] for item in items], features, feature_lengths, tokens, token_lengths)

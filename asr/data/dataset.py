@@ -1,0 +1,178 @@
+"""Utterances -> (features, tokens) items, and the one-shot validation before training.
+
+:func:`prepare_utterances` runs once, before training: it leaves out what
+cannot or should not be trained on (too long or short, empty transcript,
+characters the tokenizer cannot encode, repeated ids) and records each
+omission in a :class:`~asr.data.report.SkipReport` naming the file, which it
+logs summarised by reason. :class:`SpeechDataset` then featurises items
+through :class:`features.pipeline.FeaturePipeline`, the same code path
+``transcribe`` uses, so training and inference features cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from asr.data import report as reasons
+from asr.data.batching import BucketBatchSampler, collate
+from asr.data.config import DataConfig
+from asr.data.report import DataError, SkipReport
+from asr.data.tokenizer import Tokenizer, UnknownCharactersError
+from asr.data.utterance import InMemoryAudio, Utterance
+from features.audio import AudioError
+from features.filterbank import num_frames
+from features.pipeline import FeaturePipeline
+
+
+def prepare_utterances(
+    utterances: Sequence[Utterance],
+    config: DataConfig,
+    tokenizer: Tokenizer | None = None,
+    report: SkipReport | None = None,
+    limit_duration: bool = True,
+    name: str = "data",
+) -> tuple[list[Utterance], SkipReport]:
+    """The utterances fit to train on, and the report of those left out.
+
+    Left out, each with a message naming the file: a repeated utterance id; an
+    empty transcript; duration outside ``[config.min_duration, config.max_duration]``
+    (when ``limit_duration``; pass False for a test set, so that its score stays
+    comparable with published ones); characters ``tokenizer`` cannot encode
+    (skipped when ``tokenizer`` is None, e.g. before training it on these very
+    transcripts). ``report`` (default: a new one with ``strict=config.strict``)
+    may already hold the reader's skips; the whole report is logged as
+    ``name`` when this returns. In strict mode the first problem raises
+    :class:`DataError`.
+    """
+    report = SkipReport(strict=config.strict) if report is None else report
+    kept: list[Utterance] = []
+    seen: set[str] = set()
+    for utt in utterances:
+        where = f"{utt.source} (utterance {utt.id})"
+        if utt.id in seen:
+            report.skip(reasons.DUPLICATE_ID, f"{where}: utterance id used more than once")
+            continue
+        seen.add(utt.id)
+        if not utt.text:
+            report.skip(reasons.EMPTY_TRANSCRIPT, f"{where}: empty transcript")
+            continue
+        if limit_duration and utt.duration > config.max_duration:
+            report.skip(reasons.TOO_LONG, f"{where}: {utt.duration:.2f} s > data.max_duration {config.max_duration} s")
+            continue
+        if limit_duration and utt.duration < config.min_duration:
+            report.skip(reasons.TOO_SHORT, f"{where}: {utt.duration:.3f} s < data.min_duration {config.min_duration} s")
+            continue
+        if tokenizer is not None:
+            unknown = tokenizer.unknown_characters(utt.text)
+            if unknown:
+                shown = " ".join(repr(c) for c in sorted(unknown))
+                report.skip(reasons.UNKNOWN_CHARACTERS, f"{where}: characters the tokenizer does not know: {shown}")
+                continue
+        kept.append(utt)
+    report.log(name)
+    return kept, report
+
+
+class SpeechDataset(Dataset):
+    """Items ``{"id": str, "features": (T, D) float32, "tokens": (L,) long}`` for :func:`asr.data.batching.collate`.
+
+    train: apply the pipeline's dither and SpecAugment. Their randomness comes
+           from a generator seeded by ``(seed, epoch, index)``, so an item is the
+           same whichever DataLoader worker computes it and however many
+           workers there are; call :meth:`set_epoch` (or :func:`set_loader_epoch`)
+           before each epoch for fresh draws. With ``persistent_workers=True``
+           the workers would keep the epoch they started with, so do not use it.
+    """
+
+    def __init__(
+        self,
+        utterances: Sequence[Utterance],
+        pipeline: FeaturePipeline,
+        tokenizer: Tokenizer,
+        train: bool = False,
+        seed: int = 0,
+    ):
+        self.utterances = list(utterances)
+        self.pipeline = pipeline
+        self.tokenizer = tokenizer
+        self.train = train
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def generator(self, index: int) -> torch.Generator:
+        """The generator for item ``index`` in the current epoch (a function of seed, epoch and index only)."""
+        # SeedSequence mixes the three numbers into well-separated seeds: neighbouring
+        # (epoch, index) pairs must not give correlated streams.
+        entropy = [self.seed % 2**64, self.epoch, index]
+        state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
+        return torch.Generator().manual_seed(int(state))
+
+    def __getitem__(self, index: int) -> dict:
+        utt = self.utterances[index]
+        generator = self.generator(index) if self.train else None
+        try:
+            if isinstance(utt.audio, InMemoryAudio):
+                features = self.pipeline.from_waveform(
+                    utt.audio.waveform, utt.audio.sample_rate, train=self.train, generator=generator
+                )
+            else:
+                features = self.pipeline.from_file(utt.audio, train=self.train, generator=generator)
+        except AudioError as err:
+            # from_file's message names the file; for in-memory audio, name the files it was built from
+            where = f"{utt.id} ({utt.source})" if isinstance(utt.audio, InMemoryAudio) else utt.id
+            raise DataError(f"utterance {where}: {err}") from err
+        try:
+            tokens = self.tokenizer.encode(utt.text)
+        except UnknownCharactersError as err:
+            raise DataError(f"utterance {utt.id} ({utt.source}): {err}") from err
+        return {"id": utt.id, "features": features, "tokens": torch.tensor(tokens, dtype=torch.long)}
+
+    def num_frames(self) -> list[int]:
+        """Feature frames of each item, from its duration (for batching; no audio is read)."""
+        config = self.pipeline.config
+        return [num_frames(round(utt.duration * config.sample_rate), config) for utt in self.utterances]
+
+
+def make_data_loader(
+    dataset: SpeechDataset,
+    config: DataConfig,
+    shuffle: bool,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> DataLoader:
+    """A DataLoader of :class:`~asr.data.batching.Batch` es: bucketed under ``config.max_frames_per_batch``.
+
+    shuffle: True for training (batch order drawn per epoch from ``config.seed``),
+             False for evaluation (shortest first, the same every time).
+    """
+    sampler = BucketBatchSampler(
+        dataset.num_frames(),
+        config.max_frames_per_batch,
+        shuffle=shuffle,
+        seed=config.seed,
+        num_replicas=num_replicas,
+        rank=rank,
+    )
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=config.num_workers,
+        pin_memory=torch.cuda.is_available(),
+    )
+
+
+def set_loader_epoch(loader: DataLoader, epoch: int) -> None:
+    """Start epoch ``epoch``: new batch order and new dither/SpecAugment draws, both reproducible."""
+    loader.batch_sampler.set_epoch(epoch)
+    loader.dataset.set_epoch(epoch)

@@ -1,0 +1,159 @@
+"""The Free Spoken Digit Dataset (FSDD) and connected-digit utterances built from it.
+
+FSDD recordings are isolated digits named ``{digit}_{speaker}_{take}.wav``
+(mono, 8 kHz). :func:`read_fsdd` lists them, filtered by speaker and take;
+:func:`build_connected_digits` joins several takes of one speaker with short
+random gaps of silence into utterances transcribed as words
+(``"THREE SEVEN ZERO"``). Gaps go only between takes: the takes are already
+trimmed, and the feature pipeline's dither keeps pure-zero silence finite.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asr.data import report as reasons
+from asr.data.config import FSDDConfig
+from asr.data.report import DataError, SkipReport
+from asr.data.utterance import InMemoryAudio, Utterance
+from features.audio import AudioError, load_audio, to_mono
+
+# The words digits are transcribed as, already in normalize_text's form.
+DIGIT_WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
+_FILE_NAME = re.compile(r"^(?P<digit>[0-9])_(?P<speaker>[^_]+)_(?P<take>[0-9]+)\.wav$")
+
+
+@dataclass(frozen=True)
+class FSDDRecording:
+    """One isolated-digit take."""
+
+    path: Path
+    digit: int
+    speaker: str
+    take: int
+
+
+def read_fsdd(
+    folder: str | Path,
+    speakers: Sequence[str] | None = None,
+    take_range: Sequence[int] | None = None,
+    report: SkipReport | None = None,
+) -> list[FSDDRecording]:
+    """FSDD recordings in ``folder``, sorted by (speaker, digit, take).
+
+    speakers:   keep only these (None or empty = all); naming a speaker that has no
+                recordings is an error, so a typo does not silently shrink the set.
+    take_range: inclusive ``[low, high]`` of take numbers (None = all).
+    A ``.wav`` whose name does not follow ``{digit}_{speaker}_{take}.wav`` is
+    recorded in ``report`` (or raises in strict mode). A missing folder, or one
+    without recordings, raises :class:`DataError` naming it.
+    """
+    report = SkipReport() if report is None else report
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"FSDD recordings folder not found: {folder}")
+    recordings = []
+    for path in sorted(folder.glob("*.wav")):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            report.skip(reasons.BAD_FILENAME, f"{path}: not an FSDD name {{digit}}_{{speaker}}_{{take}}.wav")
+            continue
+        recordings.append(FSDDRecording(path, int(match["digit"]), match["speaker"], int(match["take"])))
+    if not recordings:
+        raise DataError(f"no FSDD recordings ({{digit}}_{{speaker}}_{{take}}.wav) in {folder}")
+    if speakers:
+        found = {r.speaker for r in recordings}
+        missing = sorted(set(speakers) - found)
+        if missing:
+            raise DataError(
+                f"FSDD speaker(s) {', '.join(missing)} have no recordings in {folder} "
+                f"(found: {', '.join(sorted(found))})"
+            )
+        keep = set(speakers)
+        recordings = [r for r in recordings if r.speaker in keep]
+    if take_range is not None:
+        low, high = take_range
+        recordings = [r for r in recordings if low <= r.take <= high]
+    return sorted(recordings, key=lambda r: (r.speaker, r.digit, r.take))
+
+
+def build_connected_digits(
+    recordings: Sequence[FSDDRecording],
+    num_utterances: int,
+    digits_per_utterance: Sequence[int] = (1, 7),
+    gap_seconds: Sequence[float] = (0.05, 0.3),
+    seed: int = 0,
+    report: SkipReport | None = None,
+) -> list[Utterance]:
+    """``num_utterances`` connected-digit utterances, the same ones for the same seed.
+
+    Each utterance draws a speaker, a count in the inclusive ``digits_per_utterance``
+    range, that many takes of the speaker (with replacement) and a gap before
+    every take but the first, uniform in ``gap_seconds``. Its waveform is
+    ``take_1, silence, take_2, ..., take_n``: (1, N) float32 held in memory
+    (:class:`InMemoryAudio`), with N = sum of the take lengths + the gaps.
+    All takes must share one sample rate (there is no resampling here); one
+    that differs raises :class:`DataError` naming the file. Unreadable or empty
+    takes are recorded in ``report`` and never drawn.
+    """
+    report = SkipReport() if report is None else report
+    takes: dict[str, list[tuple[FSDDRecording, torch.Tensor]]] = {}
+    sample_rate, rate_source = 0, None
+    for recording in recordings:
+        try:
+            waveform, rate = load_audio(recording.path)
+        except AudioError as err:
+            empty = recording.path.is_file() and recording.path.stat().st_size == 0
+            report.skip(reasons.EMPTY_AUDIO if empty else reasons.UNREADABLE_AUDIO, str(err))
+            continue
+        if rate_source is None:
+            sample_rate, rate_source = rate, recording.path
+        elif rate != sample_rate:
+            raise DataError(
+                f"{recording.path}: sample rate {rate} Hz differs from {sample_rate} Hz of {rate_source}; "
+                "connected-digit takes are joined without resampling, so all must share one rate"
+            )
+        takes.setdefault(recording.speaker, []).append((recording, to_mono(waveform).unsqueeze(0)))
+    if num_utterances > 0 and not takes:
+        raise DataError("no usable FSDD recordings to build connected-digit utterances from")
+
+    rng = random.Random(seed)
+    speakers = sorted(takes)
+    utterances = []
+    for index in range(num_utterances):
+        speaker = rng.choice(speakers)
+        count = rng.randint(digits_per_utterance[0], digits_per_utterance[1])
+        chosen = [rng.choice(takes[speaker]) for _ in range(count)]
+        pieces = [chosen[0][1]]
+        for _, waveform in chosen[1:]:
+            gap = round(rng.uniform(gap_seconds[0], gap_seconds[1]) * sample_rate)
+            pieces.extend([torch.zeros(1, gap), waveform])
+        waveform = torch.cat(pieces, dim=1)
+        audio = InMemoryAudio(waveform, sample_rate, tuple(r.path for r, _ in chosen))
+        text = " ".join(DIGIT_WORDS[r.digit] for r, _ in chosen)
+        utterances.append(
+            Utterance(f"fsdd-{speaker}-seed{seed}-{index:05d}", audio, text, waveform.shape[1] / sample_rate, speaker)
+        )
+    return utterances
+
+
+def connected_digits(
+    config: FSDDConfig, report: SkipReport | None = None, root: str | Path = ""
+) -> list[Utterance]:
+    """The connected-digit set a recipe's ``data.fsdd`` section describes (empty when ``recordings`` is "").
+
+    A relative ``config.recordings`` is taken relative to ``root`` (``data.root``).
+    """
+    if not config.recordings or config.utterances == 0:
+        return []
+    folder = Path(root).expanduser() / Path(config.recordings).expanduser()
+    recordings = read_fsdd(folder, config.speakers, config.take_range, report)
+    return build_connected_digits(
+        recordings, config.utterances, config.digits_per_utterance, config.gap_seconds, config.seed, report
+    )

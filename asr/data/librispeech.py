@@ -1,0 +1,263 @@
+"""Reader for corpora in LibriSpeech layout.
+
+A subset folder looks like::
+
+    <subset>/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac
+    <subset>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt   # "<id> <TRANSCRIPT>" per line
+
+Any subset (``train-clean-100``, ``dev-other``, the toolkit's own
+``fsdd-dev``, ...) can be read, and several subsets are concatenated.
+
+Durations come from the audio headers (no decoding) and are cached in a
+manifest, so the second run over a large subset does not open every file
+again. The manifest (``lnasr-manifest.tsv``) lives inside the subset folder
+when that folder is writable, else in the cache folder under a name derived
+from the subset's absolute path. Each entry keeps the file's size and
+modification time; a file whose size or mtime changed is read again, so the
+cache never serves a stale duration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import soundfile
+
+from asr.data import report as reasons
+from asr.data.report import DataError, SkipReport
+from asr.data.text import normalize_text
+from asr.data.utterance import Utterance
+
+logger = logging.getLogger(__name__)
+
+AUDIO_SUFFIXES = (".flac", ".wav")
+TRANSCRIPT_SUFFIX = ".trans.txt"
+MANIFEST_NAME = "lnasr-manifest.tsv"
+_MANIFEST_HEADER = "# lnasr duration manifest v1\tpath relative to the subset\tsize bytes\tmtime ns\tseconds"
+
+
+def read_librispeech(
+    subsets: Iterable[str | Path],
+    report: SkipReport | None = None,
+    cache_dir: str | Path | None = None,
+) -> list[Utterance]:
+    """Read and concatenate several LibriSpeech-layout subset folders (see :func:`read_subset`)."""
+    report = SkipReport() if report is None else report
+    utterances: list[Utterance] = []
+    for subset in subsets:
+        utterances.extend(read_subset(subset, report, cache_dir))
+    return utterances
+
+
+def read_subset(
+    subset: str | Path, report: SkipReport | None = None, cache_dir: str | Path | None = None
+) -> list[Utterance]:
+    """All utterances of one subset folder, in transcript-file order.
+
+    A missing folder, or one with no ``*.trans.txt`` in it, raises
+    :class:`DataError` naming it: a recipe pointing at the wrong place is not
+    something to skip. Problems with single utterances (an unreadable or
+    empty audio file, a transcript line without audio, audio without a
+    transcript line, a repeated id) are recorded in ``report`` with a message
+    naming the file, or raise in strict mode. Transcripts are passed through
+    :func:`normalize_text`; an empty one is kept here and left to
+    :func:`asr.data.dataset.prepare_utterances` to report.
+    """
+    report = SkipReport() if report is None else report
+    subset = Path(subset).expanduser()
+    if not subset.is_dir():
+        raise DataError(f"LibriSpeech subset folder not found: {subset}")
+    transcript_files, audio_by_dir = _scan(subset, report)
+    if not transcript_files:
+        found = sum(len(files) for files in audio_by_dir.values())
+        raise DataError(
+            f"no transcripts (*{TRANSCRIPT_SUFFIX}) under {subset} ({found} audio files found); "
+            "expected LibriSpeech layout <subset>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt"
+        )
+
+    manifest = DurationManifest(subset, cache_dir)
+    utterances: list[Utterance] = []
+    seen: dict[str, str] = {}
+    used_audio: set[Path] = set()
+    for trans_file in transcript_files:
+        audio_here = audio_by_dir.get(trans_file.parent, {})
+        for line_no, utt_id, text in _read_transcript(trans_file, report):
+            where = f"{trans_file}:{line_no}"
+            if utt_id in seen:
+                report.skip(reasons.DUPLICATE_ID, f"{where}: utterance id {utt_id} already used at {seen[utt_id]}")
+                continue
+            seen[utt_id] = where
+            audio = audio_here.get(utt_id)
+            if audio is None:
+                expected = trans_file.parent / f"{utt_id}{AUDIO_SUFFIXES[0]}"
+                report.skip(reasons.MISSING_AUDIO, f"{where}: transcript line for {utt_id} but no audio {expected}")
+                continue
+            used_audio.add(audio)
+            try:
+                duration = manifest.duration(audio)
+            except _UnusableAudio as err:
+                report.skip(err.reason, err.message)
+                continue
+            speaker = utt_id.split("-", 1)[0]
+            utterances.append(Utterance(utt_id, audio, normalize_text(text), duration, speaker))
+    for folder in sorted(audio_by_dir):
+        for utt_id, audio in sorted(audio_by_dir[folder].items()):
+            if audio not in used_audio:
+                report.skip(
+                    reasons.MISSING_TRANSCRIPT,
+                    f"{audio}: audio file without a transcript line (no line '{utt_id} ...' in a "
+                    f"*{TRANSCRIPT_SUFFIX} in {folder})",
+                )
+    manifest.save()
+    return utterances
+
+
+def _scan(subset: Path, report: SkipReport) -> tuple[list[Path], dict[Path, dict[str, Path]]]:
+    """Transcript files (sorted) and audio files grouped by folder then id, found by walking ``subset``.
+
+    Of two audio files with one id (``x.flac`` and ``x.wav``) the first in
+    :data:`AUDIO_SUFFIXES` order is used and the other reported.
+    """
+    transcript_files: list[Path] = []
+    audio_by_dir: dict[Path, dict[str, Path]] = {}
+    for dirpath, dirnames, filenames in os.walk(subset, followlinks=True):
+        dirnames.sort()
+        folder = Path(dirpath)
+        for name in sorted(filenames):
+            if name.endswith(TRANSCRIPT_SUFFIX):
+                transcript_files.append(folder / name)
+            elif name.endswith(AUDIO_SUFFIXES):
+                stem = name.rsplit(".", 1)[0]
+                here = audio_by_dir.setdefault(folder, {})
+                if stem not in here:
+                    here[stem] = folder / name
+                    continue
+                first, second = sorted([here[stem], folder / name], key=lambda p: AUDIO_SUFFIXES.index(p.suffix))
+                here[stem] = first
+                message = f"{second}: a second audio file of utterance {stem}; using {first.name}"
+                report.skip(reasons.DUPLICATE_ID, message)
+    return transcript_files, audio_by_dir
+
+
+def _read_transcript(path: Path, report: SkipReport) -> list[tuple[int, str, str]]:
+    """(line number, utterance id, raw text) for each non-blank line of a ``*.trans.txt``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        report.skip(reasons.MALFORMED_TRANSCRIPT, f"{path}: cannot read transcript file: {err}")
+        return []
+    entries = []
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        parts = line.strip().split(maxsplit=1)
+        entries.append((line_no, parts[0], parts[1] if len(parts) > 1 else ""))
+    return entries
+
+
+class _UnusableAudio(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason, self.message = reason, message
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/lnasr``, else ``~/.cache/lnasr``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "lnasr"
+
+
+def manifest_path(subset: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Where the duration manifest of ``subset`` is kept.
+
+    Inside the subset folder when it is writable. A folder whose permission
+    bits allow no one to write is treated as read-only even when running as
+    root (who could write anyway), so a shared read-only corpus is never
+    modified; its manifest goes to ``cache_dir`` (default
+    :func:`default_cache_dir`) under a name made from its absolute path.
+    """
+    subset = Path(subset).expanduser().resolve()
+    mode = subset.stat().st_mode
+    if os.access(subset, os.W_OK) and stat.S_IMODE(mode) & 0o222:
+        return subset / MANIFEST_NAME
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    key = hashlib.sha1(str(subset).encode()).hexdigest()[:16]
+    return cache / "manifests" / f"{subset.name}-{key}.tsv"
+
+
+class DurationManifest:
+    """Durations of a subset's audio files, cached by (size, mtime) so unchanged files are not reopened."""
+
+    def __init__(self, subset: Path, cache_dir: str | Path | None = None):
+        self.subset = subset
+        self.path = manifest_path(subset, cache_dir)
+        self.cached = self._load()
+        self.current: dict[str, tuple[int, int, float]] = {}
+        self.headers_read = 0  # how many files needed their header read this time
+
+    def duration(self, audio: Path) -> float:
+        """Seconds of audio in ``audio`` (from the cache when its size and mtime are unchanged)."""
+        try:
+            st = audio.stat()
+        except OSError as err:
+            raise _UnusableAudio(reasons.UNREADABLE_AUDIO, f"{audio}: cannot stat audio file: {err}") from err
+        if st.st_size == 0:
+            raise _UnusableAudio(reasons.EMPTY_AUDIO, f"{audio}: zero-length audio file")
+        key = audio.relative_to(self.subset).as_posix()
+        entry = self.cached.get(key)
+        if entry is not None and entry[:2] == (st.st_size, st.st_mtime_ns):
+            seconds = entry[2]
+        else:
+            seconds = _header_duration(audio)
+            self.headers_read += 1
+        self.current[key] = (st.st_size, st.st_mtime_ns, seconds)
+        return seconds
+
+    def save(self) -> None:
+        """Write the manifest if anything changed; a failure only costs a rescan next time, so it is logged."""
+        if self.current == self.cached:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # write-then-rename: a reader in another process never sees half a manifest
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".manifest-", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(_MANIFEST_HEADER + "\n")
+                for key, (size, mtime, seconds) in sorted(self.current.items()):
+                    f.write(f"{key}\t{size}\t{mtime}\t{seconds!r}\n")
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; others reading the corpus may use it too
+            os.replace(tmp, self.path)
+        except OSError as err:
+            logger.warning("could not write duration manifest %s (%s); durations will be read again", self.path, err)
+
+    def _load(self) -> dict[str, tuple[int, int, float]]:
+        if not self.path.is_file():
+            return {}
+        entries: dict[str, tuple[int, int, float]] = {}
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("#") or not line.strip():
+                        continue
+                    key, size, mtime, seconds = line.rstrip("\n").rsplit("\t", 3)
+                    entries[key] = (int(size), int(mtime), float(seconds))
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            logger.warning("ignoring unreadable duration manifest %s (%s); reading durations again", self.path, err)
+            return {}
+        return entries
+
+
+def _header_duration(audio: Path) -> float:
+    try:
+        info = soundfile.info(str(audio))
+    except (RuntimeError, OSError, ValueError) as err:  # soundfile.LibsndfileError is a RuntimeError
+        raise _UnusableAudio(reasons.UNREADABLE_AUDIO, f"{audio}: cannot read audio header: {err}") from err
+    if info.frames <= 0 or info.samplerate <= 0:
+        raise _UnusableAudio(reasons.EMPTY_AUDIO, f"{audio}: audio file contains no samples")
+    return info.frames / info.samplerate

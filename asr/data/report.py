@@ -1,0 +1,87 @@
+"""Skips: every utterance left out of a corpus is recorded with a reason, never dropped silently.
+
+Readers and :func:`asr.data.dataset.prepare_utterances` call
+:meth:`SkipReport.skip` for each problem they find. The message names the
+file (and line, for transcript problems). With ``strict=True`` (the
+``data.strict`` recipe key) the first problem raises :class:`DataError`
+instead, for users who would rather fix the corpus than lose utterances.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+# The reasons, in one place, so the summary groups them consistently.
+UNREADABLE_AUDIO = "unreadable audio"         # the header cannot be read (garbage bytes, unsupported format)
+EMPTY_AUDIO = "empty audio"                   # zero-length file, or a header with zero samples
+MISSING_AUDIO = "transcript without audio"    # a trans.txt line whose audio file does not exist
+MISSING_TRANSCRIPT = "audio without transcript"
+MALFORMED_TRANSCRIPT = "malformed transcript line"
+EMPTY_TRANSCRIPT = "empty transcript"         # empty after normalisation
+UNKNOWN_CHARACTERS = "unknown characters"     # characters the tokenizer cannot encode
+TOO_LONG = "longer than max_duration"
+TOO_SHORT = "shorter than min_duration"
+DUPLICATE_ID = "duplicate utterance id"
+BAD_FILENAME = "unexpected file name"
+
+
+class DataError(ValueError):
+    """A corpus problem that stops loading: a missing or empty folder, or any skip in strict mode."""
+
+
+@dataclass
+class Skip:
+    reason: str    # one of the constants above
+    message: str   # names the file (and line) and says what is wrong
+
+
+@dataclass
+class SkipReport:
+    """The utterances left out while loading, grouped by reason.
+
+    strict: raise :class:`DataError` on the first problem instead of recording it.
+    """
+
+    strict: bool = False
+    skips: list[Skip] = field(default_factory=list)
+
+    def skip(self, reason: str, message: str) -> None:
+        """Record one left-out utterance (or raise in strict mode). ``message`` names the file."""
+        if self.strict:
+            raise DataError(f"{message} [{reason}; data.strict is true]")
+        self.skips.append(Skip(reason, message))
+        logger.debug("skipped: %s [%s]", message, reason)
+
+    def counts(self) -> Counter:
+        """reason -> number of skipped utterances."""
+        return Counter(s.reason for s in self.skips)
+
+    def messages(self, reason: str) -> list[str]:
+        return [s.message for s in self.skips if s.reason == reason]
+
+    def __len__(self) -> int:
+        return len(self.skips)
+
+    def summary(self, examples: int = 3) -> str:
+        """A few lines: the count per reason and the first ``examples`` messages of each."""
+        if not self.skips:
+            return "no utterances skipped"
+        lines = [f"skipped {len(self.skips)} utterance(s):"]
+        for reason, count in self.counts().most_common():
+            lines.append(f"  {count:6d}  {reason}")
+            msgs = self.messages(reason)
+            lines.extend(f"          e.g. {m}" for m in msgs[:examples])
+            if len(msgs) > examples:
+                lines.append(f"          ... and {len(msgs) - examples} more")
+        return "\n".join(lines)
+
+    def log(self, what: str = "data") -> None:
+        """Log the summary: a warning when anything was skipped, so it shows in every training log."""
+        if self.skips:
+            logger.warning("%s: %s", what, self.summary())
+        else:
+            logger.info("%s: no utterances skipped", what)

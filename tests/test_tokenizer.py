@@ -1,0 +1,114 @@
+"""Tokenisers (char and BPE) and the text normalisation they are trained on."""
+
+import pytest
+import torch
+
+from asr.data.config import DataConfig
+from asr.data.corpus import build_tokenizer
+from asr.data.librispeech import read_librispeech
+from asr.data.text import normalize_text
+from asr.data.tokenizer import (
+    EOS_ID,
+    PAD_ID,
+    SOS_ID,
+    SPECIAL_TOKENS,
+    UNK_ID,
+    UNK_SURFACE,
+    BPETokenizer,
+    CharTokenizer,
+    UnknownCharactersError,
+    tokenizer_from_state_dict,
+)
+
+
+@pytest.fixture(scope="module")
+def transcripts(librivox_mini, fsdd_dev, tmp_path_factory):
+    """The librivox_mini and fsdd-dev transcripts, through the corpus reader."""
+    cache = tmp_path_factory.mktemp("cache")
+    return [u.text for u in read_librispeech([librivox_mini, fsdd_dev], cache_dir=cache)]
+
+
+@pytest.fixture(scope="module")
+def bpe(transcripts):
+    return BPETokenizer.train(transcripts, vocab_size=120)
+
+
+def test_normalize_text():
+    assert normalize_text("  Hello,   world!\tIt's  well-known ") == "HELLO WORLD IT'S WELL KNOWN"
+    assert normalize_text("snake_case: 3.5%") == "SNAKE CASE 3 5"
+    assert normalize_text("café Straße") == "CAFÉ STRASSE"
+    assert normalize_text("?!") == ""
+    text = "AND MISTER JOHN DASHWOOD HAD THEN LEISURE 'TIS JAMES' DON'T"
+    assert normalize_text(text) == text  # LibriSpeech transcripts are already normalised
+
+
+def test_special_ids_are_shared(transcripts, bpe):
+    char = CharTokenizer.train(transcripts)
+    for tok in (char, bpe):
+        assert (tok.pad_id, tok.sos_id, tok.eos_id, tok.unk_id, tok.blank_id) == (0, 1, 2, 3, 0)
+    assert SPECIAL_TOKENS == ("<pad>", "<sos>", "<eos>", "<unk>")
+    assert [bpe._sp.id_to_piece(i) for i in range(4)] == list(SPECIAL_TOKENS)
+
+
+def test_char_round_trip(transcripts):
+    tok = CharTokenizer.train(transcripts)
+    assert tok.vocab_size == 4 + len(set("".join(transcripts)))
+    for text in transcripts:
+        ids = tok.encode(text)
+        assert len(ids) == len(text) and min(ids) >= 4
+        assert tok.decode(ids) == text
+
+
+def test_bpe_round_trip_and_subwords(transcripts, bpe):
+    assert 4 + len(set("".join(transcripts))) < bpe.vocab_size <= 120
+    char = CharTokenizer.train(transcripts)
+    bpe_len = char_len = 0
+    for text in transcripts:
+        ids = bpe.encode(text)
+        assert min(ids) >= 4 and max(ids) < bpe.vocab_size
+        assert bpe.decode(ids) == text
+        bpe_len += len(ids)
+        char_len += len(char.encode(text))
+    assert bpe_len < 0.6 * char_len  # merges make targets much shorter than characters
+
+
+def test_decode_drops_pad_sos_eos(transcripts, bpe):
+    for tok in (CharTokenizer.train(transcripts), bpe):
+        ids = tok.encode("THREE SEVEN ZERO")
+        assert tok.decode([SOS_ID, *ids, EOS_ID, PAD_ID, PAD_ID]) == "THREE SEVEN ZERO"
+        with pytest.raises(ValueError, match="out of range"):
+            tok.decode([tok.vocab_size])
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_unknown_characters(kind, transcripts):
+    tok = build_tokenizer(DataConfig(tokenizer=kind, bpe_vocab_size=120), transcripts)
+    with pytest.raises(UnknownCharactersError, match="'Q'") as err:
+        tok.encode("QUIET ZERO")  # no Q in these transcripts
+    assert err.value.characters == {"Q"}
+    ids = tok.encode("QUIET ZERO", strict=False)
+    assert UNK_ID in ids and tok.unknown_counts["Q"] == 1
+    assert tok.decode(ids).startswith(UNK_SURFACE) and tok.decode(ids).endswith("ZERO")
+    assert tok.unknown_characters("QUIET ZERO!") == {"Q", "!"}
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe"])
+def test_state_dict_round_trip_through_a_checkpoint(kind, transcripts, tmp_path):
+    tok = build_tokenizer(DataConfig(tokenizer=kind, bpe_vocab_size=120), transcripts)
+    torch.save({"tokenizer": tok.state_dict()}, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["tokenizer"]
+    restored = tokenizer_from_state_dict(state)
+    assert type(restored) is type(tok) and restored.vocab_size == tok.vocab_size
+    for text in transcripts[:20]:
+        assert restored.encode(text) == tok.encode(text)
+
+
+def test_bad_requests_are_clear_errors(transcripts):
+    with pytest.raises(ValueError, match="vocab size 10"):
+        BPETokenizer.train(transcripts, vocab_size=10)  # fewer than the characters
+    with pytest.raises(ValueError, match="'wordpiece'"):
+        build_tokenizer(DataConfig(tokenizer="wordpiece"), transcripts)  # bypassing from_dict's check
+    with pytest.raises(ValueError, match="'spm'"):
+        tokenizer_from_state_dict({"type": "spm"})
+    with pytest.raises(ValueError, match="empty"):
+        CharTokenizer.train(["", ""])
