@@ -36,3 +36,15 @@ def librivox_mini() -> Path:
 def fsdd_dev() -> Path:
     """Connected-digit dev set in LibriSpeech layout (subset folder)."""
     return _require(SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev")
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Small models run faster on one thread (and the CI machine has two cores for
+    the whole suite); tests that need more threads set it themselves."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,168 @@
+"""Attention of the speller over the listener's states (LAS, Chan et al. 2016).
+
+Three energy functions behind one module, chosen by ``AttentionConfig.type``:
+
+* ``"content"``: additive MLP attention (Bahdanau et al. 2015),
+  ``e_t = v^T tanh(W q + U k_t + b)``. The common "MLP attention" of LAS
+  implementations.
+* ``"dot"``: the energy written in the LAS paper, ``e_t = <phi(q), psi(k_t)>`` with
+  ``phi``, ``psi`` one-layer tanh MLPs, scaled by ``1/sqrt(dim)`` so the softmax
+  does not saturate at initialisation when ``dim`` is large.
+* ``"location"``: location-aware attention (Chorowski et al. 2015),
+  ``e_t = v^T tanh(W q + U k_t + V f_t + b)`` with ``f = conv1d(alpha_prev)``: a
+  1-D convolution over the previous step's attention weights, which lets the
+  model learn to move forwards monotonically.
+
+Masks follow the toolkit convention (True = valid frame). Energies of padded
+frames are set to ``-inf`` before the softmax, so their weights are exactly 0,
+and since the location convolution only sees zeros beyond an utterance's end
+(weights there are 0 in a batch and zero padding of the convolution alone),
+an utterance gets the same context alone or padded in a batch.
+
+With ``heads > 1`` every head has its own energy function (its own ``W``,
+``U``, ``v``; the location convolution is shared, its projection too) and its
+own context, a weighted sum of the keys; the heads' contexts are concatenated
+and projected back to the key size, so the context size never depends on
+``heads``. With one head the context is the weighted sum of the keys, exactly
+as in the LAS paper (no output projection).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionConfig:
+    """The ``model.attention`` section of an LAS recipe."""
+
+    type: Literal["content", "dot", "location"] = "location"  # location-aware copes best with long utterances
+    dim: int = 256            # size of the projected query/keys the energies are computed in
+    heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
+    conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
+    conv_kernel: int = 31     # odd width in encoder frames; ESPnet's 201 is meant for little or no time reduction
+
+    def __post_init__(self) -> None:
+        if self.type not in ("content", "dot", "location"):
+            raise ValueError(f"type must be one of 'content', 'dot', 'location', got {self.type!r}")
+        for name in ("dim", "heads", "conv_channels", "conv_kernel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.conv_kernel % 2 == 0:
+            # An odd kernel centred on each frame keeps frame t's filter output aligned with frame t.
+            raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
+
+
+class Attention(nn.Module):
+    """Attention of a query (the speller state) over keys (the listener states).
+
+    Args:
+        config: energy type, projection size, heads, location filters.
+        query_dim: Q, size of the query.
+        key_dim: H, size of each key; also the size of the returned context.
+
+    Call :meth:`project_keys` once per utterance and pass the result to every
+    :meth:`forward` step as ``projected_keys``; the keys' projection is the
+    expensive part and does not depend on the step.
+    """
+
+    def __init__(self, config: AttentionConfig, query_dim: int, key_dim: int) -> None:
+        super().__init__()
+        self.config = config
+        self.type = config.type
+        self.heads = config.heads
+        self.dim = config.dim
+        self.key_dim = key_dim
+        inner = config.heads * config.dim
+        self.query_proj = nn.Linear(query_dim, inner, bias=self.type != "dot")
+        self.key_proj = nn.Linear(key_dim, inner, bias=self.type == "dot")
+        if self.type == "dot":
+            self.register_module("energy", None)
+        else:
+            # v of each head: (heads, dim); applied as a batched inner product.
+            self.energy = nn.Parameter(torch.empty(config.heads, config.dim))
+            nn.init.uniform_(self.energy, -1.0 / math.sqrt(config.dim), 1.0 / math.sqrt(config.dim))
+        if self.type == "location":
+            self.location_conv = nn.Conv1d(
+                1, config.conv_channels, config.conv_kernel, padding=config.conv_kernel // 2, bias=False
+            )
+            self.location_proj = nn.Linear(config.conv_channels, config.dim, bias=False)
+        else:
+            self.register_module("location_conv", None)
+            self.register_module("location_proj", None)
+        if config.heads > 1:
+            self.output_proj = nn.Linear(config.heads * key_dim, key_dim)
+        else:
+            self.register_module("output_proj", None)
+
+    @property
+    def context_dim(self) -> int:
+        """Size of the context vector: always the key size H."""
+        return self.key_dim
+
+    def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """keys (B, T, H) -> (B, heads, T, dim), the step-independent part of the energies."""
+        batch, time, _ = keys.shape
+        projected = self.key_proj(keys)
+        if self.type == "dot":
+            projected = torch.tanh(projected)
+        return projected.view(batch, time, self.heads, self.dim).transpose(1, 2)
+
+    def initial_weights(self, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Weights before the first step, (B, heads, T) of ``dtype``: uniform over the valid frames.
+
+        Only the location-aware energy reads them; uniform (rather than zeros)
+        tells it nothing about where to look while keeping padded frames at 0.
+        """
+        weights = mask.to(dtype) / mask.sum(1, keepdim=True).clamp(min=1).to(dtype)
+        return weights.unsqueeze(1).expand(-1, self.heads, -1).contiguous()
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        mask: torch.Tensor,
+        prev_weights: torch.Tensor | None = None,
+        projected_keys: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One attention step.
+
+        query: (B, Q); keys: (B, T, H); mask: (B, T) bool, True = valid frame
+        (every row needs at least one); prev_weights: (B, heads, T) weights of the
+        previous step (location-aware only; None = :meth:`initial_weights`);
+        projected_keys: :meth:`project_keys` of ``keys``, or None to compute it.
+
+        Returns context (B, H) and weights (B, heads, T), each head's weights
+        summing to 1 over the valid frames and exactly 0 on padded frames.
+        """
+        if projected_keys is None:
+            projected_keys = self.project_keys(keys)
+        batch = query.size(0)
+        q = self.query_proj(query).view(batch, self.heads, 1, self.dim)
+        if self.type == "dot":
+            energies = (torch.tanh(q) * projected_keys).sum(-1) / math.sqrt(self.dim)
+        else:
+            hidden = q + projected_keys  # (B, heads, T, dim)
+            if self.type == "location":
+                if prev_weights is None:
+                    prev_weights = self.initial_weights(mask, keys.dtype)
+                time = prev_weights.size(-1)
+                # Padded frames carry weight 0, so the filters see the same zeros
+                # past the end of an utterance whether it is padded or not.
+                prev = prev_weights.masked_fill(~mask.unsqueeze(1), 0.0).reshape(batch * self.heads, 1, time)
+                location = self.location_conv(prev).transpose(1, 2)  # (B*heads, T, C)
+                hidden = hidden + self.location_proj(location).view(batch, self.heads, time, self.dim)
+            energies = (torch.tanh(hidden) * self.energy.view(1, self.heads, 1, self.dim)).sum(-1)
+        energies = energies.masked_fill(~mask.unsqueeze(1), float("-inf"))
+        weights = torch.softmax(energies, dim=-1)  # (B, heads, T)
+        context = torch.bmm(weights, keys)  # (B, heads, H)
+        if self.output_proj is None:
+            context = context.squeeze(1)
+        else:
+            context = self.output_proj(context.reshape(batch, self.heads * self.key_dim))
+        return context, weights

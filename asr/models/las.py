@@ -1,0 +1,164 @@
+"""Listen, Attend and Spell (Chan et al. 2016) with layer-normalised LSTMs and an
+optional CTC head (joint CTC-attention, Kim, Hori & Watanabe 2017).
+
+features (B, T, D) -> :class:`~asr.models.listener.Listener` (BLSTM stack with
+time reduction) -> encoder states (B, T', 2H) -> :class:`~asr.models.speller.Speller`
+(LSTM cells + attention) -> log-probs (B, L+1, V); optionally
+:class:`~asr.models.ctc.CTCHead` on the encoder states.
+
+Where layer normalisation goes is one config value, ``layer_norm``:
+``both`` (listener LSTMs and speller cells are LN-LSTMs), ``listener``,
+``speller`` or ``none`` (plain LSTMs everywhere). It only switches the LSTMs'
+internal norms (see :mod:`asr.models.lnlstm`); nothing else in the model is
+normalised.
+
+Loss normalisation. Both terms are **per target token**: the summed
+label-smoothed cross-entropy over all target tokens (``<eos>`` included, padding
+excluded) and the summed CTC negative log-likelihood over the utterances are
+each divided by the batch's number of target tokens incl. ``<eos>``
+(``ModelOutput.num_tokens``). The two terms are therefore on one scale, the
+weight means what it says, and ``loss * num_tokens`` adds up across batches.
+``loss = (1 - ctc_weight) * attention_loss + ctc_weight * ctc_loss``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+
+from asr.models.attention import AttentionConfig
+from asr.models.common import add_sos_eos, lengths_to_mask
+from asr.models.ctc import CTCHead
+from asr.models.interface import EncoderOutput, ModelOutput, reorder_nested
+from asr.models.listener import Listener, ListenerConfig
+from asr.models.speller import Speller, SpellerConfig
+
+LAYER_NORM_PLACES = ("both", "listener", "speller", "none")
+
+
+@dataclass
+class LASConfig:
+    """The ``model:`` section of an LAS recipe."""
+
+    type: Literal["las"] = "las"
+    listener: ListenerConfig = field(default_factory=ListenerConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    speller: SpellerConfig = field(default_factory=SpellerConfig)
+    # Which LSTMs are layer-normalised: both | listener | speller | none.
+    layer_norm: Literal["both", "listener", "speller", "none"] = "both"
+    ctc_weight: float = 0.3        # CTC share of the loss; 0 = no CTC head. 0.3 as in ESPnet's LAS recipes:
+                                   # CTC's monotonic alignment makes attention converge much faster
+    label_smoothing: float = 0.1   # on the attention loss only; spreads 10% of the target mass uniformly over V
+    lnlstm_eps: float = 1e-5       # epsilon of every layer norm inside the LN-LSTMs
+    forget_bias: float = 1.0       # added to every LSTM's forget gate, so fresh cells remember (Jozefowicz et al. 2015)
+
+    def __post_init__(self) -> None:
+        if self.type != "las":
+            raise ValueError(f"type must be 'las', got {self.type!r}")
+        if self.layer_norm not in LAYER_NORM_PLACES:
+            raise ValueError(f"layer_norm must be one of {', '.join(LAYER_NORM_PLACES)}, got {self.layer_norm!r}")
+        if not 0.0 <= self.ctc_weight < 1.0:
+            # 1.0 would leave the speller untrained while decoding still needs it.
+            raise ValueError(f"ctc_weight must be in [0, 1), got {self.ctc_weight}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.lnlstm_eps <= 0.0:
+            raise ValueError(f"lnlstm_eps must be positive, got {self.lnlstm_eps}")
+
+
+class LAS(nn.Module):
+    """Listen, Attend and Spell; implements :mod:`asr.models.interface`.
+
+    Args:
+        config: the model section of the recipe.
+        input_dim: D, size of a feature frame.
+        vocab_size: V, incl. the special tokens.
+        pad_id, sos_id, eos_id: the tokenizer's special ids; the CTC blank is pad_id.
+    """
+
+    def __init__(
+        self, config: LASConfig, input_dim: int, vocab_size: int, pad_id: int = 0, sos_id: int = 1, eos_id: int = 2
+    ) -> None:
+        super().__init__()
+        ids = {"pad_id": pad_id, "sos_id": sos_id, "eos_id": eos_id}
+        bad = [f"{name}={value}" for name, value in ids.items() if not 0 <= value < vocab_size]
+        if bad:
+            raise ValueError(f"special ids {', '.join(bad)} out of range for vocab_size {vocab_size}")
+        if len(set(ids.values())) != 3:
+            raise ValueError(f"pad_id, sos_id and eos_id must differ, got {ids}")
+        self.config = config
+        self.pad_id, self.sos_id, self.eos_id = pad_id, sos_id, eos_id
+        self.vocab_size = vocab_size
+        self.ctc_weight = config.ctc_weight
+        self.label_smoothing = config.label_smoothing
+        lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps}
+        self.listener = Listener(
+            config.listener, input_dim, layer_norm=config.layer_norm in ("both", "listener"), **lstm_options
+        )
+        self.speller = Speller(
+            config.speller,
+            config.attention,
+            vocab_size,
+            self.listener.output_dim,
+            layer_norm=config.layer_norm in ("both", "speller"),
+            pad_id=pad_id,
+            **lstm_options,
+        )
+        if config.ctc_weight > 0:
+            self.ctc = CTCHead(self.listener.output_dim, vocab_size, blank_id=pad_id)
+        else:
+            self.register_module("ctc", None)
+
+    def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EncoderOutput:
+        """features (B, T, D), feature_lengths (B,) -> :class:`EncoderOutput` with
+        out (B, T', 2H), T' = ceil(T / listener reduction)."""
+        out, lengths = self.listener(features, feature_lengths)
+        mask = lengths_to_mask(lengths, out.size(1))
+        ctc_log_probs = self.ctc(out) if self.ctc is not None else None
+        return EncoderOutput(out=out, mask=mask, lengths=lengths, ctc_log_probs=ctc_log_probs)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        feature_lengths: torch.Tensor,
+        tokens: torch.Tensor,
+        token_lengths: torch.Tensor,
+    ) -> ModelOutput:
+        """features (B, T, D), feature_lengths (B,), tokens (B, L) padded with pad_id
+        (no ``<sos>``/``<eos>``), token_lengths (B,) -> losses (see the module docstring)."""
+        encoder = self.encode(features, feature_lengths)
+        token_lengths = token_lengths.to(tokens.device)
+        decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
+        log_probs, weights = self.speller(decoder_input, encoder.out, encoder.mask)
+        valid = lengths_to_mask(token_lengths + 1, target.size(1))
+        num_tokens = int(valid.sum())
+        nll = -log_probs.gather(2, target.unsqueeze(-1)).squeeze(-1)
+        # Label smoothing as in torch's cross_entropy: (1 - e) * NLL + e * mean over V of -log p.
+        smooth = -log_probs.mean(-1)
+        per_token = (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
+        attention_loss = per_token.masked_fill(~valid, 0.0).sum() / max(num_tokens, 1)
+        if self.ctc is None:
+            return ModelOutput(attention_loss, attention_loss, None, num_tokens, weights)
+        ctc_loss = self.ctc.loss(encoder.ctc_log_probs, encoder.lengths, tokens, token_lengths) / max(num_tokens, 1)
+        loss = (1.0 - self.ctc_weight) * attention_loss + self.ctc_weight * ctc_loss
+        return ModelOutput(loss, attention_loss, ctc_loss, num_tokens, weights)
+
+    def init_decoder_state(self, encoder: EncoderOutput) -> dict:
+        """Speller state for ``encoder``'s N rows (see :class:`Speller` for its fields)."""
+        return self.speller.init_state(encoder.out, encoder.mask)
+
+    def decode_step(
+        self, tokens: torch.Tensor, state: dict, encoder: EncoderOutput
+    ) -> tuple[torch.Tensor, dict]:
+        """tokens (N,) last token per hypothesis -> log-probs (N, V) and the next state.
+
+        The listener states travel inside ``state`` (reordered with it), so
+        ``encoder`` is not read again here.
+        """
+        return self.speller.step(tokens, state)
+
+    def reorder_decoder_state(self, state: dict, index: torch.Tensor) -> dict:
+        return reorder_nested(state, index)

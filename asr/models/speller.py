@@ -1,0 +1,160 @@
+"""The speller: LAS's attention decoder (Chan et al. 2016, sec. 3.2).
+
+At output step i, with ``y_{i-1}`` the previous token and ``c_{i-1}`` the
+previous context::
+
+    s_i          = LSTM-stack([embed(y_{i-1}); c_{i-1}], s_{i-1})
+    c_i, alpha_i = Attend(s_i, listener states)
+    P(y_i)       = softmax(W [s_i; c_i] + b)
+
+as in the paper, with the paper's "MLP" output made one linear layer on
+``[s_i; c_i]`` (as ESPnet's RNN decoder does). ``s_i`` is the top cell's h
+(after dropout in training). The first step sees ``<sos>``, a zero context and
+zero LSTM states.
+
+Training is teacher forcing with optional scheduled sampling (Bengio et al.
+2015; LAS samples 10%): in training mode, each input token after ``<sos>`` is
+replaced with probability ``sampling_probability`` by a token sampled from the
+model's own previous output distribution. The trainer may change
+``speller.sampling_probability`` between epochs for a schedule.
+
+The teacher-forced :meth:`Speller.forward` runs the very :meth:`Speller.step`
+that decoding uses, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asr.models.attention import Attention, AttentionConfig
+from asr.models.lnlstm import LNLSTMCell
+
+
+@dataclass
+class SpellerConfig:
+    """The ``model.speller`` section of an LAS recipe."""
+
+    embedding_dim: int = 256           # token embedding; characters need far less, BPE a little more
+    hidden_size: int = 512             # LAS: 2 x 512
+    num_layers: int = 2
+    dropout: float = 0.0               # on every cell's output (incl. the top, before the output layer), training only
+    sampling_probability: float = 0.0  # scheduled sampling; 0 = pure teacher forcing, LAS used 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("embedding_dim", "hidden_size", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.sampling_probability <= 1.0:
+            raise ValueError(f"sampling_probability must be in [0, 1], got {self.sampling_probability}")
+
+
+class Speller(nn.Module):
+    """Attention decoder of LAS.
+
+    Args:
+        config: sizes, dropout, scheduled sampling.
+        attention: the attention's config.
+        vocab_size: V (characters or word pieces: only the size matters).
+        context_dim: H, size of a listener state (the keys and the context).
+        layer_norm: LN-LSTM cells (True) or plain LSTM cells.
+        forget_bias, eps: passed to every :class:`LNLSTMCell`.
+        pad_id: embedding row kept at zero (padded decoder inputs).
+
+    The decoding state is a dict of tensors whose first dimension is the
+    hypothesis (so :func:`asr.models.interface.reorder_nested` reorders it):
+    ``h``, ``c``: lists of (N, hidden) per layer; ``context`` (N, H);
+    ``weights`` (N, heads, T) the previous attention (read by location-aware
+    attention); ``keys`` (N, T, H), ``mask`` (N, T) and ``projected_keys``
+    (N, heads, T, dim), the listener states computed once per utterance.
+    """
+
+    def __init__(
+        self,
+        config: SpellerConfig,
+        attention: AttentionConfig,
+        vocab_size: int,
+        context_dim: int,
+        layer_norm: bool = True,
+        forget_bias: float = 1.0,
+        eps: float = 1e-5,
+        pad_id: int = 0,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = vocab_size
+        self.sampling_probability = config.sampling_probability
+        self.embedding = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=pad_id)
+        self.cells = nn.ModuleList(
+            LNLSTMCell(
+                (config.embedding_dim + context_dim) if layer == 0 else config.hidden_size,
+                config.hidden_size,
+                layer_norm=layer_norm,
+                forget_bias=forget_bias,
+                eps=eps,
+            )
+            for layer in range(config.num_layers)
+        )
+        self.attention = Attention(attention, config.hidden_size, context_dim)
+        self.dropout = nn.Dropout(config.dropout)
+        self.output = nn.Linear(config.hidden_size + context_dim, vocab_size)
+
+    def init_state(self, keys: torch.Tensor, mask: torch.Tensor) -> dict:
+        """State before the first step: keys (N, T, H) listener output, mask (N, T) True = valid."""
+        num = keys.size(0)
+        zeros = keys.new_zeros(num, self.config.hidden_size)
+        return {
+            "h": [zeros] * self.config.num_layers,
+            "c": [zeros] * self.config.num_layers,
+            "context": keys.new_zeros(num, keys.size(2)),
+            "weights": self.attention.initial_weights(mask, keys.dtype),
+            "keys": keys,
+            "mask": mask,
+            "projected_keys": self.attention.project_keys(keys),
+        }
+
+    def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """One output step: tokens (N,) previous tokens -> log-probs (N, V) and the new state."""
+        x = torch.cat([self.embedding(tokens), state["context"]], dim=-1)
+        new_h, new_c = [], []
+        for cell, h, c in zip(self.cells, state["h"], state["c"]):
+            h, c = cell(x, (h, c))
+            new_h.append(h)
+            new_c.append(c)
+            x = self.dropout(h)
+        context, weights = self.attention(
+            x, state["keys"], state["mask"], state["weights"], projected_keys=state["projected_keys"]
+        )
+        log_probs = F.log_softmax(self.output(torch.cat([x, context], dim=-1)), dim=-1)
+        new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
+        return log_probs, new_state
+
+    def forward(
+        self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher forcing over a whole batch.
+
+        decoder_input: (B, L) ``<sos> y_1 .. y_n <pad>..``; keys (B, T, H); mask (B, T).
+        Returns log-probs (B, L, V) and attention weights (B, L, T) averaged
+        over heads (exactly 0 on padded frames).
+        """
+        state = self.init_state(keys, mask)
+        sample = self.training and self.sampling_probability > 0.0
+        log_probs, weights = [], []
+        tokens = decoder_input[:, 0]
+        for i in range(decoder_input.size(1)):
+            if i > 0:
+                tokens = decoder_input[:, i]
+                if sample:
+                    drawn = torch.multinomial(log_probs[-1].detach().exp(), 1).squeeze(1)
+                    use_model = torch.rand(tokens.shape, device=tokens.device) < self.sampling_probability
+                    tokens = torch.where(use_model, drawn, tokens)
+            step_log_probs, state = self.step(tokens, state)
+            log_probs.append(step_log_probs)
+            weights.append(state["weights"].mean(1))
+        return torch.stack(log_probs, 1), torch.stack(weights, 1)

@@ -1,0 +1,290 @@
+"""Greedy and beam search (asr/decoding.py) and the CTC prefix scorer (asr/models/ctc.py)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from asr.decoding import beam_search, decode, greedy_search, max_steps, sequence_log_probs
+from asr.models.attention import AttentionConfig
+from asr.models.common import lengths_to_mask
+from asr.models.ctc import CTCPrefixScorer
+from asr.models.interface import EncoderOutput, reorder_nested
+from asr.models.las import LAS, LASConfig
+from asr.models.listener import ListenerConfig
+from asr.models.speller import SpellerConfig
+
+PAD, SOS, EOS = 0, 1, 2
+
+
+class ToyModel(nn.Module):
+    """A small recurrent decoder behind the model interface: its distributions
+    depend on the whole history and on the (masked) encoder output, are peaky
+    enough that searches differ, and favour <eos> more with every step."""
+
+    def __init__(self, vocab: int = 8, dim: int = 6, sharpness: float = 3.0, seed: int = 0, eos_ramp: float = 1.0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.pad_id, self.sos_id, self.eos_id = PAD, SOS, EOS
+        self.embed = nn.Embedding(vocab, dim)
+        self.cell = nn.GRUCell(dim, dim)
+        self.out = nn.Linear(2 * dim, vocab)
+        self.ctc = nn.Linear(dim, vocab)
+        self.sharpness = sharpness
+        self.eos_ramp = eos_ramp
+
+    def encode(self, features, lengths):
+        mask = lengths_to_mask(lengths, features.size(1))
+        out = features * mask.unsqueeze(-1)
+        ctc = torch.log_softmax(2.0 * self.ctc(out), -1)
+        return EncoderOutput(out=out, mask=mask, lengths=lengths, ctc_log_probs=ctc)
+
+    def init_decoder_state(self, encoder):
+        pooled = encoder.out.sum(1) / encoder.lengths.unsqueeze(1)
+        return {"h": pooled, "pooled": pooled, "step": torch.zeros_like(encoder.lengths, dtype=pooled.dtype)}
+
+    def decode_step(self, tokens, state, encoder):
+        h = self.cell(self.embed(tokens), state["h"])
+        logits = self.sharpness * self.out(torch.cat([h, state["pooled"]], -1))
+        logits[:, EOS] += self.eos_ramp * (state["step"] - 4.0)
+        return torch.log_softmax(logits, -1), dict(state, h=h, step=state["step"] + 1)
+
+    def reorder_decoder_state(self, state, index):
+        return reorder_nested(state, index)
+
+
+def toy_batch(lengths=(9, 5, 7, 3), dim=6, seed=1):
+    torch.manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    return torch.randn(len(lengths), int(lengths.max()), dim), lengths
+
+
+# ----------------------------------------------------------------------------- CTC prefix scorer
+
+
+def brute_force(log_probs: torch.Tensor, prefix: tuple[int, ...], exact: bool) -> float:
+    """log P(CTC output starts with / equals prefix) by summing over all T^V paths."""
+    time, vocab = log_probs.shape
+    total = 0.0
+    for path in itertools.product(range(vocab), repeat=time):
+        collapsed = [s for i, s in enumerate(path) if s != PAD and (i == 0 or s != path[i - 1])]
+        match = tuple(collapsed) == prefix if exact else tuple(collapsed[: len(prefix)]) == prefix
+        if match:
+            total += math.exp(sum(log_probs[t, s].item() for t, s in enumerate(path)))
+    return math.log(total) if total > 0 else float("-inf")
+
+
+def run_scorer(scorer, prefixes: list[tuple[int, ...]], candidates: torch.Tensor, min_prefix_length: int = 0):
+    """Extend each prefix token by token (prefixes of equal length), then score the candidates."""
+    state = scorer.initial_state()
+    (length,) = {len(p) for p in prefixes}
+    for step in range(length):
+        tokens = torch.tensor([[p[step]] for p in prefixes])
+        _, r, psi = scorer.score(state, tokens)
+        rows = torch.arange(len(prefixes))
+        state = scorer.select(r, psi, tokens, rows, torch.zeros_like(rows))
+    return scorer.score(state, candidates, min_prefix_length=min_prefix_length)
+
+
+def test_ctc_prefix_scores_match_brute_force():
+    torch.manual_seed(0)
+    time, vocab = 4, 5  # blank, <sos>, <eos>, two labels
+    log_probs = torch.log_softmax(torch.randn(1, time, vocab, dtype=torch.float64) * 1.5, -1)
+    candidates = torch.tensor([[3, 4, EOS, PAD]])
+    for prefix in [(), (3,), (4,), (3, 3), (3, 4), (4, 4, 3)]:
+        scorer = CTCPrefixScorer(log_probs, torch.tensor([time]), blank_id=PAD, eos_id=EOS)
+        if prefix:
+            delta, _, psi = run_scorer(scorer, [prefix], candidates)
+        else:
+            delta, _, psi = scorer.score(scorer.initial_state(), candidates)
+        for j, c in enumerate(candidates[0].tolist()):
+            if c == PAD:
+                assert psi[0, j] == float("-inf")
+                continue
+            expected = brute_force(log_probs[0], prefix, exact=True) if c == EOS else brute_force(
+                log_probs[0], prefix + (c,), exact=False
+            )
+            assert psi[0, j].item() == pytest.approx(expected, abs=1e-9), (prefix, c)
+        # delta is the increment over the prefix's own probability
+        own = brute_force(log_probs[0], prefix, exact=False)
+        torch.testing.assert_close(delta, psi - own)
+
+
+def test_ctc_prefix_scorer_ignores_padding_and_may_skip_early_frames():
+    torch.manual_seed(1)
+    log_probs = torch.log_softmax(torch.randn(2, 7, 6, dtype=torch.float64), -1)
+    lengths = torch.tensor([7, 4])
+    candidates = torch.tensor([[3, 4, 5, EOS], [3, 4, 5, EOS]])
+    prefixes = [(4, 5), (3, 3)]
+    batch_scorer = CTCPrefixScorer(log_probs, lengths, blank_id=PAD, eos_id=EOS)
+    delta, _, psi = run_scorer(batch_scorer, prefixes, candidates)
+    _, _, psi_skip = run_scorer(batch_scorer, prefixes, candidates, min_prefix_length=2)
+    torch.testing.assert_close(psi_skip, psi)
+    alone = CTCPrefixScorer(log_probs[1:, :4], lengths[1:], blank_id=PAD, eos_id=EOS)
+    _, _, psi_alone = run_scorer(alone, prefixes[1:], candidates[1:])
+    torch.testing.assert_close(psi_alone[0], psi[1])
+    # an impossible prefix (3 labels incl. a repeat need 4 frames) in 4 frames: (3, 3, 3) is -inf
+    assert psi[1, 0].item() == float("-inf")
+    assert torch.isfinite(psi[1, 1:]).all()
+
+
+# ----------------------------------------------------------------------------- greedy and beam search
+
+
+def test_greedy_picks_the_argmax_and_respects_lengths():
+    model = ToyModel().eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    hyps = greedy_search(model, encoder, max_len_ratio=2.0)
+    limits = max_steps(encoder, 2.0, None).tolist()
+    for b, hyp in enumerate(hyps):
+        assert len(hyp) <= limits[b]
+        assert all(t not in (PAD, SOS, EOS) for t in hyp)
+        # replay: every emitted token is the argmax over the allowed tokens
+        one = encoder.index_select(torch.tensor([b]))
+        state = model.init_decoder_state(one)
+        token = torch.tensor([SOS])
+        for t in hyp + ([EOS] if len(hyp) < limits[b] else []):
+            log_probs, state = model.decode_step(token, state, one)
+            log_probs[:, [PAD, SOS]] = float("-inf")
+            assert log_probs.argmax(-1).item() == t
+            token = torch.tensor([t])
+    capped = greedy_search(model, encoder, max_len_ratio=2.0, max_len=2)
+    assert all(len(h) <= 2 for h in capped)
+
+
+def test_min_len_forbids_an_early_end():
+    model = ToyModel(seed=2).eval()
+    with torch.no_grad():
+        model.out.bias[EOS] = 50.0  # <eos> is always the argmax
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    assert greedy_search(model, encoder, max_len_ratio=3.0) == [[], [], [], []]
+    assert all(len(h) == 3 for h in greedy_search(model, encoder, max_len_ratio=3.0, min_len=3))
+    assert all(len(h) == 3 for h in beam_search(model, encoder, beam_size=3, max_len_ratio=3.0, min_len=3))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_beam_size_one_equals_greedy(seed):
+    model = ToyModel(seed=seed).eval()
+    features, lengths = toy_batch(seed=seed + 10)
+    encoder = model.encode(features, lengths)
+    assert beam_search(model, encoder, beam_size=1, max_len_ratio=2.0) == greedy_search(
+        model, encoder, max_len_ratio=2.0
+    )
+
+
+@pytest.mark.parametrize("ctc_weight", [0.0, 0.4])
+def test_batched_beam_search_equals_one_utterance_at_a_time(ctc_weight):
+    model = ToyModel(seed=3).eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    batched = beam_search(model, encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight, nbest=3)
+    for b in range(len(lengths)):
+        n = int(lengths[b])
+        alone_encoder = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
+        alone = beam_search(model, alone_encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight, nbest=3)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[b]]
+        for h1, h2 in zip(alone, batched[b]):
+            assert h1.score == pytest.approx(h2.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 4, 5])
+def test_beam_finds_at_least_the_greedy_score_and_reports_true_scores(seed):
+    model = ToyModel(seed=seed, sharpness=1.5).eval()
+    features, lengths = toy_batch(seed=seed)
+    encoder = model.encode(features, lengths)
+    greedy = greedy_search(model, encoder, max_len_ratio=3.0)
+    nbest = beam_search(model, encoder, beam_size=5, max_len_ratio=3.0, nbest=5)
+    best = [hyps[0].tokens for hyps in nbest]
+    assert best == beam_search(model, encoder, beam_size=5, max_len_ratio=3.0)
+    greedy_scores = sequence_log_probs(model, encoder, greedy)
+    beam_scores = sequence_log_probs(model, encoder, best)
+    ended = [len(g) < max_steps(encoder, 3.0, None)[b] for b, g in enumerate(greedy)]
+    for b in range(len(greedy)):
+        if ended[b]:  # greedy's hypothesis ended with <eos>, so both are scored the same way
+            assert beam_scores[b] >= greedy_scores[b] - 1e-5
+        hyps = nbest[b]
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:  # the search's own score is the model's log-probability of the hypothesis
+            if h.ended:
+                assert h.log_prob == pytest.approx(sequence_log_probs(model, encoder.index_select(
+                    torch.tensor([b])), [h.tokens]).item(), abs=1e-4)
+    assert sum(ended) >= 2  # the comparison above did happen
+
+
+def test_beam_with_ctc_scores_are_the_mixed_log_probabilities():
+    model = ToyModel(seed=6).eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    # 2 T' steps: more than CTC allows (T' labels + <eos>), so every hypothesis must end
+    nbest = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, ctc_weight=0.5, nbest=4)
+    for b, hyps in enumerate(nbest):
+        assert len(hyps) >= 4
+        one = encoder.index_select(torch.tensor([b]))
+        for h in hyps:
+            assert h.ended
+            # CTC can emit at most T' labels: the joint search never exceeds that
+            assert len(h.tokens) <= int(lengths[b])
+            expected = sequence_log_probs(model, one, [h.tokens], ctc_weight=0.5).item()
+            assert h.log_prob == pytest.approx(expected, abs=1e-4)
+
+
+def test_length_normalisation_and_penalty():
+    model = ToyModel(seed=7, sharpness=1.0, eos_ramp=0.0).eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    normalised = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, length_normalization=True, nbest=4)
+    for hyps in normalised:
+        for h in hyps:
+            assert h.score == pytest.approx(h.log_prob / (len(h.tokens) + int(h.ended)))
+    short = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, length_penalty=-2.0)
+    long = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, length_penalty=2.0, nbest=4)
+    assert sum(len(hyps[0].tokens) for hyps in long) > sum(map(len, short))
+    for hyps in long:
+        for h in hyps:
+            assert h.score == pytest.approx(h.log_prob + 2.0 * (len(h.tokens) + int(h.ended)))
+    with pytest.raises(ValueError, match="either length_normalization or length_penalty"):
+        beam_search(model, encoder, length_normalization=True, length_penalty=1.0)
+
+
+def test_decode_dispatches_and_checks_options():
+    model = ToyModel(seed=8).eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    assert decode(model, features, lengths, max_len_ratio=2.0) == greedy_search(model, encoder, max_len_ratio=2.0)
+    assert decode(model, features, lengths, beam_size=3, max_len_ratio=2.0) == beam_search(
+        model, encoder, beam_size=3, max_len_ratio=2.0
+    )
+    assert decode(model, features, lengths, ctc_weight=0.3) == beam_search(model, encoder, beam_size=1, ctc_weight=0.3)
+    with pytest.raises(TypeError, match="unknown option"):
+        decode(model, features, lengths, beam=3)
+    no_ctc = EncoderOutput(encoder.out, encoder.mask, encoder.lengths, None)
+    with pytest.raises(ValueError, match="CTC head"):
+        beam_search(model, no_ctc, ctc_weight=0.3)
+
+
+def test_las_beam_search_batched_equals_alone_and_beam_one_equals_greedy():
+    config = LASConfig(
+        listener=ListenerConfig(hidden_size=8, num_layers=2, pyramid_layers=1),
+        attention=AttentionConfig(type="location", dim=8, conv_channels=2, conv_kernel=3),
+        speller=SpellerConfig(embedding_dim=4, hidden_size=8, num_layers=1),
+        ctc_weight=0.3,
+    )
+    torch.manual_seed(0)
+    model = LAS(config, input_dim=5, vocab_size=9).eval()
+    with torch.no_grad():
+        model.speller.output.weight.mul_(8.0)  # peaky distributions, so that the searches differ
+    features, lengths = torch.randn(3, 13, 5), torch.tensor([13, 8, 5])
+    encoder = model.encode(features, lengths)
+    assert beam_search(model, encoder, beam_size=1, max_len_ratio=2.0) == greedy_search(
+        model, encoder, max_len_ratio=2.0
+    )
+    for ctc_weight in (0.0, 0.3):
+        batched = beam_search(model, encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight)
+        for b in range(3):
+            n = int(lengths[b])
+            alone = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
+            assert beam_search(model, alone, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight)[0] == batched[b]
