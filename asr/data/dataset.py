@@ -23,8 +23,9 @@ from asr.data.config import DataConfig
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import Tokenizer, UnknownCharactersError
 from asr.data.utterance import InMemoryAudio, Utterance
-from features.audio import AudioError
+from features.audio import AudioError, load_audio
 from features.filterbank import num_frames
+from features.mvn import GlobalStats
 from features.pipeline import FeaturePipeline
 
 
@@ -120,17 +121,8 @@ class SpeechDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         utt = self.utterances[index]
         generator = self.generator(index) if self.train else None
-        try:
-            if isinstance(utt.audio, InMemoryAudio):
-                features = self.pipeline.from_waveform(
-                    utt.audio.waveform, utt.audio.sample_rate, train=self.train, generator=generator
-                )
-            else:
-                features = self.pipeline.from_file(utt.audio, train=self.train, generator=generator)
-        except AudioError as err:
-            # from_file's message names the file; for in-memory audio, name the files it was built from
-            where = f"{utt.id} ({utt.source})" if isinstance(utt.audio, InMemoryAudio) else utt.id
-            raise DataError(f"utterance {where}: {err}") from err
+        waveform, sample_rate = load_utterance_audio(utt)
+        features = self.pipeline.from_waveform(waveform, sample_rate, train=self.train, generator=generator)
         try:
             tokens = self.tokenizer.encode(utt.text)
         except UnknownCharactersError as err:
@@ -141,6 +133,46 @@ class SpeechDataset(Dataset):
         """Feature frames of each item, from its duration (for batching; no audio is read)."""
         config = self.pipeline.config
         return [num_frames(round(utt.duration * config.sample_rate), config) for utt in self.utterances]
+
+
+def load_utterance_audio(utt: Utterance) -> tuple[torch.Tensor, int]:
+    """``(waveform (C, N), sample_rate)`` of a file or in-memory utterance; errors name the utterance."""
+    if isinstance(utt.audio, InMemoryAudio):
+        return utt.audio.waveform, utt.audio.sample_rate
+    try:
+        return load_audio(utt.audio)
+    except AudioError as err:
+        raise DataError(f"utterance {utt.id}: {err}") from err
+
+
+class _RawFeatures(Dataset):
+    """Un-normalised features of each utterance, for accumulating global MVN statistics."""
+
+    def __init__(self, utterances: Sequence[Utterance], pipeline: FeaturePipeline):
+        self.utterances = list(utterances)
+        self.pipeline = pipeline
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.pipeline.raw_features(*load_utterance_audio(self.utterances[index]))
+
+
+def compute_global_stats(
+    utterances: Sequence[Utterance], pipeline: FeaturePipeline, num_workers: int = 0
+) -> GlobalStats:
+    """Accumulate global MVN statistics over ``utterances`` (no dither) and set them on ``pipeline``.
+
+    The same raw features the pipeline normalises, so the statistics match
+    training and inference exactly; ``num_workers`` loader processes share the work.
+    """
+    stats = GlobalStats(pipeline.feature_dim)
+    loader = DataLoader(_RawFeatures(utterances, pipeline), batch_size=None, num_workers=num_workers)
+    for features in loader:
+        stats.update(features)
+    pipeline.stats = stats
+    return stats
 
 
 def make_data_loader(

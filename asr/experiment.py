@@ -1,0 +1,106 @@
+"""The experiment config (a whole recipe) and the model factory.
+
+A recipe YAML has five sections: ``exp_dir``, ``features`` (features.config),
+``data`` (asr.data.config), ``model`` (``type: las`` -> asr.models.las.LASConfig,
+``type: transformer`` -> asr.models.transformer.TransformerConfig) and ``train``
+(:class:`TrainConfig`). Command-line overrides ``key.sub=value`` are applied to
+the YAML before validation, so they are checked exactly like the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from asr.config import ConfigError, apply_overrides, from_dict, read_yaml, to_dict
+from asr.data.config import DataConfig
+from asr.schedulers import SchedulerConfig
+from features.config import FeatureConfig
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping (the ``train:`` section)."""
+
+    max_epochs: int = 20
+    max_steps: int | None = None        # stop after this many optimizer steps (None: run all epochs)
+    seed: int = 0
+    device: str = "auto"                # auto = cuda when available, else cpu
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = 1e-3                    # peak learning rate (reached at the end of warmup)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 0.0
+    # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | constant.
+    # Post-norm Transformers need warmup; see docs/normalization.md.
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
+    grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
+    accum_grad: int = 1                 # batches per optimizer step
+    amp: bool = False                   # mixed precision; used on CUDA only
+    early_stopping_patience: int | None = None  # epochs without improvement before stopping
+    best_metric: Literal["valid_loss", "valid_wer", "valid_cer"] = "valid_loss"
+    keep_best: int = 3                  # best_epoch{E}.pt checkpoints kept by best_metric
+    keep_last: int = 5                  # epoch{E}.pt checkpoints kept (for asr.average --last N)
+    save_every_steps: int = 0           # also write last.pt every N steps (0: only at epoch ends)
+    log_every_steps: int = 10
+    max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
+    valid_beam_size: int = 1            # decoding for the per-epoch validation WER (1 = greedy)
+    valid_max_utterances: int | None = None  # decode only the first N validation utterances for WER
+
+
+@dataclass
+class ExperimentConfig:
+    exp_dir: str = "exp/default"
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: Any = None                   # LASConfig or TransformerConfig, chosen by model.type
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def _model_config_class(model_type: str):
+    if model_type == "las":
+        from asr.models.las import LASConfig
+
+        return LASConfig
+    if model_type == "transformer":
+        from asr.models.transformer import TransformerConfig
+
+        return TransformerConfig
+    raise ConfigError(f"model.type: {model_type!r} is not one of 'las', 'transformer'")
+
+
+def experiment_config_from_dict(data: dict) -> ExperimentConfig:
+    data = dict(data)
+    model_data = data.pop("model", None) or {}
+    if not isinstance(model_data, dict):
+        raise ConfigError("model: expected a mapping")
+    config = from_dict(ExperimentConfig, data)
+    model_cls = _model_config_class(model_data.get("type", "las"))
+    config.model = from_dict(model_cls, model_data, "model")
+    return config
+
+
+def load_experiment_config(recipe: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a recipe, apply ``key.sub=value`` overrides, validate. Errors name the key."""
+    data = apply_overrides(read_yaml(recipe), overrides or [])
+    try:
+        return experiment_config_from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(f"{recipe}: {err}") from None
+
+
+def experiment_config_to_dict(config: ExperimentConfig) -> dict:
+    return to_dict(config)
+
+
+def build_model(model_config, input_dim: int, tokenizer):
+    """Instantiate the model a config names, sized for the features and tokenizer."""
+    ids = dict(pad_id=tokenizer.pad_id, sos_id=tokenizer.sos_id, eos_id=tokenizer.eos_id)
+    if model_config.type == "las":
+        from asr.models.las import LAS
+
+        return LAS(model_config, input_dim, tokenizer.vocab_size, **ids)
+    from asr.models.transformer import Transformer
+
+    return Transformer(model_config, input_dim, tokenizer.vocab_size, **ids)
+

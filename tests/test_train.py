@@ -1,0 +1,217 @@
+"""The trainer end to end on real speech: experiment directory, checkpoints,
+non-finite steps, exact resume after SIGKILL, DDP with gloo, recipe errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.checkpoint import load_checkpoint
+from asr.experiment import load_experiment_config
+from asr.train import Trainer, TrainingError, main
+
+from conftest import PROJECT_ROOT, SHARED_DATA
+
+# A tiny LAS on a few connected-digit utterances: seconds per run on one core.
+TINY = [
+    f"data.root={SHARED_DATA}",
+    "data.fsdd.utterances=24",
+    "data.fsdd.digits_per_utterance=[1,2]",
+    "data.num_workers=0",
+    "data.max_frames_per_batch=1200",
+    "features.num_mel_bins=23",
+    "model.listener.hidden_size=16",
+    "model.listener.num_layers=2",
+    "model.listener.pyramid_layers=1",
+    "model.attention.dim=16",
+    "model.speller.embedding_dim=8",
+    "model.speller.hidden_size=16",
+    "train.valid_max_utterances=4",
+    "train.log_every_steps=1",
+]
+RECIPE = PROJECT_ROOT / "recipes" / "fsdd_las.yaml"
+
+
+def tiny_valid(tmp_path: Path, count: int = 6) -> Path:
+    """A LibriSpeech-layout copy (symlinks) of the first ``count`` dev utterances, to keep validation short."""
+    source = SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev" / "9000" / "1"
+    target = tmp_path / "valid" / "9000" / "1"
+    target.mkdir(parents=True)
+    lines = (source / "9000-1.trans.txt").read_text().splitlines()[:count]
+    (target / "9000-1.trans.txt").write_text("\n".join(lines) + "\n")
+    for line in lines:
+        name = line.split()[0] + ".flac"
+        (target / name).symlink_to(source / name)
+    return tmp_path / "valid"
+
+
+def overrides(tmp_path: Path, *extra: str) -> list[str]:
+    return TINY + [f"exp_dir={tmp_path / 'exp'}", f"data.valid=[{tiny_valid(tmp_path)}]", *extra]
+
+
+def test_a_run_fills_the_experiment_directory(tmp_path):
+    assert main([str(RECIPE), *overrides(tmp_path, "train.max_epochs=2", "train.keep_best=1")]) == 0
+    exp = tmp_path / "exp"
+    for name in ("config.yaml", "train.log", "last.pt", "epoch0.pt", "epoch1.pt"):
+        assert (exp / name).is_file(), name
+    assert len(list(exp.glob("best_epoch*.pt"))) == 1
+    assert list((exp / "tensorboard").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(exp / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/lr", "train/grad_norm", "valid/loss", "valid/wer", "valid/cer"} <= tags
+    assert [e.step for e in events.Scalars("valid/loss")] == [1, 2]
+    # A checkpoint is self-contained: config, tokenizer and feature statistics travel with it.
+    ckpt = load_checkpoint(exp / "last.pt")
+    assert ckpt["config"]["model"]["type"] == "las"
+    assert ckpt["features"]["stats"] is not None  # the recipe uses global MVN
+    assert ckpt["tokenizer"] and ckpt["training"]["progress"]["epoch"] == 2
+
+
+def test_a_second_run_in_the_same_directory_needs_resume(tmp_path):
+    args = [str(RECIPE), *overrides(tmp_path, "train.max_steps=1")]
+    assert main(args) == 0
+    assert main(args) == 2  # refuses to overwrite without --resume
+
+
+def test_unknown_config_key_is_an_error_naming_it(tmp_path, capsys):
+    assert main([str(RECIPE), f"exp_dir={tmp_path}", "model.listener.hiden_size=3"]) == 2
+    assert "model.listener.hiden_size" in capsys.readouterr().err
+
+
+def test_a_nan_loss_skips_the_step_and_names_the_batch(tmp_path, caplog):
+    config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_steps=2", "train.max_epochs=1"))
+    trainer = Trainer(config)
+    model = trainer.raw_model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    original = model.forward
+    calls = []
+
+    def poisoned(*args, **kwargs):
+        output = original(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            output.loss = output.loss * float("nan")
+        return output
+
+    model.forward = poisoned
+    steps_before = trainer.progress.step
+    # Run the first batch only: the poisoned one.
+    trainer.sampler.set_epoch(0)
+    first = next(iter(trainer._loader(list(trainer.sampler)[:1], trainer.train_set, 0)))
+    assert trainer._forward_backward(first, 1.0) is None
+    assert trainer.progress.step == steps_before and trainer.progress.nonfinite_in_a_row == 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    assert first.ids[0] in caplog.text and "non-finite loss" in caplog.text
+
+
+def test_too_many_nonfinite_steps_stop_the_run(tmp_path):
+    config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_nonfinite_in_a_row=2"))
+    trainer = Trainer(config)
+    original = trainer.raw_model.forward
+
+    def always_nan(*args, **kwargs):
+        output = original(*args, **kwargs)
+        output.loss = output.loss * float("inf")
+        return output
+
+    trainer.raw_model.forward = always_nan
+    with pytest.raises(TrainingError, match="2 non-finite steps in a row"):
+        trainer.fit()
+
+
+def _train_command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "asr.train", str(RECIPE), *args]
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT))
+    return env
+
+
+def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path):
+    """Kill a run with SIGKILL mid-epoch, resume it, compare with an uninterrupted run."""
+    common = TINY + [
+        f"data.valid=[{tiny_valid(tmp_path)}]",
+        "train.max_epochs=2",
+        "train.save_every_steps=1",
+        "model.listener.dropout=0.2",  # dropout and SpecAugment draw random numbers: resume must restore them
+    ]
+    reference = tmp_path / "reference"
+    subprocess.run(_train_command(common + [f"exp_dir={reference}"]), check=True, env=_env(), capture_output=True)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(
+        _train_command(common + [f"exp_dir={killed}"]), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        last = killed / "last.pt"
+        if last.exists() and load_checkpoint(last)["training"]["progress"]["step"] >= 3:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    progress = load_checkpoint(killed / "last.pt")["training"]["progress"]
+    assert progress["epoch"] < 2, "the run finished before it could be killed"
+    subprocess.run(
+        _train_command(common + [f"exp_dir={killed}", "--resume"]), check=True, env=_env(), capture_output=True
+    )
+    expected = load_checkpoint(reference / "last.pt")
+    resumed = load_checkpoint(killed / "last.pt")
+    assert resumed["training"]["progress"]["step"] == expected["training"]["progress"]["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+
+
+def test_distributed_training_with_gloo_on_two_processes(tmp_path):
+    exp = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+        "-m", "asr.train", str(RECIPE), *TINY, f"data.valid=[{tiny_valid(tmp_path)}]",
+        f"exp_dir={exp}", "train.max_epochs=1", "train.device=cpu",
+    ]
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = load_checkpoint(exp / "last.pt")
+    assert ckpt["training"]["progress"]["epoch"] == 1
+    assert ckpt["training"]["progress"]["step"] > 0
+    log = (exp / "train.log").read_text()
+    assert log.count("training finished") == 1  # rank 0 logs, rank 1 does not write the file
+
+
+@pytest.mark.parametrize("recipe", ["librispeech100.yaml", "librispeech100_transformer.yaml"])
+def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, librivox_mini):
+    small = {
+        "librispeech100.yaml": [
+            "model.listener.hidden_size=16", "model.attention.dim=16", "model.speller.hidden_size=16",
+            "model.speller.embedding_dim=16",
+        ],
+        "librispeech100_transformer.yaml": [
+            "model.d_model=32", "model.encoder.num_layers=2", "model.decoder.num_layers=1",
+            "model.encoder.ff_dim=64", "model.decoder.ff_dim=64",
+        ],
+    }[recipe]
+    args = [
+        str(PROJECT_ROOT / "recipes" / recipe),
+        f"exp_dir={tmp_path / 'exp'}",
+        f"data.root={librivox_mini.parent}",
+        "data.train=[test-mini]",
+        "data.valid=[test-mini]",
+        "data.test=[]",
+        "data.bpe_vocab_size=40",
+        "data.num_workers=0",
+        "train.max_steps=2",
+        "train.amp=false",
+        *small,
+    ]
+    assert main(args) == 0
+    assert load_checkpoint(tmp_path / "exp" / "last.pt")["training"]["progress"]["step"] == 2
