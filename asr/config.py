@@ -87,6 +87,10 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, allowed))}")
         return value
     if origin in (list, tuple):
+        item_types = typing.get_args(hint)
+        if isinstance(value, str) and item_types and item_types[0] is str:
+            # `data.dev=path/to/subset` on the command line means a one-folder list.
+            value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         (item,) = typing.get_args(hint)[:1] or (Any,)

@@ -42,7 +42,7 @@ def test_unknown_key_names_its_dotted_path():
         ({"inner": {"hidden_size": True}}, "inner.hidden_size"),
         ({"inner": {"kind": "c"}}, "inner.kind"),
         ({"inner": 3}, "inner"),
-        ({"paths": "a"}, "paths"),
+        ({"paths": 3}, "paths"),
     ],
 )
 def test_wrong_types_name_the_key(data, key):
@@ -62,3 +62,8 @@ def test_overrides_parse_yaml_values_and_create_sections():
 def test_round_trip_through_plain_dict():
     cfg = from_dict(Outer, {"name": "y", "inner": {"kind": "b"}, "limit": 2})
     assert from_dict(Outer, to_dict(cfg)) == cfg
+
+
+def test_a_single_string_for_a_list_of_strings_is_a_one_item_list():
+    cfg = from_dict(Outer, apply_overrides({}, ["paths=some/folder"]))
+    assert cfg.paths == ["some/folder"]
