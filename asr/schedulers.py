@@ -1,0 +1,120 @@
+"""Learning-rate schedules as ``torch.optim.lr_scheduler.LambdaLR`` multipliers.
+
+Each ``*_lambda`` returns ``f(step) -> float``, the factor LambdaLR multiplies
+the optimizer's configured ``lr`` by. ``step`` is LambdaLR's counter: 0 before
+the first update, then one more after every ``scheduler.step()``. We evaluate
+the formulas at ``s = step + 1`` so the first update already has a non-zero
+rate and update number ``warmup_steps`` is the one with the peak rate.
+
+Formulas (``s = step + 1``, ``w = warmup_steps``, ``d = d_model``):
+
+``noam``          factor = d^-0.5 * min(s^-0.5, s * w^-1.5)
+                  Vaswani et al. (2017), eq. 3. The optimizer's ``lr`` is the
+                  extra constant k (ESPnet's ``transformer-lr``); the peak rate
+                  is ``lr * (d * w)^-0.5``, reached at s = w.
+``inverse_sqrt``  factor = min(s / w, sqrt(w / s))
+                  The same shape as noam, normalised so the peak factor is 1:
+                  the optimizer's ``lr`` is the peak rate (fairseq's
+                  ``inverse_sqrt``). noam = (d * w)^-0.5 * inverse_sqrt.
+``linear_warmup`` factor = min(s / w, 1)
+                  Linear warmup, then constant: for models that need only the
+                  start tamed.
+``constant``      factor = 1.
+
+Post-norm Transformers need one of the warmup schedules (the gradients near
+the output are large at initialisation, see docs/normalization.md); pre-norm
+ones train with ``constant`` as well.
+
+Use::
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=5.0, betas=(0.9, 0.98))
+    scheduler = build_scheduler(optimizer, SchedulerConfig(kind="noam", warmup_steps=25000), d_model=256)
+    for batch in batches:
+        ...; optimizer.step(); scheduler.step()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "constant")
+
+
+@dataclass
+class SchedulerConfig:
+    """How the learning rate moves over updates (the ``optimizer.lr`` is scaled by it)."""
+
+    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "constant"] = "noam"
+    # 25k updates is the ESPnet LibriSpeech Transformer setting; on small data
+    # sets use a few hundred to a few thousand so the peak is reached at all.
+    warmup_steps: int = 25000
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"kind must be one of {SCHEDULE_KINDS}, got {self.kind!r}")
+        if self.warmup_steps < 1 and self.kind != "constant":
+            raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
+
+
+def _check_warmup(warmup_steps: int) -> None:
+    if warmup_steps < 1:
+        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+
+
+def noam_lambda(d_model: int, warmup_steps: int) -> Callable[[int], float]:
+    """Vaswani et al. (2017): ``d^-0.5 * min(s^-0.5, s * w^-1.5)`` at ``s = step + 1``."""
+    _check_warmup(warmup_steps)
+    if d_model < 1:
+        raise ValueError(f"d_model must be >= 1, got {d_model}")
+
+    def factor(step: int) -> float:
+        s = step + 1
+        return d_model**-0.5 * min(s**-0.5, s * warmup_steps**-1.5)
+
+    return factor
+
+
+def inverse_sqrt_lambda(warmup_steps: int) -> Callable[[int], float]:
+    """Linear warmup to 1 at ``s = w``, then ``sqrt(w / s)``; the optimizer's lr is the peak."""
+    _check_warmup(warmup_steps)
+
+    def factor(step: int) -> float:
+        s = step + 1
+        return min(s / warmup_steps, (warmup_steps / s) ** 0.5)
+
+    return factor
+
+
+def linear_warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
+    """Linear warmup to 1 at ``s = w``, then constant."""
+    _check_warmup(warmup_steps)
+
+    def factor(step: int) -> float:
+        return min((step + 1) / warmup_steps, 1.0)
+
+    return factor
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: SchedulerConfig, d_model: int | None = None) -> LambdaLR:
+    """The LambdaLR for ``config``; ``d_model`` is required by (and only used by) ``noam``."""
+    if config.kind == "noam":
+        if d_model is None:
+            raise ValueError("scheduler.kind 'noam' needs the model's d_model (a Transformer setting)")
+        factor = noam_lambda(d_model, config.warmup_steps)
+    elif config.kind == "inverse_sqrt":
+        factor = inverse_sqrt_lambda(config.warmup_steps)
+    elif config.kind == "linear_warmup":
+        factor = linear_warmup_lambda(config.warmup_steps)
+    elif config.kind == "constant":
+        factor = _constant
+    else:
+        raise ValueError(f"scheduler.kind must be one of {SCHEDULE_KINDS}, got {config.kind!r}")
+    return LambdaLR(optimizer, factor)
+
+
+def _constant(step: int) -> float:
+    return 1.0
