@@ -28,7 +28,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"                # auto = cuda when available, else cpu
     optimizer: Literal["adam", "adamw"] = "adam"
-    lr: float = 1e-3                    # peak learning rate (reached at the end of warmup)
+    lr: float = 1e-3                    # peak rate for inverse_sqrt/linear_warmup; for noam the constant k (peak = k / sqrt(d_model * warmup))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | constant.

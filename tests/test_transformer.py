@@ -32,16 +32,6 @@ VOCAB = 12
 PAD, SOS, EOS = 0, 1, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second intra-op thread, and on a shared
-    machine OpenMP threads that spin-wait for a busy core slow them 10-20x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(seed: int = 0, input_dim: int = INPUT_DIM, vocab: int = VOCAB, **overrides) -> Transformer:
     """A tiny Transformer; ``overrides`` are recipe keys (nested dicts for encoder/decoder)."""
     data = {
