@@ -1,0 +1,124 @@
+"""asr.compare: curves read back from real TensorBoard event files, table values, the image."""
+
+import time
+
+import matplotlib.image
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from asr.compare import main, smooth
+
+# Values exactly representable in float32 and in 4 significant digits, so the
+# table can be compared with what was written without tolerance games.
+RUN_A = {"valid/loss": [3.5, 2.25, 1.75, 2.0], "valid/wer": [0.875, 0.5, 0.375, 0.25]}
+RUN_B = {"valid/loss": [4.0, 3.0, 2.5], "valid/wer": [1.0, 0.75, 0.625]}
+
+
+def _write_run(folder, series, train_steps=0):
+    writer = SummaryWriter(log_dir=str(folder))
+    for tag, values in series.items():
+        for epoch, value in enumerate(values, start=1):
+            writer.add_scalar(tag, value, epoch)
+    for step in range(1, train_steps + 1):
+        writer.add_scalar("train/loss", 5.0 / step, step)
+    writer.close()
+
+
+def _table_rows(text, tag):
+    """{run: [cells]} of the table under '### tag'."""
+    lines = text.split(f"### {tag}\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    rows = [line.strip("|").split("|") for line in lines[3:] if line.startswith("|")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    _write_run(tmp_path / "run_a", RUN_A, train_steps=30)
+    _write_run(tmp_path / "run_b", RUN_B)
+    return tmp_path / "run_a", tmp_path / "run_b"
+
+
+def test_table_and_png_match_what_was_written(two_runs, tmp_path, capsys):
+    out = tmp_path / "plots" / "cmp.png"
+    assert main([str(p) for p in two_runs] + ["--out", str(out), "--labels", "ln", "no-ln"]) == 0
+    printed = capsys.readouterr().out
+    table = (tmp_path / "plots" / "cmp.md").read_text()
+    assert table in printed
+    rows = _table_rows(table, "valid/loss")
+    # columns: points, final, final at, best, best at
+    assert rows["ln"] == ["4", "2", "4", "1.75", "3"]  # final is the last epoch, best the minimum
+    assert rows["no-ln"] == ["3", "2.5", "3", "2.5", "3"]
+    image = matplotlib.image.imread(out)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100 and image.shape[2] in (3, 4)
+
+
+def test_several_tags_and_default_tag(two_runs, tmp_path, monkeypatch):
+    out = tmp_path / "both.png"
+    main([str(p) for p in two_runs] + ["--tag", "valid/wer", "--tag", "valid/loss", "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    wer = _table_rows(table, "valid/wer")
+    assert wer["run_a"][1:4] == ["0.25", "4", "0.25"] and wer["run_b"][1:4] == ["0.625", "3", "0.625"]
+    assert "epoch" in table.split("### valid/wer", 1)[1].splitlines()[2]
+    # Without --tag and --out: valid/loss, written to compare_valid_loss.png in the working folder.
+    monkeypatch.chdir(tmp_path)
+    main([str(p) for p in two_runs])
+    assert (tmp_path / "compare_valid_loss.png").is_file()
+    assert "### valid/loss" in (tmp_path / "compare_valid_loss.md").read_text()
+
+
+def test_train_tags_are_per_step_and_lr_has_no_best(tmp_path):
+    run = tmp_path / "run"
+    writer = SummaryWriter(log_dir=str(run))
+    for step in range(1, 21):
+        writer.add_scalar("train/loss", 10.0 - step * 0.25, step)
+        writer.add_scalar("train/lr", step * 0.125, step)
+    writer.close()
+    out = tmp_path / "t.png"
+    main([str(run), "--tag", "train/loss", "--tag", "train/lr", "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    assert "final at optimizer step" in table
+    assert _table_rows(table, "train/loss")["run"] == ["20", "5", "20", "5", "20"]
+    assert _table_rows(table, "train/lr")["run"] == ["20", "2.5", "20", "n/a", "n/a"]
+
+
+def test_resumed_run_last_write_of_a_step_wins(tmp_path):
+    # A run logs epochs 1-3, crashes, and is resumed from epoch 1 in a new event file:
+    # epochs 2-3 are logged again with other values, which are the ones that count.
+    run = tmp_path / "run"
+    _write_run(run, {"valid/loss": [3.0, 2.0, 1.0]})
+    time.sleep(1.1)  # event file names carry the second; keep the two files distinct and ordered
+    writer = SummaryWriter(log_dir=str(run))
+    writer.add_scalar("valid/loss", 2.5, 2)
+    writer.add_scalar("valid/loss", 2.25, 3)
+    writer.add_scalar("valid/loss", 1.5, 4)
+    writer.close()
+    out = tmp_path / "r.png"
+    main([str(run), "--out", str(out)])
+    assert _table_rows(out.with_suffix(".md").read_text(), "valid/loss")["run"] == ["4", "1.5", "4", "1.5", "4"]
+
+
+def test_missing_tag_names_the_run_and_its_tags(two_runs, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([str(p) for p in two_runs] + ["--tag", "valid/bleu", "--out", str(tmp_path / "x.png")])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "run_a" in err and "valid/bleu" in err and "valid/loss" in err and "train/loss" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_folder_without_events_and_label_count_are_errors(two_runs, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit):
+        main([str(two_runs[0]), str(empty), "--out", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert "no TensorBoard event files" in err and str(empty) in err
+    with pytest.raises(SystemExit):
+        main([str(p) for p in two_runs] + ["--labels", "only-one"])
+    assert "2 experiment folders" in capsys.readouterr().err
+
+
+def test_smoothing_is_debiased_ema():
+    assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # a constant stays constant
+    assert smooth([0.0, 1.0], 0.5) == pytest.approx([0.0, 0.5 / 0.75])
+    assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
