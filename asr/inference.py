@@ -1,0 +1,63 @@
+"""A trained model ready to transcribe, rebuilt from one checkpoint file.
+
+The checkpoint carries the config, the tokenizer and the feature pipeline
+(with its global MVN statistics), so nothing else is needed. Features are
+computed by :class:`features.pipeline.FeaturePipeline` exactly as in training
+(``train=False``: no dither, no SpecAugment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asr.checkpoint import load_checkpoint
+from asr.data.batching import collate
+from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
+from asr.decoding import decode
+from asr.experiment import ExperimentConfig, build_model, experiment_config_from_dict
+from features.pipeline import FeaturePipeline
+
+
+@dataclass
+class Recogniser:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    pipeline: FeaturePipeline
+    config: ExperimentConfig
+    device: torch.device
+
+    @torch.no_grad()
+    def transcribe_features(self, features: list[torch.Tensor], beam_size: int = 1, **options) -> list[str]:
+        """Decode a list of (T, D) feature matrices together; one transcript each."""
+        if not features:
+            return []
+        batch = collate(
+            [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
+        ).to(self.device)
+        hyps = decode(self.model, batch.features, batch.feature_lengths, beam_size=beam_size, **options)
+        return [self.tokenizer.decode(h) for h in hyps]
+
+    def transcribe_files(
+        self, paths: list[str | Path], beam_size: int = 1, batch_size: int = 16, **options
+    ) -> list[str]:
+        """Transcribe audio files (any sample rate, wav or flac), ``batch_size`` at a time."""
+        texts: list[str] = []
+        for start in range(0, len(paths), batch_size):
+            chunk = [self.pipeline.from_file(p) for p in paths[start : start + batch_size]]
+            texts += self.transcribe_features(chunk, beam_size=beam_size, **options)
+        return texts
+
+
+def load_recogniser(checkpoint: str | Path, device: str = "cpu") -> Recogniser:
+    """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``)."""
+    state = load_checkpoint(checkpoint)
+    config = experiment_config_from_dict(state["config"])
+    tokenizer = tokenizer_from_state_dict(state["tokenizer"])
+    pipeline = FeaturePipeline.from_state_dict(state["features"])
+    model = build_model(config.model, pipeline.feature_dim, tokenizer)
+    model.load_state_dict(state["model"])
+    target = torch.device(device)
+    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target)
