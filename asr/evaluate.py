@@ -4,13 +4,18 @@
     python -m asr.evaluate --checkpoint exp/librispeech100/best_epoch30.pt --data /data/LibriSpeech/test-clean --beam 10
 
 Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name>``):
-``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line), ``alignment.txt``
-(per-utterance word alignment with substitutions, deletions and insertions) and
-``wer.json`` (``{"wer": ..., "cer": ..., "utterances": ...}`` plus the counts).
-Prints the WER line and the real-time factor (decoding wall time / audio
-duration). Scores use the text normalisation of :mod:`asr.metrics`. Every
-utterance in the folder is scored (no duration limit); unreadable files are
-reported by name and counted, not silently dropped.
+``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
+``alignment.txt`` (per-utterance word alignment with substitutions, deletions
+and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
+"utterances": ...}`` plus the counts, timing and settings). Prints the WER
+line and the real-time factor: wall time of feature extraction plus search,
+divided by the audio duration (what a user waits per second of speech).
+
+Scores use the text normalisation of :mod:`asr.metrics` on both sides.
+Every utterance in the folder is scored (no duration limit, unlike training).
+Utterances the reader cannot use (missing or unreadable audio, an empty
+transcript) are left out with a logged reason and counted in ``wer.json``
+as ``skipped``, never dropped silently.
 """
 
 from __future__ import annotations
@@ -23,52 +28,85 @@ import time
 from pathlib import Path
 
 from asr.checkpoint import CheckpointError
+from asr.data import report as reasons
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError, SkipReport
 from asr.inference import load_recogniser
 from asr.metrics import alignment_report, error_rates
+from features.audio import AudioError
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asr.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint written by asr.train or asr.average")
     parser.add_argument("--data", required=True, help="a LibriSpeech-layout subset folder")
     parser.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy search)")
     parser.add_argument("--ctc-weight", type=float, default=0.0, help="CTC prefix score weight in beam search")
-    parser.add_argument("--length-penalty", type=float, default=0.0)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--length-penalty", type=float, default=0.0, help="score added per emitted token in beam search")
+    parser.add_argument("--batch-size", type=int, default=16, help="utterances decoded together")
     parser.add_argument("--out", help="output folder (default: <checkpoint folder>/eval_<data folder name>)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.beam < 1:
+        parser.error(f"--beam must be at least 1, got {args.beam}")
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    if not 0.0 <= args.ctc_weight <= 1.0:
+        parser.error(f"--ctc-weight must be in [0, 1], got {args.ctc_weight}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
+    checkpoint = Path(args.checkpoint)
     data = Path(args.data)
-    out = Path(args.out) if args.out else Path(args.checkpoint).parent / f"eval_{data.name}"
+    out = Path(args.out) if args.out else checkpoint.parent / f"eval_{data.name}"
+    # Cheap checks first, so a typo in either path fails before the model is loaded.
+    if not checkpoint.is_file():
+        parser.error(f"checkpoint not found: {checkpoint}")
+    report = SkipReport()
     try:
-        recogniser = load_recogniser(args.checkpoint, args.device)
-        report = SkipReport()
         utterances = read_subset(data, report)
-        report.log(str(data))
-    except (CheckpointError, DataError) as err:
+    except DataError as err:
         parser.error(str(err))
-    utterances = [u for u in utterances if u.text]
-    if not utterances:
-        parser.error(f"{data}: no usable utterances ({report.summary()})")
-    # Similar lengths together: less padding, and beam search stops sooner.
-    utterances.sort(key=lambda u: u.duration)
+    usable = []
+    for u in utterances:
+        if u.text:
+            usable.append(u)
+        else:
+            report.skip(reasons.EMPTY_TRANSCRIPT, f"{u.source}: transcript of {u.id} is empty after normalisation")
+    report.log(str(data))
+    if not usable:
+        counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().most_common())
+        parser.error(f"{data}: no usable utterances ({counts or 'the transcripts list none'})")
+    try:
+        recogniser = load_recogniser(checkpoint, args.device)
+    except CheckpointError as err:
+        parser.error(str(err))
+    if args.ctc_weight > 0 and getattr(recogniser.config.model, "ctc_weight", 0.0) == 0:
+        parser.error(f"--ctc-weight {args.ctc_weight}: {checkpoint} was trained without a CTC head (model.ctc_weight=0)")
 
-    options = {}
-    if args.beam > 1:
-        options = {"ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty}
+    # Decode in order of length (less padding; beam search ends sooner), report in id order.
+    by_length = sorted(usable, key=lambda u: u.duration)
+    # With --beam 1 and no CTC weight, decode() runs greedy search and ignores the length penalty.
+    options = {"ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty}
     start = time.perf_counter()
-    hyps = recogniser.transcribe_files(
-        [u.audio for u in utterances], beam_size=args.beam, batch_size=args.batch_size, **options
-    )
+    try:
+        texts = recogniser.transcribe_files(
+            [u.audio for u in by_length], beam_size=args.beam, batch_size=args.batch_size, **options
+        )
+    except AudioError as err:  # the header was readable but the samples are not
+        parser.error(str(err))
     elapsed = time.perf_counter() - start
-    audio_seconds = sum(u.duration for u in utterances)
+    hyp_by_id = {u.id: text for u, text in zip(by_length, texts)}
+    usable.sort(key=lambda u: u.id)
+    ids = [u.id for u in usable]
+    refs = [u.text for u in usable]
+    hyps = [hyp_by_id[i] for i in ids]
+    audio_seconds = sum(u.duration for u in usable)
 
-    ids = [u.id for u in utterances]
-    refs = [u.text for u in utterances]
     rates = error_rates(refs, hyps, ids)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hyp.txt").write_text("".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
@@ -76,22 +114,24 @@ def main(argv: list[str] | None = None) -> int:
     (out / "alignment.txt").write_text(alignment_report(refs, hyps, ids))
     summary = {
         **rates,
-        "utterances": len(utterances),
+        "utterances": len(usable),
         "skipped": len(report),
         "audio_seconds": audio_seconds,
         "decode_seconds": elapsed,
-        "rtf": elapsed / audio_seconds,
+        "rtf": elapsed / audio_seconds if audio_seconds > 0 else None,
         "beam": args.beam,
-        "checkpoint": str(args.checkpoint),
+        **options,
+        "checkpoint": str(checkpoint),
         "data": str(data),
     }
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"WER {100 * rates['wer']:.2f}% (S={rates['substitutions']} D={rates['deletions']} "
         f"I={rates['insertions']} N={rates['ref_words']}) CER {100 * rates['cer']:.2f}% "
-        f"on {len(utterances)} utterances of {data}"
+        f"on {len(usable)} utterances of {data}" + (f" ({len(report)} skipped)" if len(report) else "")
     )
-    print(f"real-time factor {summary['rtf']:.4f} ({elapsed:.1f} s for {audio_seconds:.1f} s of audio); results in {out}")
+    rtf = f"{summary['rtf']:.4f}" if summary["rtf"] is not None else "n/a"
+    print(f"real-time factor {rtf} ({elapsed:.1f} s for {audio_seconds:.1f} s of audio); results in {out}")
     return 0
 
 

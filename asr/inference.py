@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from asr.checkpoint import load_checkpoint
+from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.config import ConfigError
 from asr.data.batching import collate
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.decoding import decode
@@ -23,6 +24,8 @@ from features.pipeline import FeaturePipeline
 
 @dataclass
 class Recogniser:
+    """A model in eval mode with the tokenizer and feature pipeline it was trained with."""
+
     model: torch.nn.Module
     tokenizer: Tokenizer
     pipeline: FeaturePipeline
@@ -31,7 +34,13 @@ class Recogniser:
 
     @torch.no_grad()
     def transcribe_features(self, features: list[torch.Tensor], beam_size: int = 1, **options) -> list[str]:
-        """Decode a list of (T, D) feature matrices together; one transcript each."""
+        """Decode a list of ``(T, D)`` feature matrices as one padded batch; one transcript each.
+
+        ``options`` go to :func:`asr.decoding.decode` (``ctc_weight``,
+        ``length_penalty``, ``max_len_ratio``, ...). Each utterance is encoded and
+        searched under its own length mask, so batching changes results only
+        by float rounding.
+        """
         if not features:
             return []
         batch = collate(
@@ -54,10 +63,16 @@ class Recogniser:
 def load_recogniser(checkpoint: str | Path, device: str = "cpu") -> Recogniser:
     """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``)."""
     state = load_checkpoint(checkpoint)
-    config = experiment_config_from_dict(state["config"])
-    tokenizer = tokenizer_from_state_dict(state["tokenizer"])
-    pipeline = FeaturePipeline.from_state_dict(state["features"])
-    model = build_model(config.model, pipeline.feature_dim, tokenizer)
-    model.load_state_dict(state["model"])
+    try:
+        config = experiment_config_from_dict(state["config"])
+        tokenizer = tokenizer_from_state_dict(state["tokenizer"])
+        pipeline = FeaturePipeline.from_state_dict(state["features"])
+        model = build_model(config.model, pipeline.feature_dim, tokenizer)
+        model.load_state_dict(state["model"])
+    except (ConfigError, ValueError, KeyError, RuntimeError) as err:
+        # A checkpoint from another version of the code, or a hand-made one: say which file, on one line
+        # (load_state_dict lists missing keys over several).
+        detail = " ".join(str(err).split())
+        raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
     target = torch.device(device)
     return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target)

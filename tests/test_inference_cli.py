@@ -1,114 +1,232 @@
-"""Train a tiny model on real FSDD audio, then evaluate, transcribe and average it
-through the command-line entry points, as a user would."""
+"""The inference entry points as a user runs them: evaluate, transcribe and average.
+
+Two checkpoints: an untrained tiny LAS built here in the real checkpoint format
+(80-dim fbank with global MVN, characters; fast, for the file formats, counts
+and error paths on 16 kHz LibriVox speech), and a tiny LAS trained for two
+epochs on real FSDD audio through ``asr.train`` (for beam search, batching,
+averaging and a checkpoint the trainer wrote)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import PROJECT_ROOT
+from test_train import TINY, tiny_valid
 
 from asr import average, evaluate, transcribe
 from asr.checkpoint import load_checkpoint, save_checkpoint
+from asr.data.librispeech import read_subset
+from asr.data.tokenizer import CharTokenizer
+from asr.experiment import ExperimentConfig, build_model, experiment_config_to_dict
 from asr.inference import load_recogniser
+from asr.models.attention import AttentionConfig
+from asr.models.las import LASConfig
+from asr.models.listener import ListenerConfig
+from asr.models.speller import SpellerConfig
 from asr.train import main as train_main
+from features.config import FeatureConfig
+from features.pipeline import FeaturePipeline
 
-from conftest import PROJECT_ROOT
-from test_train import TINY, tiny_valid
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory, librivox_mini) -> Path:
+    """An untrained tiny LAS checkpoint in the trainer's format, featurising as in a LibriSpeech recipe."""
+    utterances = read_subset(librivox_mini)
+    features = FeatureConfig(kind="fbank", num_mel_bins=80, mvn="global")
+    pipeline = FeaturePipeline(features)
+    pipeline.compute_global_stats(u.audio for u in utterances)
+    tokenizer = CharTokenizer.train(u.text for u in utterances)
+    model_config = LASConfig(
+        listener=ListenerConfig(hidden_size=8, num_layers=2, pyramid_layers=1),
+        attention=AttentionConfig(type="content", dim=8),
+        speller=SpellerConfig(embedding_dim=8, hidden_size=8, num_layers=1),
+        ctc_weight=0.3,
+    )
+    config = ExperimentConfig(exp_dir="unused", features=features, model=model_config)
+    torch.manual_seed(0)
+    model = build_model(model_config, pipeline.feature_dim, tokenizer)
+    path = tmp_path_factory.mktemp("untrained") / "model.pt"
+    save_checkpoint(
+        path,
+        {
+            "config": experiment_config_to_dict(config),
+            "model": model.state_dict(),
+            "tokenizer": tokenizer.state_dict(),
+            "features": pipeline.state_dict(),
+        },
+    )
+    return path
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, Path]:
-    """(experiment folder, validation folder) of a 3-epoch tiny LAS run."""
+    """(experiment folder, validation folder) of a 2-epoch tiny LAS run on real connected digits."""
     tmp = tmp_path_factory.mktemp("trained")
     valid = tiny_valid(tmp)
     exp = tmp / "exp"
     args = [str(PROJECT_ROOT / "recipes" / "fsdd_las.yaml"), *TINY, f"exp_dir={exp}", f"data.valid=[{valid}]"]
-    assert train_main(args + ["train.max_epochs=3", "train.keep_last=2"]) == 0
+    assert train_main(args + ["train.max_epochs=2", "train.keep_last=2"]) == 0
     return exp, valid
 
 
-def test_evaluate_writes_consistent_reports(trained, capsys):
-    exp, valid = trained
-    out = exp / "eval"
-    assert evaluate.main(["--checkpoint", str(exp / "last.pt"), "--data", str(valid), "--out", str(out)]) == 0
+def _alignment_totals(text: str) -> list[int]:
+    """Sum of the per-utterance S, D, I, N headers of alignment.txt."""
+    totals = [0, 0, 0, 0]
+    for match in re.finditer(r"^\S+  S=(\d+) D=(\d+) I=(\d+) N=(\d+)$", text, flags=re.MULTILINE):
+        if not match.group(0).startswith("TOTAL"):
+            totals = [t + int(v) for t, v in zip(totals, match.groups())]
+    return totals
+
+
+# ---------------------------------------------------------------- untrained checkpoint: formats and errors
+
+
+def test_recogniser_is_rebuilt_from_the_checkpoint_alone(untrained, librivox_mini):
+    recogniser = load_recogniser(untrained)
+    state = load_checkpoint(untrained)
+    assert not recogniser.model.training
+    assert recogniser.tokenizer.state_dict() == state["tokenizer"]
+    # Same features as the pipeline the checkpoint was made with, global MVN statistics included.
+    utterances = read_subset(librivox_mini)
+    original = FeaturePipeline(FeatureConfig(kind="fbank", num_mel_bins=80, mvn="global"))
+    original.compute_global_stats(u.audio for u in utterances)
+    feats = recogniser.pipeline.from_file(utterances[1].audio)
+    assert feats.shape[1] == 80
+    torch.testing.assert_close(feats, original.from_file(utterances[1].audio))
+    for name, tensor in recogniser.model.state_dict().items():
+        assert torch.equal(tensor, state["model"][name]), name
+
+
+def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, librivox_mini, capsys):
+    assert evaluate.main(["--checkpoint", str(untrained), "--data", str(librivox_mini)]) == 0
+    out = untrained.parent / "eval_test-mini"  # the default: next to the checkpoint, named after the data
     printed = capsys.readouterr().out
-    assert "WER" in printed and "real-time factor" in printed
     result = json.loads((out / "wer.json").read_text())
-    refs = (out / "ref.txt").read_text().splitlines()
-    hyps = (out / "hyp.txt").read_text().splitlines()
-    assert result["utterances"] == len(refs) == len(hyps) == 6
-    assert [r.split()[0] for r in refs] == [h.split()[0] for h in hyps]
+    refs = [line.split(" ", 1) for line in (out / "ref.txt").read_text().splitlines()]
+    hyps = [line.split(" ", 1) + [""] for line in (out / "hyp.txt").read_text().splitlines()]
+    ids = [u.id for u in read_subset(librivox_mini)]
+    assert [r[0] for r in refs] == [h[0] for h in hyps] == sorted(ids)
+    assert result["utterances"] == len(ids) == 5 and result["skipped"] == 0
+    expected_refs = {u.id: u.text for u in read_subset(librivox_mini)}
+    assert {i: t for i, t in refs} == expected_refs
     s, d, i, n = (result[k] for k in ("substitutions", "deletions", "insertions", "ref_words"))
+    assert n == sum(len(t.split()) for t in expected_refs.values())
     assert result["wer"] == pytest.approx((s + d + i) / n)
-    assert (out / "alignment.txt").read_text().count("REF") == 6
-    # Beam search goes through the same path.
-    assert evaluate.main(["--checkpoint", str(exp / "last.pt"), "--data", str(valid), "--out", str(out), "--beam", "3"]) == 0
+    assert s + d + result["hits"] == n
+    alignment = (out / "alignment.txt").read_text()
+    assert alignment.count("\nREF: ") + alignment.startswith("REF: ") == 5
+    assert _alignment_totals(alignment) == [s, d, i, n]
+    assert f"WER {100 * result['wer']:.2f}% (S={s} D={d} I={i} N={n})" in printed
+    assert "on 5 utterances" in printed and "real-time factor" in printed
+    assert result["rtf"] == pytest.approx(result["decode_seconds"] / result["audio_seconds"])
 
 
-def test_transcribe_any_rate_and_format_matches_the_recogniser(trained, capsys, fsdd_recordings, librivox_mini):
-    exp, _ = trained
-    files = [fsdd_recordings / "3_george_0.wav", next(librivox_mini.rglob("*.flac"))]
-    assert transcribe.main([str(exp / "last.pt"), *map(str, files)]) == 0
+def test_transcribe_prints_one_line_per_file_at_any_rate(untrained, fsdd_recordings, librivox_mini, capsys):
+    files = [fsdd_recordings / "3_george_0.wav", librivox_mini / "9999" / "1" / "9999-1-0001.flac"]  # 8 kHz, 16 kHz
+    assert transcribe.main([str(untrained), *map(str, files)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == list(map(str, files))
-    expected = load_recogniser(exp / "last.pt").transcribe_files(files)
-    assert [line.split("\t", 1)[1] for line in lines] == expected
+    assert all(line.count("\t") == 1 for line in lines)
 
 
-def test_transcribe_reports_an_unreadable_file_and_goes_on(trained, tmp_path, capsys, fsdd_recordings):
-    exp, _ = trained
+def test_transcribe_names_unreadable_and_missing_files_and_goes_on(untrained, tmp_path, capsys, fsdd_recordings):
     bad = tmp_path / "broken.wav"
     bad.write_bytes(b"not audio at all")
+    missing = tmp_path / "missing.flac"
     good = fsdd_recordings / "5_jackson_1.wav"
-    assert transcribe.main([str(exp / "last.pt"), str(bad), str(good)]) == 1
+    assert transcribe.main([str(untrained), str(bad), str(good), str(missing)]) == 1
     captured = capsys.readouterr()
-    assert str(bad) in captured.err
-    assert captured.out.startswith(str(good))
+    err_lines = captured.err.splitlines()
+    assert len(err_lines) == 2 and str(bad) in err_lines[0] and str(missing) in err_lines[1]
+    assert captured.out.splitlines()[0].startswith(f"{good}\t")
+    assert len(captured.out.splitlines()) == 1
 
 
-def test_average_last_two_epochs_is_the_mean(trained):
+def _one_line_error(capsys, run) -> str:
+    with pytest.raises(SystemExit) as info:
+        run()
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("usage:")
+    return err[-1]
+
+
+def test_evaluate_errors_are_one_line_and_exit_2(untrained, tmp_path, capsys, librivox_mini):
+    missing = tmp_path / "missing.pt"
+    message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(missing), "--data", str(librivox_mini)]))
+    assert f"checkpoint not found: {missing}" in message
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(untrained), "--data", str(empty)]))
+    assert str(empty) in message and "no transcripts" in message
+    message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(untrained), "--data", str(tmp_path / "nope")]))
+    assert str(tmp_path / "nope") in message
+    # Transcripts whose audio is all missing: nothing usable, and the reason is counted.
+    orphan = tmp_path / "orphan" / "1" / "2"
+    orphan.mkdir(parents=True)
+    (orphan / "1-2.trans.txt").write_text("1-2-0000 HELLO\n1-2-0001 WORLD\n")
+    message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(untrained), "--data", str(orphan.parents[1])]))
+    assert "no usable utterances" in message and "2 transcript without audio" in message
+    not_ours = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, not_ours)
+    message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(not_ours), "--data", str(librivox_mini)]))
+    assert f"{not_ours} is not a checkpoint" in message
+    message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(untrained), "--data", str(librivox_mini), "--beam", "0"]))
+    assert "--beam must be at least 1" in message
+
+
+def test_transcribe_missing_checkpoint_exits_2(tmp_path, capsys, fsdd_recordings):
+    missing = tmp_path / "missing.pt"
+    message = _one_line_error(capsys, lambda: transcribe.main([str(missing), str(fsdd_recordings / "0_george_0.wav")]))
+    assert f"checkpoint not found: {missing}" in message
+
+
+def test_checkpoint_that_does_not_fit_its_model_names_the_file(untrained, tmp_path, capsys, fsdd_recordings):
+    state = load_checkpoint(untrained)
+    state["model"].pop(next(iter(state["model"])))
+    broken = tmp_path / "broken.pt"
+    save_checkpoint(broken, state)
+    message = _one_line_error(capsys, lambda: transcribe.main([str(broken), str(fsdd_recordings / "0_george_0.wav")]))
+    assert f"cannot rebuild a recogniser from {broken}" in message
+
+
+# ---------------------------------------------------------------- a checkpoint written by the trainer
+
+
+def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
+    exp, valid = trained
+    out = exp / "eval"
+    for beam in ("1", "3"):
+        argv = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid), "--out", str(out), "--beam", beam]
+        assert evaluate.main(argv + ["--batch-size", "4"]) == 0
+        result = json.loads((out / "wer.json").read_text())
+        assert result["beam"] == int(beam) and result["utterances"] == 6
+        assert len((out / "hyp.txt").read_text().splitlines()) == 6
+        s, d, i, n = (result[k] for k in ("substitutions", "deletions", "insertions", "ref_words"))
+        assert result["wer"] == pytest.approx((s + d + i) / n)
+        assert _alignment_totals((out / "alignment.txt").read_text()) == [s, d, i, n]
+    assert capsys.readouterr().out.count("real-time factor") == 2
+
+
+def test_transcribe_matches_the_recogniser_and_batching_does_not_change_results(trained, capsys, fsdd_recordings):
+    exp, _ = trained
+    files = [fsdd_recordings / f"{d}_{s}_{t}.wav" for d, s, t in [(3, "george", 0), (7, "nicolas", 2), (1, "yweweler", 4)]]
+    assert transcribe.main([str(exp / "last.pt"), *map(str, files)]) == 0
+    printed = [line.split("\t", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    recogniser = load_recogniser(exp / "last.pt")
+    assert recogniser.transcribe_files(files, batch_size=1) == printed
+    assert recogniser.transcribe_files(files, batch_size=3) == printed  # padded together, same words
+
+
+def test_average_last_two_epochs_of_a_real_run(trained):
     exp, _ = trained
     assert average.main([str(exp), "--last", "2"]) == 0
     averaged = load_checkpoint(exp / "avg_last2.pt")
-    first, second = load_checkpoint(exp / "epoch1.pt"), load_checkpoint(exp / "epoch2.pt")
+    first, second = load_checkpoint(exp / "epoch0.pt"), load_checkpoint(exp / "epoch1.pt")
     for name, tensor in averaged["model"].items():
         if tensor.is_floating_point():
             torch.testing.assert_close(tensor, (first["model"][name] + second["model"][name]) / 2)
     assert averaged["tokenizer"] == second["tokenizer"]
     load_recogniser(exp / "avg_last2.pt")  # a usable, self-contained checkpoint
-
-
-def test_average_best_uses_the_stored_metric(tmp_path):
-    payload = {"config": {}, "tokenizer": {}, "features": {}}
-    for epoch, metric in [(0, 3.0), (1, 1.0), (2, 2.0)]:
-        model = {"w": torch.full((2,), float(epoch)), "count": torch.tensor(epoch)}
-        save_checkpoint(tmp_path / f"best_epoch{epoch}.pt", {**payload, "model": model, "training": {"metric": metric}})
-    assert average.main([str(tmp_path), "--best", "2"]) == 0
-    averaged = load_checkpoint(tmp_path / "avg_best2.pt")["model"]
-    torch.testing.assert_close(averaged["w"], torch.full((2,), 1.5))  # epochs 1 and 2
-    assert averaged["count"] == 2  # integer buffers come from the newest, not averaged
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--checkpoint", "missing.pt", "--data", "."], "checkpoint not found"),
-        (["--checkpoint", "LAST", "--data", "EMPTY"], "EMPTY"),
-    ],
-)
-def test_evaluate_errors_are_one_line_and_exit_2(trained, tmp_path, capsys, argv, message):
-    exp, _ = trained
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    argv = [a.replace("LAST", str(exp / "last.pt")).replace("EMPTY", str(empty)) for a in argv]
-    message = message.replace("EMPTY", str(empty))
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate.main(argv)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
-
-
-def test_average_needs_enough_checkpoints(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        average.main([str(tmp_path), "--last", "3"])
-    assert exit_info.value.code == 2 and "found 0" in capsys.readouterr().err
