@@ -76,6 +76,9 @@ def test_connected_digits_are_deterministic_by_seed(two_speakers):
 def test_connected_digit_transcripts_lengths_and_takes(two_speakers):
     pool = {r.path: r for r in two_speakers}
     utterances = build_connected_digits(two_speakers, 12, digits_per_utterance=[2, 5], gap_seconds=[0.1, 0.2], seed=0)
+    silent = build_connected_digits(two_speakers, 2, digits_per_utterance=[2, 2], gap_seconds=[0.1, 0.1], gap_noise=0.0)
+    first_take = silent[0].audio.sources[0]
+    assert not silent[0].audio.waveform[:, load_audio(first_take)[0].shape[1] :][:, :800].any()
     for utt in utterances:
         takes = [pool[p] for p in utt.audio.sources]
         assert 2 <= len(takes) <= 5
@@ -93,12 +96,13 @@ def test_connected_digit_transcripts_lengths_and_takes(two_speakers):
         assert utt.duration == pytest.approx(audio.num_samples / 8000)
 
         # the takes are copied verbatim: the first at the start, the last at the end,
-        # and silence right after the first take
+        # and a pause of low-level noise (std gap_noise = 1e-3) right after the first take
         first, _ = load_audio(takes[0].path)
         last, _ = load_audio(takes[-1].path)
         assert audio.waveform[:, : first.shape[1]].equal(first)
         assert audio.waveform[:, audio.num_samples - last.shape[1] :].equal(last)
-        assert not audio.waveform[:, first.shape[1] : first.shape[1] + 800].any()
+        pause = audio.waveform[:, first.shape[1] : first.shape[1] + 800]
+        assert 0.0008 < float(pause.std()) < 0.0012 and (pause != 0).all()
 
 
 def test_mismatched_sample_rate_is_an_error_naming_the_file(fsdd_recordings, tmp_path):

@@ -22,13 +22,16 @@ class FSDDConfig:
     take_range: list[int] = field(default_factory=lambda: [5, 49])
     utterances: int = 2000            # how many connected-digit utterances to build
     digits_per_utterance: list[int] = field(default_factory=lambda: [1, 7])  # inclusive range of digits per utterance
-    gap_seconds: list[float] = field(default_factory=lambda: [0.05, 0.3])  # silence between takes, uniform in range
+    gap_seconds: list[float] = field(default_factory=lambda: [0.05, 0.3])  # pause between takes, uniform in range
+    gap_noise: float = 0.001          # std of the Gaussian noise filling the pauses (full scale 1); 0 = digital silence
     seed: int = 0                     # the same seed builds the same utterances (speakers, takes and gaps)
 
     def __post_init__(self) -> None:
         _check_range("take_range", self.take_range, minimum=0)
         _check_range("digits_per_utterance", self.digits_per_utterance, minimum=1)
         _check_range("gap_seconds", self.gap_seconds, minimum=0.0)
+        if self.gap_noise < 0:
+            raise ValueError(f"gap_noise must be >= 0, got {self.gap_noise}")
         if self.utterances < 0:
             raise ValueError(f"utterances must be >= 0, got {self.utterances}")
 

@@ -90,14 +90,20 @@ def build_connected_digits(
     gap_seconds: Sequence[float] = (0.05, 0.3),
     seed: int = 0,
     report: SkipReport | None = None,
+    gap_noise: float = 0.001,
 ) -> list[Utterance]:
     """``num_utterances`` connected-digit utterances, the same ones for the same seed.
 
     Each utterance draws a speaker, a count in the inclusive ``digits_per_utterance``
     range, that many takes of the speaker (with replacement) and a gap before
     every take but the first, uniform in ``gap_seconds``. Its waveform is
-    ``take_1, silence, take_2, ..., take_n``: (1, N) float32 held in memory
+    ``take_1, gap, take_2, ..., take_n``: (1, N) float32 held in memory
     (:class:`InMemoryAudio`), with N = sum of the take lengths + the gaps.
+    A gap is Gaussian noise of standard deviation ``gap_noise`` (full scale 1),
+    not digital silence: exact zeros become log(0)-floor frames in the
+    features, which real recordings (the connected-digit dev set's gaps are
+    noise of about 1e-3 RMS) never contain, and which would dominate the
+    global MVN statistics. ``gap_noise=0`` gives exact silence.
     All takes must share one sample rate (there is no resampling here); one
     that differs raises :class:`DataError` naming the file. Unreadable or empty
     takes are recorded in ``report`` and never drawn.
@@ -124,6 +130,7 @@ def build_connected_digits(
         raise DataError("no usable FSDD recordings to build connected-digit utterances from")
 
     rng = random.Random(seed)
+    noise = torch.Generator().manual_seed(seed)
     speakers = sorted(takes)
     utterances = []
     for index in range(num_utterances):
@@ -133,7 +140,7 @@ def build_connected_digits(
         pieces = [chosen[0][1]]
         for _, waveform in chosen[1:]:
             gap = round(rng.uniform(gap_seconds[0], gap_seconds[1]) * sample_rate)
-            pieces.extend([torch.zeros(1, gap), waveform])
+            pieces.extend([torch.randn(1, gap, generator=noise) * gap_noise, waveform])
         waveform = torch.cat(pieces, dim=1)
         audio = InMemoryAudio(waveform, sample_rate, tuple(r.path for r, _ in chosen))
         text = " ".join(DIGIT_WORDS[r.digit] for r, _ in chosen)
@@ -155,5 +162,11 @@ def connected_digits(
     folder = Path(root).expanduser() / Path(config.recordings).expanduser()
     recordings = read_fsdd(folder, config.speakers, config.take_range, report)
     return build_connected_digits(
-        recordings, config.utterances, config.digits_per_utterance, config.gap_seconds, config.seed, report
+        recordings,
+        config.utterances,
+        config.digits_per_utterance,
+        config.gap_seconds,
+        config.seed,
+        report,
+        config.gap_noise,
     )
