@@ -1,0 +1,780 @@
+// Fused CPU forward and backward of one (layer-normalised) LSTM layer, all directions.
+//
+// Computes, per direction d and valid frame (equations as in asr/models/lnlstm.py):
+//   gates = LN_x(W_x x_t) + LN_h(W_h h_{t-1}) + b         i, j, f, o = split(gates)
+//   c_t   = c_{t-1} * sigmoid(f + forget_bias) + sigmoid(i) * tanh(j)
+//   h_t   = tanh(LN_c(c_t)) * sigmoid(o)
+// Without layer norm every LN is the identity. The un-normalised c_t is carried.
+//
+// Why it is fast:
+// * Each direction runs in its own thread (at::parallel_for over directions;
+//   BLAS calls inside run single-threaded, as nested OpenMP regions do), so
+//   two directions use two cores without any per-step synchronisation.
+// * W_x x_t does not depend on the recurrence: it is one GEMM per chunk of
+//   time steps (chunk * B rows, large enough to run at full GEMM speed),
+//   computed by the direction's thread just before the chunk is needed, so the
+//   input projections of a whole sequence are never all materialised when
+//   nothing is saved for backward.
+// * Per time step: one small GEMM (W_h h_{t-1} for the batch), then one pass
+//   over each row fusing LN_x, LN_h, the gates, the cell, LN_c and the output,
+//   with a vectorisable exp.
+// * The backward pass is hand-written from saved normalised values and inverse
+//   standard deviations; dW_h, dW_x and dx come from one GEMM per chunk.
+//
+// Variable lengths: row b has len[b] valid frames. Step s touches row b only
+// if s < len[b]; the forward direction reads frame s, the backward direction
+// frame len[b] - 1 - s, so it starts at the row's own last frame. Rows past
+// their length keep their state frozen and their outputs are zero.
+
+// Only the headers needed (not <torch/extension.h>): the first-use JIT build
+// then takes seconds, not a minute. The ops are registered with the
+// dispatcher (TORCH_LIBRARY) and called as torch.ops.asr_lnlstm.*.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+// The BLAS inside libtorch (MKL on x86 wheels) exports the Fortran GEMMs. They
+// are declared weak so the module still loads where they are missing; then the
+// slower at::mm path below is used.
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc) __attribute__((weak));
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
+            const double* beta, double* c, const int* ldc) __attribute__((weak));
+}
+
+namespace {
+
+// Column-major C (m x n) = op(A) op(B) (+ C if accumulate), op given by 'n'/'t'.
+template <typename T>
+void gemm_fallback(char ta, char tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                   const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+  auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
+  // A column-major (rows x cols, ld) matrix is a tensor with strides {1, ld}.
+  auto A = ta == 'n' ? at::from_blob(const_cast<T*>(a), {m, k}, {1, lda}, opts)
+                     : at::from_blob(const_cast<T*>(a), {k, m}, {1, lda}, opts).t();
+  auto B = tb == 'n' ? at::from_blob(const_cast<T*>(b), {k, n}, {1, ldb}, opts)
+                     : at::from_blob(const_cast<T*>(b), {n, k}, {1, ldb}, opts).t();
+  auto C = at::from_blob(c, {m, n}, {1, ldc}, opts);
+  if (accumulate) {
+    C.add_(at::mm(A, B));
+  } else {
+    C.copy_(at::mm(A, B));
+  }
+}
+
+void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+          const float* b, int64_t ldb, bool accumulate, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (sgemm_ == nullptr || k == 0) {
+    if (k == 0) {
+      if (!accumulate) for (int64_t j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, 0.f);
+      return;
+    }
+    gemm_fallback<float>(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    return;
+  }
+  const int im = m, in = n, ik = k, ilda = lda, ildb = ldb, ildc = ldc;
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
+  sgemm_(&ta, &tb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
+}
+
+void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda,
+          const double* b, int64_t ldb, bool accumulate, double* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (dgemm_ == nullptr || k == 0) {
+    if (k == 0) {
+      if (!accumulate) for (int64_t j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, 0.0);
+      return;
+    }
+    gemm_fallback<double>(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+    return;
+  }
+  const int im = m, in = n, ik = k, ilda = lda, ildb = ldb, ildc = ldc;
+  const double alpha = 1.0, beta = accumulate ? 1.0 : 0.0;
+  dgemm_(&ta, &tb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
+}
+
+// ---- elementwise math ----------------------------------------------------
+// float: a branch-free exp (Cephes polynomial, ~1 ulp) that the compiler can
+// vectorise, since libm calls would keep the row loops scalar. double: libm,
+// so the float64 gradcheck sees exact functions.
+
+inline float exp_approx(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  // n = round(x / ln 2) with the 1.5 * 2^23 trick (round-to-nearest, no libm).
+  const float magic = 12582912.f;
+  float n = (x * 1.44269504088896341f + magic) - magic;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline float sigmoid(float x) { return 1.f / (1.f + exp_approx(-x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+inline float tanh_(float x) {
+  // tanh(|x|) = (1 - e) / (1 + e), e = exp(-2|x|): no overflow for large |x|.
+  float ax = x < 0.f ? -x : x;
+  float e = exp_approx(-2.f * ax);
+  float r = (1.f - e) / (1.f + e);
+  return x < 0.f ? -r : r;
+}
+inline double tanh_(double x) { return std::tanh(x); }
+
+constexpr int kLanes = 16;  // independent partial sums so reductions vectorise
+
+template <typename T>
+inline T sum(const T* x, int64_t n) {
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l];
+  T s = 0;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+template <typename T>
+inline T dot(const T* x, const T* y, int64_t n) {
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * y[i + l];
+  T s = 0;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+// Mean and 1/sqrt(biased variance + eps), the variance from centred values
+// (E[x^2] - E[x]^2 cancels catastrophically for large or constant inputs).
+template <typename T>
+inline void moments(const T* x, int64_t n, T eps, T& mean, T& rstd) {
+  mean = sum(x, n) / n;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      T v = x[i + l] - mean;
+      acc[l] += v * v;
+    }
+  T var = 0;
+  for (int l = 0; l < kLanes; ++l) var += acc[l];
+  for (; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  rstd = T(1) / std::sqrt(var / n + eps);
+}
+
+// Gradient through x_hat = (x - mean) * rstd given d x_hat:
+// dx = rstd * (dxh - mean(dxh) - xh * mean(dxh * xh)). In place on dxh_out.
+template <typename T>
+inline void ln_backward(const T* xh, T* dxh, T rstd, int64_t n, T* dx) {
+  const T m1 = sum(dxh, n) / n;
+  const T m2 = dot(dxh, xh, n) / n;
+  for (int64_t k = 0; k < n; ++k) dx[k] = rstd * (dxh[k] - m1 - xh[k] * m2);
+}
+
+template <typename T>
+const T* ptr_or_null(const at::Tensor& t) {
+  return t.defined() && t.numel() ? t.const_data_ptr<T>() : nullptr;
+}
+
+template <typename T>
+struct Layer {
+  int64_t B, Tn, I, D, H, S;
+  bool layer_norm, save;
+  T forget_bias, eps;
+  int64_t chunk;  // time steps per input-projection GEMM
+  const int64_t* len;
+  const T* x;     // (B, T, I)
+  const T* w_x;   // (D, 4H, I)
+  const T* w_h;   // (D, 4H, H)
+  const T* bias;  // (D, 4H)
+  const T *lxg, *lxb, *lhg, *lhb;  // (D, 4H) LN_x, LN_h gain/bias
+  const T *lcg, *lcb;              // (D, H) LN_c gain/bias
+  // saved for backward (save == true), indexed [d][s][b] (step s, not frame):
+  T* gx;        // (D, S, B, 4H) W_x x_t, before LN_x
+  T* states_h;  // (D, S+1, B, H): state before step s; [S] is the final one
+  T* states_c;  // (D, S+1, B, H)
+  T* act;       // (D, S, B, 4H): sigmoid(i), tanh(j), sigmoid(f+fb), sigmoid(o)
+  T* xhat_h;    // (D, S, B, 4H) LN_h normalised values
+  T* stats;     // (D, S, B, 4): mean_x, rstd_x, rstd_h, rstd_c
+  T* xhat_c;    // (D, S, B, H) LN_c normalised values
+  T* y;         // (B, T, D*H)
+  T* h_n;       // (D, B, H)
+  T* c_n;       // (D, B, H)
+  const T* h0;  // (D, B, H)
+  const T* c0;  // (D, B, H)
+
+  bool active(int64_t s, int64_t b) const { return s < len[b]; }
+  // The frame direction d reads at step s in row b (only for active rows).
+  int64_t frame(int64_t d, int64_t s, int64_t b) const { return d == 1 ? len[b] - 1 - s : s; }
+};
+
+// Gather the input frames of steps [s0, s0 + k) into rows (s - s0) * B + b of
+// xc (k*B x I); rows past their length get zeros.
+template <typename T>
+void gather_frames(const Layer<T>& p, int64_t d, int64_t s0, int64_t k, T* xc) {
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t b = 0; b < p.B; ++b) {
+      T* row = xc + (j * p.B + b) * p.I;
+      const int64_t s = s0 + j;
+      if (p.active(s, b)) {
+        const T* src = p.x + (b * p.Tn + p.frame(d, s, b)) * p.I;
+        std::copy(src, src + p.I, row);
+      } else {
+        std::fill(row, row + p.I, T(0));
+      }
+    }
+}
+
+template <typename T>
+void forward_direction(const Layer<T>& p, int64_t d) {
+  const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
+  const T* Wx = p.w_x + d * G * I;
+  const T* Wh = p.w_h + d * G * H;
+  std::vector<T> bsum(G);
+  for (int64_t k = 0; k < G; ++k)
+    bsum[k] = p.bias[d * G + k] + (p.layer_norm ? p.lxb[d * G + k] + p.lhb[d * G + k] : T(0));
+  const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
+  const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
+  const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
+  const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
+
+  std::vector<T> gates_h(B * G), pre(G), act_row(G), xc_row(H), tc_row(H);
+  std::vector<T> x_chunk(p.chunk * B * I);
+  std::vector<T> gx_chunk(p.save ? 0 : p.chunk * B * G);  // saved runs write into p.gx
+  // Saved runs write every state into states_h/c[s]; inference ping-pongs
+  // between two buffers.
+  std::vector<T> ping(p.save ? 0 : 4 * B * H);
+  T* h_base = p.save ? p.states_h + d * (S + 1) * B * H : ping.data();
+  T* c_base = p.save ? p.states_c + d * (S + 1) * B * H : ping.data() + 2 * B * H;
+  auto slot = [&](T* base, int64_t s) { return base + (p.save ? s : s % 2) * B * H; };
+  std::copy(p.h0 + d * B * H, p.h0 + (d + 1) * B * H, h_base);
+  std::copy(p.c0 + d * B * H, p.c0 + (d + 1) * B * H, c_base);
+  T* h_prev = h_base;
+  T* c_prev = c_base;
+  T* gx = nullptr;
+  int64_t chunk_start = 0;
+
+  for (int64_t s = 0; s < S; ++s) {
+    if (s % p.chunk == 0) {
+      // gx (k*B x 4H, row-major) = x_chunk (k*B x I) W_x^T, written column-major.
+      chunk_start = s;
+      const int64_t k = std::min(p.chunk, S - s);
+      gather_frames(p, d, s, k, x_chunk.data());
+      gx = p.save ? p.gx + (d * S + s) * B * G : gx_chunk.data();
+      gemm('t', 'n', G, k * B, I, Wx, I, x_chunk.data(), I, false, gx, G);
+    }
+    T* h_next = slot(h_base, s + 1);
+    T* c_next = slot(c_base, s + 1);
+    // gates_h (B x 4H, row-major) = h_prev (B x H) W_h^T.
+    gemm('t', 'n', G, B, H, Wh, H, h_prev, H, false, gates_h.data(), G);
+    for (int64_t b = 0; b < B; ++b) {
+      T* hn = h_next + b * H;
+      T* cn = c_next + b * H;
+      const T* hp = h_prev + b * H;
+      const T* cp = c_prev + b * H;
+      if (!p.active(s, b)) {  // past this row's end: state frozen
+        std::copy(hp, hp + H, hn);
+        std::copy(cp, cp + H, cn);
+        continue;
+      }
+      const int64_t t = p.frame(d, s, b);
+      const T* xr = gx + ((s - chunk_start) * B + b) * G;
+      T* gh = gates_h.data() + b * G;
+      const int64_t saved = (d * S + s) * B + b;
+      T* act = p.save ? p.act + saved * G : act_row.data();
+      T* xc = p.save ? p.xhat_c + saved * H : xc_row.data();
+      T* tc = tc_row.data();
+      T* a = pre.data();
+      if (p.layer_norm) {
+        T mx, rx, mh, rh;
+        moments(xr, G, p.eps, mx, rx);
+        moments(gh, G, p.eps, mh, rh);
+        T* xh = p.save ? p.xhat_h + saved * G : gh;
+        for (int64_t k = 0; k < G; ++k) {
+          const T xhk = (gh[k] - mh) * rh;
+          xh[k] = xhk;
+          a[k] = (xr[k] - mx) * rx * gxg[k] + xhk * ghg[k] + bsum[k];
+        }
+        if (p.save) {
+          T* st = p.stats + saved * 4;
+          st[0] = mx;
+          st[1] = rx;
+          st[2] = rh;
+        }
+      } else {
+        for (int64_t k = 0; k < G; ++k) a[k] = xr[k] + gh[k] + bsum[k];
+      }
+      for (int64_t k = 0; k < H; ++k) act[k] = sigmoid(a[k]);
+      for (int64_t k = H; k < 2 * H; ++k) act[k] = tanh_(a[k]);
+      for (int64_t k = 2 * H; k < 3 * H; ++k) act[k] = sigmoid(a[k] + p.forget_bias);
+      for (int64_t k = 3 * H; k < G; ++k) act[k] = sigmoid(a[k]);
+      for (int64_t k = 0; k < H; ++k) cn[k] = cp[k] * act[2 * H + k] + act[k] * act[H + k];
+      if (p.layer_norm) {
+        T mc, rc;
+        moments(cn, H, p.eps, mc, rc);
+        for (int64_t k = 0; k < H; ++k) {
+          xc[k] = (cn[k] - mc) * rc;
+          tc[k] = tanh_(xc[k] * gcg[k] + gcb[k]);
+        }
+        if (p.save) p.stats[saved * 4 + 3] = rc;
+      } else {
+        for (int64_t k = 0; k < H; ++k) tc[k] = tanh_(cn[k]);
+      }
+      T* yr = p.y + (b * p.Tn + t) * D * H + d * H;
+      for (int64_t k = 0; k < H; ++k) {
+        hn[k] = tc[k] * act[3 * H + k];
+        yr[k] = hn[k];
+      }
+    }
+    h_prev = h_next;
+    c_prev = c_next;
+  }
+  std::copy(h_prev, h_prev + B * H, p.h_n + d * B * H);
+  std::copy(c_prev, c_prev + B * H, p.c_n + d * B * H);
+}
+
+template <typename T>
+struct Grads {
+  const T* dy;   // (B, T, D*H)
+  const T* dhn;  // (D, B, H)
+  const T* dcn;  // (D, B, H)
+  T* dx;         // (D, B, T, I): per direction, summed by the caller; null if not needed
+  T* dw_x;       // (D, 4H, I)
+  T* dw_h;       // (D, 4H, H)
+  T* dbias;      // (D, 4H)
+  T *dlxg, *dlxb, *dlhg, *dlhb;  // (D, 4H)
+  T *dlcg, *dlcb;                // (D, H)
+  T* dh0;        // (D, B, H)
+  T* dc0;        // (D, B, H)
+};
+
+// The row kernels below take __restrict__ pointers: without them the compiler
+// cannot prove the many arrays distinct and leaves the loops scalar.
+
+// Through h = tanh(LN_c(c)) * sigmoid(o): d(o pre-activation) into dgates[3H..4H),
+// d c into dct (adding the carried dc), LN_c parameter grads accumulated.
+template <typename T>
+inline void output_backward_ln(int64_t H, const T* __restrict__ act, const T* __restrict__ xc, T rc,
+                               const T* __restrict__ gcg, const T* __restrict__ gcb, const T* __restrict__ dh,
+                               const T* __restrict__ dc, T* __restrict__ dgates, T* __restrict__ dxc,
+                               T* __restrict__ dct, T* __restrict__ acc_gc, T* __restrict__ acc_bc) {
+  for (int64_t k = 0; k < H; ++k) {
+    const T so = act[3 * H + k];
+    const T tc = tanh_(xc[k] * gcg[k] + gcb[k]);  // recomputed: cheaper than saving it
+    dgates[3 * H + k] = dh[k] * tc * so * (T(1) - so);
+    const T dcn = dh[k] * so * (T(1) - tc * tc);  // d LN_c(c)
+    acc_gc[k] += dcn * xc[k];
+    acc_bc[k] += dcn;
+    dxc[k] = dcn * gcg[k];
+  }
+  ln_backward(xc, dxc, rc, H, dct);
+  for (int64_t k = 0; k < H; ++k) dct[k] += dc[k];
+}
+
+template <typename T>
+inline void output_backward_plain(int64_t H, const T* __restrict__ act, const T* __restrict__ c,
+                                  const T* __restrict__ dh, const T* __restrict__ dc, T* __restrict__ dgates,
+                                  T* __restrict__ dct) {
+  for (int64_t k = 0; k < H; ++k) {
+    const T so = act[3 * H + k];
+    const T tc = tanh_(c[k]);
+    dgates[3 * H + k] = dh[k] * tc * so * (T(1) - so);
+    dct[k] = dc[k] + dh[k] * so * (T(1) - tc * tc);
+  }
+}
+
+// Through c = c_prev * sigmoid(f + fb) + sigmoid(i) * tanh(j): d(i, j, f
+// pre-activations) into dgates[0..3H), d c_prev into dc_prev; sums all gate grads.
+template <typename T>
+inline void cell_backward(int64_t H, const T* __restrict__ act, const T* __restrict__ c_prev,
+                          const T* __restrict__ dct, T* __restrict__ dgates, T* __restrict__ dc_prev,
+                          T* __restrict__ acc_b) {
+  for (int64_t k = 0; k < H; ++k) {
+    const T si = act[k], tj = act[H + k], sf = act[2 * H + k];
+    dgates[k] = dct[k] * tj * si * (T(1) - si);
+    dgates[H + k] = dct[k] * si * (T(1) - tj * tj);
+    dgates[2 * H + k] = dct[k] * c_prev[k] * sf * (T(1) - sf);
+    dc_prev[k] = dct[k] * sf;
+  }
+  for (int64_t k = 0; k < 4 * H; ++k) acc_b[k] += dgates[k];
+}
+
+// Through out = x_hat * gain (+ bias) with x_hat = (x - mean) * rstd: dx and the gain grad.
+template <typename T>
+inline void affine_ln_backward(int64_t n, const T* __restrict__ xh, T rstd, const T* __restrict__ gain,
+                               const T* __restrict__ dout, T* __restrict__ scratch, T* __restrict__ acc_gain,
+                               T* __restrict__ dx) {
+  for (int64_t k = 0; k < n; ++k) {
+    acc_gain[k] += dout[k] * xh[k];
+    scratch[k] = dout[k] * gain[k];
+  }
+  ln_backward(xh, scratch, rstd, n, dx);
+}
+
+template <typename T>
+void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
+  const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
+  const T* Wx = p.w_x + d * G * I;
+  const T* Wh = p.w_h + d * G * H;
+  const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
+  const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
+  const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
+  const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
+  const T* h_states = p.states_h + d * (S + 1) * B * H;
+  const T* c_states = p.states_c + d * (S + 1) * B * H;
+  T* dx = g.dx ? g.dx + d * B * p.Tn * I : nullptr;
+  T* dw_x = g.dw_x + d * G * I;
+  T* dw_h = g.dw_h + d * G * H;
+
+  std::vector<T> dh(g.dhn + d * B * H, g.dhn + (d + 1) * B * H);
+  std::vector<T> dc(g.dcn + d * B * H, g.dcn + (d + 1) * B * H);
+  std::vector<T> dh_prev(B * H);
+  std::vector<T> acc_gx(G, T(0)), acc_gh(G, T(0)), acc_b(G, T(0)), acc_gc(H, T(0)), acc_bc(H, T(0));
+  std::vector<T> dgates(G), scratch(G), xx(G), dct(H);
+  // Gradients w.r.t. W_h h_{t-1} (dGh) and W_x x_t (dGx) are kept for one
+  // chunk of steps; at the chunk's first step one GEMM each gives its share of
+  // dW_h, dW_x and dx.
+  std::vector<T> dGh_chunk(p.chunk * B * G), dGx_chunk(p.chunk * B * G);
+  std::vector<T> x_chunk(p.chunk * B * I), dx_chunk(p.chunk * B * I);
+  std::fill(dw_x, dw_x + G * I, T(0));
+  std::fill(dw_h, dw_h + G * H, T(0));
+
+  for (int64_t s = S - 1; s >= 0; --s) {
+    const int64_t chunk_start = s - s % p.chunk;
+    const int64_t row0 = (s - chunk_start) * B;
+    T* dGh = dGh_chunk.data() + row0 * G;
+    bool all_active = true;
+    for (int64_t b = 0; b < B; ++b) {
+      T* dGhb = dGh + b * G;
+      T* dGxb = dGx_chunk.data() + (row0 + b) * G;
+      if (!p.active(s, b)) {  // frozen row: gradient passes through untouched
+        std::fill(dGhb, dGhb + G, T(0));
+        std::fill(dGxb, dGxb + G, T(0));
+        all_active = false;
+        continue;
+      }
+      const int64_t t = p.frame(d, s, b);
+      const int64_t saved = (d * S + s) * B + b;
+      const T* act = p.act + saved * G;
+      const T* dyr = g.dy + (b * p.Tn + t) * D * H + d * H;
+      T* dhb = dh.data() + b * H;
+      T* dcb = dc.data() + b * H;
+      for (int64_t k = 0; k < H; ++k) dhb[k] += dyr[k];
+      if (p.layer_norm) {
+        output_backward_ln(H, act, p.xhat_c + saved * H, p.stats[saved * 4 + 3], gcg, gcb, dhb, dcb,
+                           dgates.data(), scratch.data(), dct.data(), acc_gc.data(), acc_bc.data());
+      } else {
+        output_backward_plain(H, act, c_states + (s + 1) * B * H + b * H, dhb, dcb, dgates.data(), dct.data());
+      }
+      cell_backward(H, act, c_states + s * B * H + b * H, dct.data(), dgates.data(), dcb, acc_b.data());
+      if (p.layer_norm) {
+        const T* st = p.stats + saved * 4;
+        const T mx = st[0], rx = st[1], rh = st[2];
+        const T* xr = p.gx + saved * G;
+        for (int64_t k = 0; k < G; ++k) xx[k] = (xr[k] - mx) * rx;  // LN_x's x_hat, recomputed
+        affine_ln_backward(G, xx.data(), rx, gxg, dgates.data(), scratch.data(), acc_gx.data(), dGxb);
+        affine_ln_backward(G, p.xhat_h + saved * G, rh, ghg, dgates.data(), scratch.data(), acc_gh.data(), dGhb);
+      } else {
+        std::copy(dgates.begin(), dgates.end(), dGxb);
+        std::copy(dgates.begin(), dgates.end(), dGhb);
+      }
+    }
+    // dh_{t-1} (B x H) = dGh (B x 4H) W_h (4H x H), column-major.
+    if (all_active) {
+      gemm('n', 'n', H, B, G, Wh, H, dGh, G, false, dh.data(), H);
+    } else {
+      gemm('n', 'n', H, B, G, Wh, H, dGh, G, false, dh_prev.data(), H);
+      for (int64_t b = 0; b < B; ++b)
+        if (p.active(s, b)) std::copy(dh_prev.begin() + b * H, dh_prev.begin() + (b + 1) * H, dh.begin() + b * H);
+    }
+    if (s == chunk_start) {
+      // Frozen rows have zero dG, a finite frozen state and zero input: they add nothing.
+      const int64_t rows = std::min(p.chunk, S - chunk_start) * B;
+      // dW_h^T (H x 4H) += H_prev^T dGh over the chunk's rows.
+      gemm('n', 't', H, G, rows, h_states + chunk_start * B * H, H, dGh_chunk.data(), G, true, dw_h, H);
+      // dW_x^T (I x 4H) += X^T dGx; dX (rows x I) = dGx W_x, scattered to frames.
+      gather_frames(p, d, chunk_start, rows / B, x_chunk.data());
+      gemm('n', 't', I, G, rows, x_chunk.data(), I, dGx_chunk.data(), G, true, dw_x, I);
+      if (dx) {
+        gemm('n', 'n', I, rows, G, Wx, I, dGx_chunk.data(), G, false, dx_chunk.data(), I);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t sr = chunk_start + r / B, b = r % B;
+          if (!p.active(sr, b)) continue;
+          const T* src = dx_chunk.data() + r * I;
+          std::copy(src, src + I, dx + (b * p.Tn + p.frame(d, sr, b)) * I);
+        }
+      }
+    }
+  }
+  std::copy(dh.begin(), dh.end(), g.dh0 + d * B * H);
+  std::copy(dc.begin(), dc.end(), g.dc0 + d * B * H);
+  std::copy(acc_b.begin(), acc_b.end(), g.dbias + d * G);
+  if (p.layer_norm) {
+    // b, LN_x's bias and LN_h's bias all add to the gates: same gradient.
+    std::copy(acc_b.begin(), acc_b.end(), g.dlxb + d * G);
+    std::copy(acc_b.begin(), acc_b.end(), g.dlhb + d * G);
+    std::copy(acc_gx.begin(), acc_gx.end(), g.dlxg + d * G);
+    std::copy(acc_gh.begin(), acc_gh.end(), g.dlhg + d * G);
+    std::copy(acc_gc.begin(), acc_gc.end(), g.dlcg + d * H);
+    std::copy(acc_bc.begin(), acc_bc.end(), g.dlcb + d * H);
+  }
+}
+
+// Run fn(d) for each direction: in parallel threads for two directions.
+template <typename F>
+void for_each_direction(int64_t D, const F& fn) {
+  if (D == 1) {
+    fn(0);
+    return;
+  }
+  at::parallel_for(0, D, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t d = begin; d < end; ++d) fn(d);
+  });
+}
+
+void check_input(const at::Tensor& t, const char* name, at::ScalarType dtype) {
+  TORCH_CHECK(t.device().is_cpu(), "lnlstm: ", name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, "lnlstm: ", name, " has dtype ", t.scalar_type(), ", expected ", dtype);
+  TORCH_CHECK(t.is_contiguous(), "lnlstm: ", name, " must be contiguous");
+}
+
+template <typename T>
+Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h, const at::Tensor& bias,
+                    const at::Tensor& lxg, const at::Tensor& lxb, const at::Tensor& lhg, const at::Tensor& lhb,
+                    const at::Tensor& lcg, const at::Tensor& lcb, const at::Tensor& lengths, double forget_bias,
+                    double eps, bool layer_norm) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 3 && w_x.dim() == 3 && w_h.dim() == 3,
+              "lnlstm: x must be (B, T, I), w_x (D, 4H, I), w_h (D, 4H, H)");
+  Layer<T> p{};
+  p.B = x.size(0);
+  p.Tn = x.size(1);
+  p.I = x.size(2);
+  p.D = w_h.size(0);
+  p.H = w_h.size(2);
+  TORCH_CHECK(p.D == 1 || p.D == 2, "lnlstm: one or two directions");
+  TORCH_CHECK(w_h.size(1) == 4 * p.H, "lnlstm: w_h must be (D, 4H, H)");
+  TORCH_CHECK(w_x.size(0) == p.D && w_x.size(1) == 4 * p.H && w_x.size(2) == p.I, "lnlstm: w_x must be (D, 4H, I)");
+  TORCH_CHECK(lengths.device().is_cpu() && lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
+                  lengths.size(0) == p.B && lengths.is_contiguous(),
+              "lnlstm: lengths must be a contiguous (B,) int64 CPU tensor");
+  check_input(x, "x", dtype);
+  check_input(w_x, "w_x", dtype);
+  check_input(w_h, "w_h", dtype);
+  check_input(bias, "bias", dtype);
+  TORCH_CHECK(bias.numel() == p.D * 4 * p.H, "lnlstm: bias must be (D, 4H)");
+  if (layer_norm) {
+    for (auto* t : {&lxg, &lxb, &lhg, &lhb}) {
+      check_input(*t, "layer-norm parameter", dtype);
+      TORCH_CHECK(t->numel() == p.D * 4 * p.H, "lnlstm: LN_x/LN_h parameters must be (D, 4H)");
+    }
+    for (auto* t : {&lcg, &lcb}) {
+      check_input(*t, "layer-norm parameter", dtype);
+      TORCH_CHECK(t->numel() == p.D * p.H, "lnlstm: LN_c parameters must be (D, H)");
+    }
+  }
+  p.len = lengths.const_data_ptr<int64_t>();
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < p.B; ++b) {
+    TORCH_CHECK(p.len[b] >= 0 && p.len[b] <= p.Tn, "lnlstm: lengths must lie in [0, T]");
+    max_len = std::max(max_len, p.len[b]);
+  }
+  p.S = max_len;
+  // About 512 rows per input-projection GEMM: enough for full GEMM speed,
+  // small enough to stay in cache.
+  p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (512 + p.B - 1) / std::max<int64_t>(p.B, 1)));
+  p.layer_norm = layer_norm;
+  p.forget_bias = static_cast<T>(forget_bias);
+  p.eps = static_cast<T>(eps);
+  p.x = x.const_data_ptr<T>();
+  p.w_x = w_x.const_data_ptr<T>();
+  p.w_h = w_h.const_data_ptr<T>();
+  p.bias = bias.const_data_ptr<T>();
+  p.lxg = ptr_or_null<T>(lxg);
+  p.lxb = ptr_or_null<T>(lxb);
+  p.lhg = ptr_or_null<T>(lhg);
+  p.lhb = ptr_or_null<T>(lhb);
+  p.lcg = ptr_or_null<T>(lcg);
+  p.lcb = ptr_or_null<T>(lcb);
+  return p;
+}
+
+template <typename T>
+void check_state(const at::Tensor& t, const char* name, const Layer<T>& p) {
+  check_input(t, name, c10::CppTypeToScalarType<T>::value);
+  TORCH_CHECK(t.numel() == p.D * p.B * p.H, "lnlstm: ", name, " must be (D, B, H)");
+}
+
+// Zero the padded frames (t >= len[b]) of a (B, T, width) tensor.
+template <typename T>
+void zero_padding(T* x, const int64_t* len, int64_t B, int64_t Tn, int64_t width) {
+  for (int64_t b = 0; b < B; ++b)
+    std::fill(x + (b * Tn + len[b]) * width, x + (b + 1) * Tn * width, T(0));
+}
+
+}  // namespace
+
+// Returns [y, h_n, c_n] and, when save is true, the tensors backward needs:
+// [gx, states_h, states_c, act, xhat_h, stats, xhat_c] (the LN ones empty
+// without layer norm).
+std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h,
+                                       const at::Tensor& bias, const at::Tensor& lxg, const at::Tensor& lxb,
+                                       const at::Tensor& lhg, const at::Tensor& lhb, const at::Tensor& lcg,
+                                       const at::Tensor& lcb, const at::Tensor& h0, const at::Tensor& c0,
+                                       const at::Tensor& lengths, double forget_bias, double eps, bool layer_norm,
+                                       bool save) {
+  std::vector<at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lnlstm_forward", [&] {
+    using T = scalar_t;
+    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
+    check_state(h0, "h0", p);
+    check_state(c0, "c0", p);
+    p.h0 = h0.const_data_ptr<T>();
+    p.c0 = c0.const_data_ptr<T>();
+    const int64_t B = p.B, D = p.D, H = p.H, S = p.S;
+    auto opts = x.options();
+    at::Tensor y = at::empty({B, p.Tn, D * H}, opts);
+    at::Tensor h_n = at::empty({D, B, H}, opts), c_n = at::empty({D, B, H}, opts);
+    at::Tensor gx, states_h, states_c, act, xhat_h, stats, xhat_c;
+    if (save) {
+      gx = at::empty({D, S, B, 4 * H}, opts);
+      states_h = at::empty({D, S + 1, B, H}, opts);
+      states_c = at::empty({D, S + 1, B, H}, opts);
+      act = at::empty({D, S, B, 4 * H}, opts);
+      p.gx = gx.mutable_data_ptr<T>();
+      p.states_h = states_h.mutable_data_ptr<T>();
+      p.states_c = states_c.mutable_data_ptr<T>();
+      p.act = act.mutable_data_ptr<T>();
+      if (layer_norm) {
+        xhat_h = at::empty({D, S, B, 4 * H}, opts);
+        stats = at::empty({D, S, B, 4}, opts);
+        xhat_c = at::empty({D, S, B, H}, opts);
+        p.xhat_h = xhat_h.mutable_data_ptr<T>();
+        p.stats = stats.mutable_data_ptr<T>();
+        p.xhat_c = xhat_c.mutable_data_ptr<T>();
+      }
+    }
+    p.save = save;
+    p.y = y.mutable_data_ptr<T>();
+    p.h_n = h_n.mutable_data_ptr<T>();
+    p.c_n = c_n.mutable_data_ptr<T>();
+    zero_padding(p.y, p.len, B, p.Tn, D * H);
+    for_each_direction(D, [&](int64_t d) { forward_direction<T>(p, d); });
+    out = {y, h_n, c_n};
+    if (save) {
+      for (auto& t : {gx, states_h, states_c, act, xhat_h, stats, xhat_c}) out.push_back(t);
+    }
+    for (auto& t : out)  // the op schema returns Tensor[]: absent entries are empty
+      if (!t.defined()) t = at::empty({0}, opts);
+  });
+  return out;
+}
+
+// Takes the gradients of the forward's three outputs, the forward's inputs
+// (less h0, c0) and the tensors it saved.
+// Returns [d_x, d_w_x, d_w_h, d_bias, d_lxg, d_lxb, d_lhg, d_lhb, d_lcg, d_lcb, d_h0, d_c0]
+// (d_x is empty unless need_dx, the LN gradients are empty without layer norm).
+std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& dhn, const at::Tensor& dcn,
+                                        const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h,
+                                        const at::Tensor& bias, const at::Tensor& lxg, const at::Tensor& lxb,
+                                        const at::Tensor& lhg, const at::Tensor& lhb, const at::Tensor& lcg,
+                                        const at::Tensor& lcb, const at::Tensor& lengths, at::TensorList saved,
+                                        double forget_bias, double eps, bool layer_norm, bool need_dx) {
+  TORCH_CHECK(saved.size() == 7, "lnlstm_backward: expected the 7 tensors saved by lnlstm_forward");
+  std::vector<at::Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lnlstm_backward", [&] {
+    using T = scalar_t;
+    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
+    const int64_t B = p.B, D = p.D, H = p.H, I = p.I;
+    auto opts = x.options();
+    p.save = true;
+    p.gx = saved[0].data_ptr<T>();
+    p.states_h = saved[1].data_ptr<T>();
+    p.states_c = saved[2].data_ptr<T>();
+    p.act = saved[3].data_ptr<T>();
+    if (layer_norm) {
+      p.xhat_h = saved[4].data_ptr<T>();
+      p.stats = saved[5].data_ptr<T>();
+      p.xhat_c = saved[6].data_ptr<T>();
+    }
+    at::Tensor dy_c = dy.contiguous(), dhn_c = dhn.contiguous(), dcn_c = dcn.contiguous();
+    TORCH_CHECK(dy_c.numel() == B * p.Tn * D * H, "lnlstm_backward: grad of y has the wrong size");
+    check_state(dhn_c, "grad of h_n", p);
+    check_state(dcn_c, "grad of c_n", p);
+
+    at::Tensor dx;  // one slice per direction, summed below
+    if (need_dx) dx = at::empty({D, B, p.Tn, I}, opts);
+    at::Tensor dw_x = at::empty({D, 4 * H, I}, opts);
+    at::Tensor dw_h = at::empty({D, 4 * H, H}, opts);
+    at::Tensor dbias = at::empty({D, 4 * H}, opts);
+    at::Tensor dlxg, dlxb, dlhg, dlhb, dlcg, dlcb;
+    if (layer_norm) {
+      dlxg = at::empty({D, 4 * H}, opts);
+      dlxb = at::empty({D, 4 * H}, opts);
+      dlhg = at::empty({D, 4 * H}, opts);
+      dlhb = at::empty({D, 4 * H}, opts);
+      dlcg = at::empty({D, H}, opts);
+      dlcb = at::empty({D, H}, opts);
+    }
+    at::Tensor dh0 = at::empty({D, B, H}, opts), dc0 = at::empty({D, B, H}, opts);
+    Grads<T> g{};
+    g.dy = dy_c.const_data_ptr<T>();
+    g.dhn = dhn_c.const_data_ptr<T>();
+    g.dcn = dcn_c.const_data_ptr<T>();
+    g.dx = need_dx ? dx.mutable_data_ptr<T>() : nullptr;
+    g.dw_x = dw_x.mutable_data_ptr<T>();
+    g.dw_h = dw_h.mutable_data_ptr<T>();
+    g.dbias = dbias.mutable_data_ptr<T>();
+    if (layer_norm) {
+      g.dlxg = dlxg.mutable_data_ptr<T>();
+      g.dlxb = dlxb.mutable_data_ptr<T>();
+      g.dlhg = dlhg.mutable_data_ptr<T>();
+      g.dlhb = dlhb.mutable_data_ptr<T>();
+      g.dlcg = dlcg.mutable_data_ptr<T>();
+      g.dlcb = dlcb.mutable_data_ptr<T>();
+    }
+    g.dh0 = dh0.mutable_data_ptr<T>();
+    g.dc0 = dc0.mutable_data_ptr<T>();
+    if (need_dx)
+      for (int64_t d = 0; d < D; ++d) zero_padding(g.dx + d * B * p.Tn * I, p.len, B, p.Tn, I);
+    for_each_direction(D, [&](int64_t d) { backward_direction<T>(p, g, d); });
+    at::Tensor dx_total;
+    if (need_dx) dx_total = D == 1 ? dx[0] : dx[0].add_(dx[1]);
+    out = {dx_total, dw_x, dw_h, dbias, dlxg, dlxb, dlhg, dlhb, dlcg, dlcb, dh0, dc0};
+    for (auto& t : out)
+      if (!t.defined()) t = at::empty({0}, opts);
+  });
+  return out;
+}
+
+TORCH_LIBRARY(asr_lnlstm, m) {
+  m.def("forward", &lnlstm_forward);
+  m.def("backward", &lnlstm_backward);
+}

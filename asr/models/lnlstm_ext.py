@@ -1,0 +1,170 @@
+"""Builds, loads and wraps the fused C++ LN-LSTM operator (``csrc/lnlstm.cpp``).
+
+The operator is JIT-compiled with ``torch.utils.cpp_extension.load`` on first
+use and cached (under ``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``); later processes only load the cached library.
+Where no compiler is available or the build fails, :func:`load` warns once and
+returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
+path instead.
+
+The operator computes a whole layer (all directions) forward, and backward by
+hand (no autograd inside): :class:`_FusedLayer` connects it to autograd.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+from torch.autograd.function import once_differentiable
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
+
+_lock = threading.Lock()
+_module = None
+_error: Exception | None = None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _build():
+    # Imported here: importing cpp_extension logs a CUDA_HOME warning on
+    # CPU-only machines, irrelevant for this CPU-only operator.
+    cpp_logger = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_logger.level
+    cpp_logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        cpp_logger.setLevel(level)
+    if shutil.which("ninja") is None:
+        # pip's ninja wheel installs its binary beside the interpreter, which
+        # is not on PATH when the venv is not activated.
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass
+    name = "asr_lnlstm"
+    # -fno-trapping-math lets the compiler vectorise the branch-free exp/tanh
+    # (torch itself is built with it and -fno-math-errno).
+    cflags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+    if {"avx2", "fma"} <= _cpu_flags():
+        # Separate name: a cached AVX2 build must never load on a CPU without it.
+        cflags += ["-mavx2", "-mfma"]
+        name += "_avx2"
+    cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        extra_cflags=cflags,
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,  # registers torch.ops.asr_lnlstm (TORCH_LIBRARY)
+        verbose=False,
+    )
+    return torch.ops.asr_lnlstm
+
+
+def load(strict: bool = False):
+    """The compiled operators (``torch.ops.asr_lnlstm``), building them on first call.
+
+    strict=False: on failure warn once and return None (callers fall back to
+    the reference path). strict=True: raise RuntimeError with the build error.
+    """
+    global _module, _error
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is None and _error is None:
+            try:
+                _module = _build()
+            except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
+                # no compiler or ninja, a compile or link error, a library that will not load
+                _error = exc
+                if not strict:
+                    warnings.warn(
+                        f"LNLSTM: the fused C++ operator ({SOURCE}) could not be built, "
+                        f"using the slower PyTorch reference path: {exc}",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+    if _module is None and strict:
+        raise RuntimeError(f"LNLSTM: the fused C++ operator ({SOURCE}) could not be built: {_error}")
+    return _module
+
+
+class _FusedLayer(torch.autograd.Function):
+    """Autograd wrapper: (x, parameters, h0, c0) -> (y, h_n, c_n)."""
+
+    @staticmethod
+    def forward(
+        ctx, x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, h0, c0, lengths, forget_bias, eps, layer_norm, save
+    ):
+        ops = load(strict=True)
+        params = (x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb)
+        y, h_n, c_n, *saved = ops.forward(*params, h0, c0, lengths, forget_bias, eps, layer_norm, save)
+        if save:
+            ctx.save_for_backward(*params, lengths, *saved)
+        ctx.config = (forget_bias, eps, layer_norm)
+        return y, h_n, c_n
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dh_n, dc_n):
+        inputs = ctx.saved_tensors[:11]  # x, weights, LN parameters, lengths
+        saved = ctx.saved_tensors[11:]
+        forget_bias, eps, layer_norm = ctx.config
+        need_dx = ctx.needs_input_grad[0]  # not for a first layer reading features
+        grads = load(strict=True).backward(dy, dh_n, dc_n, *inputs, saved, forget_bias, eps, layer_norm, need_dx)
+        if not need_dx:
+            grads[0] = None
+        if not layer_norm:  # the LN "parameters" were empty placeholders
+            grads[4:10] = [None] * 6
+        return (*grads, None, None, None, None, None)
+
+
+def fused_layer(cells, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor):
+    """One layer, all directions, with the fused operator.
+
+    cells: the layer's :class:`~asr.models.lnlstm.LNLSTMCell` per direction
+    (forward, then backward); x (B, T, I); lengths (B,) or None; h0, c0
+    (D, B, H). Returns y (B, T, D * H) zero at padding, h_n, c_n (D, B, H).
+    """
+    batch, time = x.shape[:2]
+    cell = cells[0]
+    num_directions = len(cells)
+
+    def stack(tensors):
+        return tensors[0].unsqueeze(0) if num_directions == 1 else torch.stack(tensors)
+
+    if lengths is None:
+        lengths_cpu = torch.full((batch,), time, dtype=torch.long)
+    else:
+        lengths_cpu = lengths.to(device="cpu", dtype=torch.long).contiguous()
+    params = [stack([c.weight_x for c in cells]), stack([c.weight_h for c in cells]), stack([c.bias for c in cells])]
+    if cell.layer_norm:
+        for ln in ("ln_x", "ln_h", "ln_c"):
+            params.append(stack([getattr(c, ln).weight for c in cells]))
+            params.append(stack([getattr(c, ln).bias for c in cells]))
+    else:
+        params += [x.new_empty(0)] * 6
+    x = x.contiguous()
+    h0 = h0.contiguous()
+    c0 = c0.contiguous()
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params, h0, c0))
+    return _FusedLayer.apply(x, *params, h0, c0, lengths_cpu, cell.forget_bias, cell.eps, cell.layer_norm, save)

@@ -1,0 +1,134 @@
+"""Speed of LNLSTM against torch.nn.LSTM of the same shape, on CPU.
+
+    python benchmarks/lnlstm.py                  # defaults below, 2 threads, wall clock
+                                                 # (needs the package installed: pip install -e .)
+    python benchmarks/lnlstm.py --threads 1 --clock cpu
+
+One bidirectional layer (B=16, T=300, input 320, hidden 256, float32 by
+default). Each round times, interleaved, nn.LSTM and every LNLSTM variant
+(fused LN, fused without LN, reference PyTorch path with LN), for training
+(forward + backward) and inference (forward under no_grad); the ratios are of
+medians over the rounds (minima too). Load from other processes does not hit all variants
+alike: nn.LSTM synchronises its threads at every op of every time step and
+suffers more from a busy machine than the fused operator, which synchronises
+once per layer. So the load average is printed, and ``--threads 1 --clock cpu``
+(CPU time of this process, one thread) gives a load-robust comparison of the
+work done. Results go to docs/performance.md by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from torch import nn
+
+from asr.models import lnlstm, lnlstm_ext
+from asr.models.lnlstm import LNLSTM
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown"
+
+
+def make_case(model: nn.Module, x: torch.Tensor, grad_y: torch.Tensor, implementation: str | None, train: bool):
+    """A closure running one training step (forward + backward) or one inference forward."""
+
+    def run() -> None:
+        if implementation is not None:
+            lnlstm.set_implementation(implementation)
+        if train:
+            x.grad = None
+            for p in model.parameters():
+                p.grad = None
+            y = model(x)[0]
+            y.backward(grad_y)  # a dense upstream gradient, as from a real loss
+        else:
+            with torch.no_grad():
+                model(x)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--time", type=int, default=300)
+    parser.add_argument("--input", type=int, default=320)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=9, help="timed rounds (median taken); at least 7")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--no-reference", action="store_true", help="skip the slow reference path")
+    parser.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall", help="wall: elapsed time; cpu: this process's CPU time"
+    )
+    args = parser.parse_args()
+    if args.repeats < 7:
+        parser.error("--repeats must be at least 7")
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if lnlstm_ext.load(strict=False) is None:
+        sys.exit("the fused C++ operator could not be built; nothing to benchmark")
+    x = torch.randn(args.batch, args.time, args.input, requires_grad=True)
+    grad_y = torch.randn(args.batch, args.time, 2 * args.hidden)
+    shape = {"input_size": args.input, "hidden_size": args.hidden, "bidirectional": True}
+    torch_lstm = nn.LSTM(batch_first=True, **shape)
+    variants = {
+        "nn.LSTM": (torch_lstm, None),
+        "LNLSTM fused, layer_norm=True": (LNLSTM(**shape, layer_norm=True), "cpp"),
+        "LNLSTM fused, layer_norm=False": (LNLSTM(**shape, layer_norm=False), "cpp"),
+    }
+    if not args.no_reference:
+        variants["LNLSTM reference, layer_norm=True"] = (LNLSTM(**shape, layer_norm=True), "python")
+
+    cases = {}
+    for name, (model, implementation) in variants.items():
+        for mode in ("train", "infer"):
+            cases[(name, mode)] = make_case(model, x, grad_y, implementation, mode == "train")
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    times = {key: [] for key in cases}
+    load_before = os.getloadavg()[0]
+    for round_index in range(args.warmup + args.repeats):
+        for key, run in cases.items():
+            start = clock()
+            run()
+            elapsed = clock() - start
+            if round_index >= args.warmup:
+                times[key].append(elapsed)
+
+    print(f"CPU: {cpu_model()}; torch {torch.__version__}; threads {args.threads}; {args.clock} clock")
+    print(f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    print(
+        f"one bidirectional layer, B={args.batch}, T={args.time}, input {args.input}, hidden {args.hidden}, "
+        f"float32; median of {args.repeats} interleaved rounds after {args.warmup} warm-up"
+    )
+    for statistic in (statistics.median, min):
+        # The minimum is the least disturbed round: an estimate for a quiet machine.
+        print(f"\n{statistic.__name__} over rounds")
+        print(f"{'variant':<36} {'train ms':>9} {'x nn.LSTM':>9} {'infer ms':>9} {'x nn.LSTM':>9}")
+        base = {mode: statistic(times[("nn.LSTM", mode)]) for mode in ("train", "infer")}
+        for name in variants:
+            row = [name.ljust(36)]
+            for mode in ("train", "infer"):
+                value = statistic(times[(name, mode)])
+                row.append(f"{value * 1e3:9.1f} {value / base[mode]:9.2f}")
+            print(" ".join(row))
+
+
+if __name__ == "__main__":
+    main()
