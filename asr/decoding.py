@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from asr.models.ctc import CTCPrefixScorer
-from asr.models.interface import EncoderOutput
+from asr.models.interface import STATIC_STATE_KEY, EncoderOutput
 
 NEG_INF = float("-inf")
 
@@ -82,6 +82,19 @@ def _mask_never_emitted(log_probs: torch.Tensor, sos: int, pad: int, eos: int, f
     return log_probs
 
 
+def _reorder_within_utterances(model, state, index: torch.Tensor):
+    """``model.reorder_decoder_state`` for an ``index`` that keeps every
+    hypothesis within its utterance: the state's static part (see
+    :mod:`asr.models.interface`) is the same for all of an utterance's rows, so
+    it is kept as it is instead of being copied."""
+    if not (isinstance(state, dict) and STATIC_STATE_KEY in state):
+        return model.reorder_decoder_state(state, index)
+    dynamic = {key: value for key, value in state.items() if key != STATIC_STATE_KEY}
+    reordered = model.reorder_decoder_state(dynamic, index)
+    reordered[STATIC_STATE_KEY] = state[STATIC_STATE_KEY]
+    return reordered
+
+
 @torch.no_grad()
 def greedy_search(
     model,
@@ -93,31 +106,36 @@ def greedy_search(
     """Most probable token at every step, for the whole batch at once.
 
     encoder: the model's :class:`EncoderOutput` for B utterances. ``<eos>`` is
-    not allowed before ``min_len`` tokens. Returns B lists of token ids
-    without ``<sos>``/``<eos>``.
+    not allowed before ``min_len`` tokens. An utterance leaves the batch once
+    it has ended or reached its own maximum length, so the rest decode without
+    it. Returns B lists of token ids without ``<sos>``/``<eos>``.
     """
     sos, eos, pad = _special_ids(model)
     batch = encoder.out.size(0)
-    limits = max_steps(encoder, max_len_ratio, max_len)
+    limits = max_steps(encoder, max_len_ratio, max_len).tolist()
     device = encoder.out.device
     state = model.init_decoder_state(encoder)
     tokens = torch.full((batch,), sos, dtype=torch.long, device=device)
     outputs: list[list[int]] = [[] for _ in range(batch)]
-    active = [True] * batch
-    for step in range(int(limits.max())):
+    active = list(range(batch))  # the utterance of each row of the batch still decoding
+    for step in range(max(limits, default=0)):
         log_probs, state = model.decode_step(tokens, state, encoder)
         log_probs = _mask_never_emitted(log_probs, sos, pad, eos, forbid_eos=step < min_len)
         tokens = log_probs.argmax(-1)
-        for b, token in enumerate(tokens.tolist()):
-            if not active[b]:
-                continue
-            if token == eos:
-                active[b] = False
-            else:
+        still = []
+        for row, (b, token) in enumerate(zip(active, tokens.tolist())):
+            if token != eos:
                 outputs[b].append(token)
-                active[b] = step + 1 < int(limits[b])
-        if not any(active):
+                if step + 1 < limits[b]:
+                    still.append(row)
+        if not still:
             break
+        if len(still) < len(active):
+            keep = torch.tensor(still, device=device)
+            state = model.reorder_decoder_state(state, keep)
+            encoder = encoder.index_select(keep)
+            tokens = tokens.index_select(0, keep)
+            active = [active[row] for row in still]
     return outputs
 
 
@@ -147,6 +165,10 @@ def beam_search(
     rank above its best active one (exact without length bonus or normalisation,
     because scores only fall as hypotheses grow; a heuristic with them), or at
     its maximum length, where the active hypotheses are finished as they are.
+    A done utterance leaves the batch (its rows of the decoder state, the
+    encoder output and the CTC scorer are dropped once), so every step only
+    computes the utterances still searching; each utterance's result is the
+    same as when decoded alone.
 
     length_penalty: added per token (``<eos>`` included) to the score (0 =
         none). All active hypotheses have the same length, so it only matters
@@ -180,8 +202,12 @@ def beam_search(
     batch, k = encoder.out.size(0), beam_size
     device = encoder.out.device
     limits = max_steps(encoder, max_len_ratio, max_len).tolist()
-    # Hypothesis i belongs to utterance i // k and never changes utterance, so
-    # the expanded encoder (and the CTC log-probs) need no reordering.
+    # The active batch: the utterances still searching (``active[a]`` is the
+    # original index of the a-th), k hypotheses each; hypothesis i belongs to
+    # active utterance i // k and never changes utterance, so the expanded
+    # encoder (and the CTC log-probs, and the decoder state's static part)
+    # need no reordering, only shrinking when utterances are done.
+    active = list(range(batch))
     expanded = encoder.index_select(torch.arange(batch, device=device).repeat_interleave(k))
     state = model.init_decoder_state(expanded)
     tokens = torch.full((batch * k,), sos, dtype=torch.long, device=device)
@@ -191,14 +217,14 @@ def beam_search(
     scores[:, 0] = 0.0
     history = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    done = [False] * batch
 
     scorer = ctc_state = None
     if ctc_weight > 0:
         scorer = CTCPrefixScorer(expanded.ctc_log_probs, expanded.lengths, blank_id=pad, eos_id=eos)
         ctc_state = scorer.initial_state()
 
-    for step in range(max(limits)):
+    for step in range(max(limits, default=0)):
+        num = len(active)
         log_probs, state = model.decode_step(tokens, state, expanded)
         log_probs = _mask_never_emitted(log_probs.float(), sos, pad, eos, forbid_eos=step < min_len)
         vocab = log_probs.size(1)
@@ -221,12 +247,13 @@ def beam_search(
             step_scores = log_probs
         if length_penalty:
             step_scores = step_scores + length_penalty
-        total = (scores.view(-1, 1) + step_scores).view(batch, k * num_candidates)
+        total = (scores.view(-1, 1) + step_scores).view(num, k * num_candidates)
         width = min(2 * k, k * num_candidates)
-        top_scores, top_index = total.topk(width, dim=-1)  # (B, 2k)
+        top_scores, top_index = total.topk(width, dim=-1)  # (A, 2k)
         parent = torch.div(top_index, num_candidates, rounding_mode="floor")  # beam within the utterance
         choice = top_index % num_candidates
-        flat_parent = parent + torch.arange(batch, device=device).unsqueeze(1) * k  # (B, 2k) global rows
+        offsets = torch.arange(num, device=device).unsqueeze(1) * k
+        flat_parent = parent + offsets  # (A, 2k) rows of the active batch
         if candidates is None:
             top_tokens = choice
         else:
@@ -235,46 +262,60 @@ def beam_search(
 
         # Active hypotheses: the k best non-<eos> extensions (stable order).
         order_key = is_eos.long() * width + torch.arange(width, device=device).unsqueeze(0)
-        keep = order_key.argsort(dim=-1)[:, :k]  # (B, k); width >= k since K >= 1
-        new_scores = top_scores.gather(1, keep).masked_fill(is_eos.gather(1, keep), NEG_INF)
-        new_parent = flat_parent.gather(1, keep)
-        new_tokens = top_tokens.gather(1, keep)
-        new_choice = choice.gather(1, keep)
+        survivors = order_key.argsort(dim=-1)[:, :k]  # (A, k); width >= k since K >= 1
+        new_scores = top_scores.gather(1, survivors).masked_fill(is_eos.gather(1, survivors), NEG_INF)
+        new_parent = parent.gather(1, survivors)  # beam within the utterance
+        new_tokens = top_tokens.gather(1, survivors)
+        new_choice = choice.gather(1, survivors)
 
         top_scores_cpu, is_eos_cpu, parent_cpu = top_scores.tolist(), is_eos.tolist(), parent.tolist()
         new_history = torch.cat(
-            [history.gather(1, (new_parent % k).unsqueeze(-1).expand(-1, -1, step)), new_tokens.unsqueeze(-1)], -1
+            [history.gather(1, new_parent.unsqueeze(-1).expand(-1, -1, step)), new_tokens.unsqueeze(-1)], -1
         )
         new_scores_cpu = new_scores.tolist()
-        for b in range(batch):
-            if done[b]:
-                continue
+        still = []  # positions in the active batch of the utterances that go on
+        for a, b in enumerate(active):
             for j in range(min(k, width)):
-                if is_eos_cpu[b][j] and top_scores_cpu[b][j] > NEG_INF:
-                    tokens_j = history[b, parent_cpu[b][j]].tolist()
-                    finished[b].append(hypothesis(tokens_j, top_scores_cpu[b][j], step + 1))
+                if is_eos_cpu[a][j] and top_scores_cpu[a][j] > NEG_INF:
+                    tokens_j = history[a, parent_cpu[a][j]].tolist()
+                    finished[b].append(hypothesis(tokens_j, top_scores_cpu[a][j], step + 1))
             if step + 1 >= limits[b]:
                 for j in range(k):
-                    if new_scores_cpu[b][j] > NEG_INF:
-                        tokens_j = new_history[b, j].tolist()
-                        finished[b].append(hypothesis(tokens_j, new_scores_cpu[b][j], step + 1, ended=False))
-                done[b] = True
+                    if new_scores_cpu[a][j] > NEG_INF:
+                        tokens_j = new_history[a, j].tolist()
+                        finished[b].append(hypothesis(tokens_j, new_scores_cpu[a][j], step + 1, ended=False))
                 continue
-            best_active = max(
-                (rank(s, step + 1) for s in new_scores_cpu[b] if s > NEG_INF), default=NEG_INF
-            )
+            best_active = max((rank(s, step + 1) for s in new_scores_cpu[a] if s > NEG_INF), default=NEG_INF)
             if best_active == NEG_INF:
-                done[b] = True
-            elif len(finished[b]) >= k:
+                continue
+            if len(finished[b]) >= k:
                 kth_best = sorted((h.score for h in finished[b]), reverse=True)[k - 1]
-                done[b] = kth_best >= best_active
-        if all(done):
+                if kth_best >= best_active:
+                    continue
+            still.append(a)
+        if not still:
             break
 
-        flat = new_parent.view(-1)
-        state = model.reorder_decoder_state(state, flat)
+        ctc_parent = (new_parent + offsets).view(-1)  # parent rows in this step's batch (the CTC variables')
+        if len(still) < num:
+            # Done utterances leave: select the rows of the others, then the
+            # reordering below works within the smaller batch.
+            keep = torch.tensor(still, device=device)
+            rows = (keep.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+            state = model.reorder_decoder_state(state, rows)
+            expanded = expanded.index_select(rows)
+            ctc_parent = ctc_parent.view(num, k).index_select(0, keep).view(-1)
+            if scorer is not None:
+                scorer = CTCPrefixScorer(expanded.ctc_log_probs, expanded.lengths, blank_id=pad, eos_id=eos)
+            new_parent, new_scores, new_tokens, new_choice, new_history = (
+                x.index_select(0, keep) for x in (new_parent, new_scores, new_tokens, new_choice, new_history)
+            )
+            active = [active[a] for a in still]
+            num = len(still)
+            offsets = torch.arange(num, device=device).unsqueeze(1) * k
+        state = _reorder_within_utterances(model, state, (new_parent + offsets).view(-1))
         if scorer is not None:
-            ctc_state = scorer.select(ctc_r, ctc_psi, candidates, flat, new_choice.view(-1))
+            ctc_state = CTCPrefixScorer.select(ctc_r, ctc_psi, candidates, ctc_parent, new_choice.view(-1))
         tokens = new_tokens.view(-1)
         scores = new_scores
         history = new_history

@@ -11,7 +11,7 @@ from asr.decoding import beam_search, decode, greedy_search, max_steps, sequence
 from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.ctc import CTCPrefixScorer
-from asr.models.interface import EncoderOutput, reorder_nested
+from asr.models.interface import STATIC_STATE_KEY, EncoderOutput, reorder_nested
 from asr.models.las import LAS, LASConfig
 from asr.models.listener import ListenerConfig
 from asr.models.speller import SpellerConfig
@@ -52,6 +52,30 @@ class ToyModel(nn.Module):
         return torch.log_softmax(logits, -1), dict(state, h=h, step=state["step"] + 1)
 
     def reorder_decoder_state(self, state, index):
+        return reorder_nested(state, index)
+
+
+class StaticToyModel(ToyModel):
+    """ToyModel with its per-utterance tensor in the state's static part, and a
+    record of the batch size of every step and of every reorder call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.step_sizes, self.reorders = [], []
+
+    def init_decoder_state(self, encoder):
+        state = super().init_decoder_state(encoder)
+        return {"h": state["h"], "step": state["step"], STATIC_STATE_KEY: {"pooled": state["pooled"]}}
+
+    def decode_step(self, tokens, state, encoder):
+        self.step_sizes.append(tokens.size(0))
+        assert encoder.out.size(0) == tokens.size(0) == state[STATIC_STATE_KEY]["pooled"].size(0)
+        flat = dict(state, pooled=state[STATIC_STATE_KEY]["pooled"])
+        log_probs, flat = super().decode_step(tokens, flat, encoder)
+        return log_probs, {"h": flat["h"], "step": flat["step"], STATIC_STATE_KEY: state[STATIC_STATE_KEY]}
+
+    def reorder_decoder_state(self, state, index):
+        self.reorders.append((STATIC_STATE_KEY in state, index.numel()))
         return reorder_nested(state, index)
 
 
@@ -264,6 +288,60 @@ def test_decode_dispatches_and_checks_options():
     no_ctc = EncoderOutput(encoder.out, encoder.mask, encoder.lengths, None)
     with pytest.raises(ValueError, match="CTC head"):
         beam_search(model, no_ctc, ctc_weight=0.3)
+
+
+@pytest.mark.parametrize("ctc_weight", [0.0, 0.4])
+def test_finished_utterances_leave_the_batch_and_each_keeps_its_own_max_length(ctc_weight):
+    lengths = torch.tensor([3, 9, 5])  # the short ones finish first; the long one runs on alone
+    features, _ = toy_batch(lengths=lengths.tolist(), seed=2)
+    k, ratio = 3, 2.0
+    limits = [math.ceil(ratio * n) for n in lengths.tolist()]
+    for never_ends in (True, False):
+        model = StaticToyModel(seed=3, eos_ramp=0.0 if never_ends else 1.0).eval()
+        if never_ends:  # no hypothesis ends: every one runs to its own utterance's limit
+            with torch.no_grad():
+                model.out.bias[EOS] = -50.0
+        encoder = model.encode(features, lengths)
+        batched = beam_search(model, encoder, beam_size=k, max_len_ratio=ratio, ctc_weight=ctc_weight, nbest=k)
+        steps, reorders = model.step_sizes[:], model.reorders[:]
+        for b, n in enumerate(lengths.tolist()):
+            alone = beam_search(
+                model, model.encode(features[b : b + 1, :n], lengths[b : b + 1]),
+                beam_size=k, max_len_ratio=ratio, ctc_weight=ctc_weight, nbest=k,
+            )[0]
+            assert [h.tokens for h in alone] == [h.tokens for h in batched[b]]
+            assert [h.ended for h in alone] == [h.ended for h in batched[b]]
+            for h1, h2 in zip(alone, batched[b]):
+                assert h1.score == pytest.approx(h2.score, abs=1e-4)
+            for h in batched[b]:
+                assert len(h.tokens) + int(h.ended) <= limits[b]
+                if never_ends and ctc_weight == 0.0:
+                    assert not h.ended and len(h.tokens) == limits[b]
+        if never_ends and ctc_weight == 0.0:
+            # Each utterance is computed for exactly its own number of steps,
+            # and the static part is only touched when utterances leave.
+            assert steps == [k * sum(limit > t for limit in limits) for t in range(max(limits))]
+            assert [n for has_static, n in reorders if has_static] == [2 * k, k]
+        assert sum(steps) < k * len(limits) * max(limits)  # the batch did shrink
+        model.step_sizes.clear()
+        model.reorders.clear()
+    greedy = greedy_search(model, encoder, max_len_ratio=ratio)
+    sizes = model.step_sizes[:]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] < len(limits)  # greedy shrinks its batch too
+    for b, n in enumerate(lengths.tolist()):
+        alone = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
+        assert greedy_search(model, alone, max_len_ratio=ratio)[0] == greedy[b]
+        assert len(greedy[b]) <= limits[b]
+
+
+def test_a_static_state_part_gives_the_same_search():
+    features, lengths = toy_batch()
+    plain, static = ToyModel(seed=4).eval(), StaticToyModel(seed=4).eval()
+    for options in ({}, {"ctc_weight": 0.5}):
+        one = beam_search(plain, plain.encode(features, lengths), beam_size=3, max_len_ratio=2.0, nbest=3, **options)
+        two = beam_search(static, static.encode(features, lengths), beam_size=3, max_len_ratio=2.0, nbest=3, **options)
+        assert [[h.tokens for h in hyps] for hyps in one] == [[h.tokens for h in hyps] for hyps in two]
+        assert [[h.score for h in hyps] for hyps in one] == [[h.score for h in hyps] for hyps in two]
 
 
 def test_las_beam_search_batched_equals_alone_and_beam_one_equals_greedy():

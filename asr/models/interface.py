@@ -16,12 +16,26 @@ and the step-wise decoding interface used by greedy and beam search
     The state before the first step, for a batch of B hypotheses.
 ``decode_step(tokens, state, encoder: EncoderOutput) -> (log_probs, state)``
     tokens (N,) the last emitted token of each hypothesis (``<sos>`` first);
-    log_probs (N, V). ``encoder`` has N rows, already expanded to the beam.
+    log_probs (N, V). ``encoder`` has N rows, already expanded to the beam;
+    N may shrink between steps (rows of finished utterances leave the batch
+    through ``reorder_decoder_state``, and ``encoder`` loses the same rows).
 ``reorder_decoder_state(state, index) -> state``
     Select/duplicate hypotheses: ``index`` (N',) long picks rows of the state.
 
 The state is opaque to the search (any nesting of tensors whose first
 dimension is the hypothesis dimension works with :func:`reorder_nested`).
+
+Static part (optional). A dict state may keep, under the key
+:data:`STATIC_STATE_KEY` (``"static"``), tensors that depend only on the
+utterance and never change during decoding (e.g. projected encoder keys,
+masks), still with one row per hypothesis. Beam search never moves a
+hypothesis to another utterance, so when it reorders hypotheses within their
+utterances it calls ``reorder_decoder_state`` on the state *without* that key
+and keeps the static part as it is; it selects rows of the whole state,
+static part included, only when finished utterances leave the batch.
+``reorder_decoder_state`` must therefore accept the state with or without its
+static part; :func:`reorder_nested` does. Called directly, it reorders
+everything, so any ``index`` stays valid.
 """
 
 from __future__ import annotations
@@ -29,6 +43,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+# Key of a dict decoder state's per-utterance part (see the module docstring).
+STATIC_STATE_KEY = "static"
 
 
 @dataclass

@@ -155,10 +155,11 @@ class LAS(nn.Module):
     ) -> tuple[torch.Tensor, dict]:
         """tokens (N,) last token per hypothesis -> log-probs (N, V) and the next state.
 
-        The listener states travel inside ``state`` (reordered with it), so
-        ``encoder`` is not read again here.
+        The listener states travel inside ``state`` (its static part, see
+        :class:`Speller`), so ``encoder`` is not read again here.
         """
         return self.speller.step(tokens, state)
 
     def reorder_decoder_state(self, state: dict, index: torch.Tensor) -> dict:
+        """Rows ``index`` (N',) of every tensor in ``state``, its static part included when present."""
         return reorder_nested(state, index)

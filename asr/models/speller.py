@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.models.attention import Attention, AttentionConfig
+from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm import LNLSTMCell
 
 
@@ -70,8 +71,12 @@ class Speller(nn.Module):
     hypothesis (so :func:`asr.models.interface.reorder_nested` reorders it):
     ``h``, ``c``: lists of (N, hidden) per layer; ``context`` (N, H);
     ``weights`` (N, heads, T) the previous attention (read by location-aware
-    attention); ``keys`` (N, T, H), ``mask`` (N, T) and ``projected_keys``
-    (N, heads, T, dim), the listener states computed once per utterance.
+    attention); and under ``"static"``
+    (:data:`asr.models.interface.STATIC_STATE_KEY`) what depends only on the
+    utterance and is computed once: ``keys`` (N, T, H), ``mask`` (N, T) and
+    ``projected_keys`` (N, heads, T, dim). Beam search never reorders the
+    static part among an utterance's hypotheses (they share it), which saves
+    copying (N, T, ...) tensors at every step.
     """
 
     def __init__(
@@ -113,9 +118,7 @@ class Speller(nn.Module):
             "c": [zeros] * self.config.num_layers,
             "context": keys.new_zeros(num, keys.size(2)),
             "weights": self.attention.initial_weights(mask, keys.dtype),
-            "keys": keys,
-            "mask": mask,
-            "projected_keys": self.attention.project_keys(keys),
+            STATIC_STATE_KEY: {"keys": keys, "mask": mask, "projected_keys": self.attention.project_keys(keys)},
         }
 
     def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
@@ -127,8 +130,9 @@ class Speller(nn.Module):
             new_h.append(h)
             new_c.append(c)
             x = self.dropout(h)
+        static = state[STATIC_STATE_KEY]
         context, weights = self.attention(
-            x, state["keys"], state["mask"], state["weights"], projected_keys=state["projected_keys"]
+            x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"]
         )
         log_probs = F.log_softmax(self.output(torch.cat([x, context], dim=-1)), dim=-1)
         new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
