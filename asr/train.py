@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import random
 import sys
