@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr.models import lnlstm_ext
 from asr.models.common import lengths_to_mask
 
 _IMPLEMENTATIONS = ("auto", "python", "cpp")
@@ -338,8 +339,6 @@ class LNLSTM(nn.Module):
             h_layer = h0[first : first + self.num_directions]
             c_layer = c0[first : first + self.num_directions]
             if use_fused:
-                from asr.models import lnlstm_ext
-
                 out, h_last, c_last = lnlstm_ext.fused_layer(cells, layer_input, lengths, h_layer, c_layer)
             else:
                 out, h_last, c_last = self._reference_layer(cells, layer_input, lengths, h_layer, c_layer)
@@ -368,8 +367,6 @@ class LNLSTM(nn.Module):
             return False
         if x.dtype not in (torch.float32, torch.float64):
             return False
-        from asr.models import lnlstm_ext
-
         if implementation == "cpp":
             lnlstm_ext.load(strict=True)
             return True
