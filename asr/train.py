@@ -83,10 +83,6 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
 
 def init_distributed(device_kind: str) -> Distributed:
     """Join the process group torchrun describes in the environment, if any."""
@@ -231,10 +227,7 @@ class Trainer:
         cfg = self.train_cfg
         try:
             while self.progress.epoch < cfg.max_epochs and not self._reached_max_steps():
-                stopped_early = self._train_epoch()
-                if self._reached_max_steps() and not stopped_early:
-                    break
-                if stopped_early:
+                if self._train_epoch():  # early stopping fired
                     break
         finally:
             if self.writer is not None:
