@@ -1,9 +1,16 @@
-"""Evaluate a checkpoint on a LibriSpeech-layout folder: WER, CER and what went wrong.
+"""Evaluate a checkpoint on a LibriSpeech-layout folder or a split of its recipe: WER, CER and what went wrong.
 
     python -m asr.evaluate --checkpoint exp/fsdd_las/last.pt --data ../shared/data/fsdd_connected/LibriSpeech/fsdd-dev
     python -m asr.evaluate --checkpoint exp/librispeech100/best_epoch30.pt --data /data/LibriSpeech/test-clean --beam 10
+    python -m asr.evaluate --checkpoint exp/demo/last.pt --split test
 
-Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name>``):
+``--split dev`` or ``--split test`` reads that split as the recipe stored in
+the checkpoint defines it (its ``data.dev``/``data.test`` folders and any
+built sets: the demo corpus's held-out voices, a leave-one-speaker-out fold's
+held-out speaker), with relative paths taken from the working directory as in
+training.
+
+Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or split>``):
 ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
 ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
@@ -27,10 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from asr.checkpoint import CheckpointError
+from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.config import ConfigError
 from asr.data import report as reasons
+from asr.data.corpus import load_split
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError, SkipReport
+from asr.experiment import experiment_config_from_dict
 from asr.inference import load_recogniser
 from asr.metrics import alignment_report, error_rates
 from features.audio import AudioError
@@ -39,7 +49,9 @@ from features.audio import AudioError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asr.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a checkpoint written by asr.train or asr.average")
-    parser.add_argument("--data", required=True, help="a LibriSpeech-layout subset folder")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", help="a LibriSpeech-layout subset folder")
+    source.add_argument("--split", choices=["dev", "test"], help="a split of the recipe stored in the checkpoint")
     parser.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy search)")
     parser.add_argument("--ctc-weight", type=float, default=0.0, help="CTC prefix score weight in beam search")
     parser.add_argument("--length-penalty", type=float, default=0.0, help="score added per emitted token in beam search")
@@ -61,15 +73,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     checkpoint = Path(args.checkpoint)
-    data = Path(args.data)
-    out = Path(args.out) if args.out else checkpoint.parent / f"eval_{data.name}"
-    # Cheap checks first, so a typo in either path fails before the model is loaded.
+    name = Path(args.data).name if args.data else args.split
+    out = Path(args.out) if args.out else checkpoint.parent / f"eval_{name}"
+    # Cheap checks first, so a typo in a path fails before the model is loaded.
     if not checkpoint.is_file():
         parser.error(f"checkpoint not found: {checkpoint}")
     report = SkipReport()
     try:
-        utterances = read_subset(data, report)
-    except DataError as err:
+        if args.data:
+            where = args.data
+            utterances = read_subset(args.data, report)
+        else:
+            config = experiment_config_from_dict(load_checkpoint(checkpoint)["config"])
+            where = f"the {args.split} split of {checkpoint}"
+            utterances, _ = load_split(config.data, args.split, report)
+    except (DataError, CheckpointError, ConfigError) as err:
         parser.error(str(err))
     usable = []
     for u in utterances:
@@ -77,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             usable.append(u)
         else:
             report.skip(reasons.EMPTY_TRANSCRIPT, f"{u.source}: transcript of {u.id} is empty after normalisation")
-    report.log(str(data))
+    report.log(where)
     if not usable:
         counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().most_common())
-        parser.error(f"{data}: no usable utterances ({counts or 'the transcripts list none'})")
+        parser.error(f"{where}: no usable utterances ({counts or 'it lists none'})")
     try:
         recogniser = load_recogniser(checkpoint, args.device)
     except CheckpointError as err:
@@ -94,10 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     options = {"ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty}
     start = time.perf_counter()
     try:
-        texts = recogniser.transcribe_files(
-            [u.audio for u in by_length], beam_size=args.beam, batch_size=args.batch_size, **options
-        )
-    except AudioError as err:  # the header was readable but the samples are not
+        texts = recogniser.transcribe_utterances(by_length, beam_size=args.beam, batch_size=args.batch_size, **options)
+    except (AudioError, DataError) as err:  # the header was readable but the samples are not
         parser.error(str(err))
     elapsed = time.perf_counter() - start
     hyp_by_id = {u.id: text for u, text in zip(by_length, texts)}
@@ -122,13 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         "beam": args.beam,
         **options,
         "checkpoint": str(checkpoint),
-        "data": str(data),
+        "data": where,
     }
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"WER {100 * rates['wer']:.2f}% (S={rates['substitutions']} D={rates['deletions']} "
         f"I={rates['insertions']} N={rates['ref_words']}) CER {100 * rates['cer']:.2f}% "
-        f"on {len(usable)} utterances of {data}" + (f" ({len(report)} skipped)" if len(report) else "")
+        f"on {len(usable)} utterances of {where}" + (f" ({len(report)} skipped)" if len(report) else "")
     )
     rtf = f"{summary['rtf']:.4f}" if summary["rtf"] is not None else "n/a"
     print(f"real-time factor {rtf} ({elapsed:.1f} s for {audio_seconds:.1f} s of audio); results in {out}")

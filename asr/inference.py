@@ -16,9 +16,12 @@ import torch
 from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data.batching import collate
+from asr.data.dataset import load_utterance_audio
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
+from asr.data.utterance import Utterance
 from asr.decoding import decode
 from asr.experiment import ExperimentConfig, build_model, experiment_config_from_dict
+from features.audio import AudioError
 from features.pipeline import FeaturePipeline
 
 
@@ -56,6 +59,22 @@ class Recogniser:
         texts: list[str] = []
         for start in range(0, len(paths), batch_size):
             chunk = [self.pipeline.from_file(p) for p in paths[start : start + batch_size]]
+            texts += self.transcribe_features(chunk, beam_size=beam_size, **options)
+        return texts
+
+    def transcribe_utterances(
+        self, utterances: list[Utterance], beam_size: int = 1, batch_size: int = 16, **options
+    ) -> list[str]:
+        """Transcribe corpus utterances (files or in-memory audio), ``batch_size`` at a time."""
+        texts: list[str] = []
+        for start in range(0, len(utterances), batch_size):
+            chunk = []
+            for utt in utterances[start : start + batch_size]:
+                waveform, rate = load_utterance_audio(utt)
+                try:
+                    chunk.append(self.pipeline.from_waveform(waveform, rate))
+                except AudioError as err:
+                    raise AudioError(f"{utt.source} (utterance {utt.id}): {err}") from err
             texts += self.transcribe_features(chunk, beam_size=beam_size, **options)
         return texts
 

@@ -180,16 +180,16 @@ class Trainer:
         if not train_utts:
             raise DataError(
                 f"no usable training utterances (data.train={data_cfg.train}, "
-                f"data.fsdd.recordings={data_cfg.fsdd.recordings!r})"
+                f"data.fsdd={data_cfg.fsdd!r})"
             )
         if resume_state is None:
             self.pipeline = FeaturePipeline(self.config.features)
             if self.config.features.mvn == "global":
                 logger.info("accumulating global MVN statistics over %d training utterances", len(train_utts))
                 compute_global_stats(train_utts, self.pipeline, data_cfg.num_workers)
-        valid_utts, valid_report = load_split(data_cfg, "valid")
+        valid_utts, valid_report = load_split(data_cfg, "dev")
         valid_utts, _ = prepare_utterances(
-            valid_utts, data_cfg, self.tokenizer, valid_report, limit_duration=False, name="valid"
+            valid_utts, data_cfg, self.tokenizer, valid_report, limit_duration=False, name="dev"
         )
         self.train_set = SpeechDataset(train_utts, self.pipeline, self.tokenizer, train=True, seed=data_cfg.seed)
         self.valid_set = SpeechDataset(valid_utts, self.pipeline, self.tokenizer, train=False, seed=data_cfg.seed)
@@ -204,7 +204,7 @@ class Trainer:
         self.valid_batches = list(
             BucketBatchSampler(self.valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False)
         )
-        logger.info("train: %d utterances, valid: %d utterances", len(train_utts), len(valid_utts))
+        logger.info("train: %d utterances, dev: %d utterances", len(train_utts), len(valid_utts))
 
     def _loader(self, batches, dataset, epoch: int) -> DataLoader:
         workers = self.config.data.num_workers

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="recipe overrides key.sub=value")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    overrides = [f"data.root={ROOT.parent / 'shared' / 'data'}", "data.fsdd.utterances=600", *args.overrides]
+    overrides = [f"data.root={ROOT.parent / 'shared' / 'data'}", "data.digits.utterances=600", *args.overrides]
     for workers in (args.workers, 0):
         wait, total = measure(overrides, workers, args.steps, args.warmup)
         print(

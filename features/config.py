@@ -46,6 +46,10 @@ class FeatureConfig:
     frame_shift_ms: float = 10.0   # 10 ms shift -> 100 frames per second
     deltas: bool = False           # append delta and delta-delta (triples the dimension)
     dither: float = 0.0            # training-only Gaussian dither in int16 units (Kaldi's 1.0 = one LSB); 0 disables
+    # Training-only speed perturbation (Ko et al. 2015, as Kaldi/ESPnet do it): each utterance is
+    # resampled by a factor drawn from this list, which changes tempo and pitch together
+    # (0.9 = 10% slower and lower). [] disables; [0.9, 1.0, 1.1] is the usual choice.
+    speed_perturb: list[float] = field(default_factory=list)
     mvn: Literal["none", "utterance", "global"] = "none"
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
 
@@ -68,6 +72,9 @@ class FeatureConfig:
             )
         if self.dither < 0:
             raise ValueError(f"dither must be >= 0, got {self.dither}")
+        for factor in self.speed_perturb:
+            if not 0.5 <= factor <= 2.0:
+                raise ValueError(f"speed_perturb factors must be in [0.5, 2.0], got {factor}")
 
     @property
     def base_dim(self) -> int:

@@ -1,10 +1,11 @@
 """The one place where audio becomes features, for training and for inference alike.
 
-    load -> downmix -> resample -> (dither if train) -> fbank | MFCC -> deltas -> MVN -> (SpecAugment if train)
+    load -> downmix -> resample -> (speed perturbation and dither if train) -> fbank | MFCC -> deltas
+         -> MVN -> (SpecAugment if train)
 
 Training, evaluation and ``transcribe`` all call :meth:`FeaturePipeline.from_waveform`
 (or :meth:`~FeaturePipeline.from_file`, which is ``load_audio`` + ``from_waveform``);
-``train`` switches on exactly the two stochastic steps and nothing else, so the
+``train`` switches on exactly the three stochastic steps and nothing else, so the
 features a model is evaluated on cannot drift from those it was trained on.
 The checkpoint stores :meth:`FeaturePipeline.state_dict` (config + MVN
 statistics), and :meth:`FeaturePipeline.from_state_dict` rebuilds the same
@@ -72,8 +73,9 @@ class FeaturePipeline:
     ) -> Tensor:
         """``waveform (C, N)`` or ``(N,)``, float in [-1, 1] -> features ``(T, D)`` float32.
 
-        ``train=True`` adds dither (if ``config.dither > 0``) and SpecAugment (if
-        enabled), both drawn from ``generator``; ``train=False`` is deterministic.
+        ``train=True`` adds speed perturbation (if ``config.speed_perturb`` lists
+        factors), dither (if ``config.dither > 0``) and SpecAugment (if enabled),
+        all drawn from ``generator``; ``train=False`` is deterministic.
         """
         feats = self._base_features(waveform, sample_rate, train, generator)
         feats = apply_mvn(feats, self.config.mvn, self.stats)
@@ -133,15 +135,34 @@ class FeaturePipeline:
     def _base_features(
         self, waveform: Tensor, sample_rate: int, train: bool, generator: torch.Generator | None
     ) -> Tensor:
-        """Downmix -> resample -> (dither) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
+        """Downmix -> resample -> (speed perturbation, dither) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
-        mono = resample(to_mono(waveform), sample_rate, self.config.sample_rate)
+        rate = self.config.sample_rate
+        mono = resample(to_mono(waveform), sample_rate, rate)
+        if train and self.config.speed_perturb:
+            mono = speed_perturb(mono, rate, self.config.speed_perturb, generator)
         dither = self.config.dither if train else 0.0
         feats = extract(mono, self.config, dither=dither, generator=generator)
         if self.config.deltas:
             feats = add_deltas(feats)
         return feats
+
+
+def speed_perturb(
+    waveform: Tensor, sample_rate: int, factors: list[float], generator: torch.Generator | None = None
+) -> Tensor:
+    """``waveform (N,)`` played ``factor`` times as fast, ``factor`` drawn uniformly from ``factors``.
+
+    Kaldi's speed perturbation: read the samples as if recorded at
+    ``factor * sample_rate`` and resample to ``sample_rate``. Tempo and pitch
+    change together; the result has about ``N / factor`` samples.
+    """
+    index = int(torch.randint(len(factors), (1,), generator=generator))
+    factor = factors[index]
+    if factor == 1.0:
+        return waveform
+    return resample(waveform, round(sample_rate * factor), sample_rate)
 
 
 def _config_from_plain(data: dict) -> FeatureConfig:

@@ -13,7 +13,12 @@ from asr.data import report as reasons
 from asr.data.batching import Batch
 from asr.data.config import DataConfig
 from asr.data.corpus import load_split
-from asr.data.dataset import SpeechDataset, make_data_loader, prepare_utterances, set_loader_epoch
+from asr.data.dataset import (
+    SpeechDataset,
+    make_data_loader,
+    prepare_utterances,
+    set_loader_epoch,
+)
 from asr.data.fsdd import build_connected_digits, read_fsdd
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError
@@ -182,22 +187,25 @@ def test_data_config_from_recipe_and_load_split(shared_data, tmp_path):
     recipe = {
         "root": str(shared_data),
         "train": ["fsdd_connected/LibriSpeech/fsdd-dev"],
-        "valid": ["librivox_mini/LibriSpeech/test-mini"],
-        "fsdd": {"recordings": "fsdd/recordings", "speakers": ["jackson"], "take_range": [5, 9], "utterances": 4},
+        "dev": "librivox_mini/LibriSpeech/test-mini",
+        "fsdd": "fsdd/recordings",
+        "digits": {"speakers": ["jackson"], "take_range": [5, 9], "utterances": 4},
         "cache_dir": str(tmp_path / "cache"),
     }
     config = from_dict(DataConfig, recipe, "data")
     train, report = load_split(config, "train")
     assert len(train) == 200 + 4 and not report
     assert sum(u.in_memory for u in train) == 4
-    valid, _ = load_split(config, "valid")
-    assert len(valid) == 5
+    dev, _ = load_split(config, "dev")
+    assert len(dev) == 5
     assert load_split(config, "test")[0] == []  # no test subsets configured
 
-    with pytest.raises(ConfigError, match="data.fsdd.speaker"):
-        from_dict(DataConfig, {"fsdd": {"speaker": ["jackson"]}}, "data")
+    with pytest.raises(ConfigError, match="data.digits.speaker"):
+        from_dict(DataConfig, {"digits": {"speaker": ["jackson"]}}, "data")
     with pytest.raises(ConfigError, match="take_range"):
-        from_dict(DataConfig, {"fsdd": {"take_range": [9, 5]}}, "data")
+        from_dict(DataConfig, {"digits": {"take_range": [9, 5]}}, "data")
+    with pytest.raises(ConfigError, match="held_out_speaker"):
+        from_dict(DataConfig, {"digits": {"speakers": ["george"], "held_out_speaker": "george"}}, "data")
     with pytest.raises(ConfigError, match="max_duration"):
         from_dict(DataConfig, {"min_duration": 5, "max_duration": 1}, "data")
     with pytest.raises(ConfigError, match="data.tokenizer"):

@@ -15,7 +15,7 @@ from features.audio import AudioError, load_audio, resample, to_mono
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.deltas import add_deltas
 from features.filterbank import num_frames
-from features.pipeline import FeaturePipeline
+from features.pipeline import FeaturePipeline, speed_perturb
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -195,9 +195,36 @@ def test_dither_only_in_training_and_reproducible_with_a_generator(digit_wav):
     assert (train_a - reference).abs().median() < 0.05
 
 
+@pytest.mark.parametrize("factor", [0.9, 1.1])
+def test_speed_perturbation_scales_duration_and_pitch(factor):
+    # A 500 Hz tone, 1 s at 8 kHz: played `factor` times as fast it lasts 1/factor s at 500*factor Hz.
+    rate = 8000
+    tone = torch.sin(2 * math.pi * 500 * torch.arange(rate) / rate)
+    perturbed = speed_perturb(tone, rate, [factor])
+    assert abs(perturbed.numel() - rate / factor) <= 1
+    spectrum = torch.fft.rfft(perturbed).abs()
+    peak_hz = int(spectrum.argmax()) * rate / perturbed.numel()
+    assert abs(peak_hz - 500 * factor) < 5
+    torch.testing.assert_close(speed_perturb(tone, rate, [1.0]), tone, rtol=0, atol=0)
+
+
+def test_speed_perturbation_draws_from_the_generator_in_training_only(digit_wav):
+    waveform, sr = load_audio(digit_wav)
+    pipeline = FeaturePipeline(FeatureConfig(sample_rate=8000, speed_perturb=[0.8, 1.25]))
+    plain = pipeline.from_waveform(waveform, sr)
+    assert plain.shape == FeaturePipeline(FeatureConfig(sample_rate=8000)).from_waveform(waveform, sr).shape
+    lengths = {pipeline.from_waveform(waveform, sr, train=True, generator=seeded(s)).shape[0] for s in range(12)}
+    # Both factors are drawn, and each changes the frame count the expected way.
+    assert len(lengths) == 2
+    assert min(lengths) < plain.shape[0] < max(lengths)
+    with pytest.raises(ValueError, match="speed_perturb"):
+        FeatureConfig(speed_perturb=[3.0])
+
+
 def test_inference_is_deterministic_and_ignores_training_only_steps(libri_flac):
     training_config = FeatureConfig(
-        dither=1.0, mvn="utterance", spec_augment=SpecAugmentConfig(enabled=True, time_warp=5)
+        dither=1.0, mvn="utterance", speed_perturb=[0.9, 1.1],
+        spec_augment=SpecAugmentConfig(enabled=True, time_warp=5),
     )
     pipeline = FeaturePipeline(training_config)
     first, second = pipeline.from_file(libri_flac), pipeline.from_file(libri_flac)

@@ -7,8 +7,14 @@ import pytest
 import soundfile
 
 from asr.data import report as reasons
-from asr.data.config import FSDDConfig
-from asr.data.fsdd import DIGIT_WORDS, build_connected_digits, connected_digits, read_fsdd
+from asr.data.config import DataConfig, DigitsConfig
+from asr.data.corpus import load_split
+from asr.data.fsdd import (
+    DIGIT_WORDS,
+    build_connected_digits,
+    connected_digits,
+    read_fsdd,
+)
 from asr.data.report import DataError, SkipReport
 from asr.data.utterance import InMemoryAudio
 from features.audio import load_audio
@@ -133,7 +139,35 @@ def test_unreadable_take_is_reported_and_never_used(fsdd_recordings, tmp_path):
 
 
 def test_config_builds_the_set_relative_to_root(shared_data):
-    config = FSDDConfig(recordings="fsdd/recordings", speakers=["yweweler"], take_range=[0, 4], utterances=5, seed=7)
-    utterances = connected_digits(config, root=shared_data)
+    config = DataConfig(
+        root=str(shared_data),
+        fsdd="fsdd/recordings",
+        digits=DigitsConfig(speakers=["yweweler"], take_range=[0, 4], utterances=5, seed=7),
+    )
+    utterances = connected_digits(config, "train")
     assert len(utterances) == 5 and {u.speaker for u in utterances} == {"yweweler"}
-    assert connected_digits(FSDDConfig()) == []  # no recordings folder: no connected digits
+    assert connected_digits(config, "dev") == connected_digits(config, "test") == []  # no held-out speaker
+    assert connected_digits(DataConfig(), "train") == []  # no recordings folder: no connected digits
+
+
+def test_a_held_out_speaker_is_only_in_the_test_split(shared_data):
+    digits = DigitsConfig(
+        held_out_speaker="nicolas", utterances=12, dev_utterances=6, test_utterances=5, dev_take_range=[0, 1]
+    )
+    config = DataConfig(root=str(shared_data), fsdd="fsdd/recordings", dev=["no/such/folder"], digits=digits)
+    train = connected_digits(config, "train")
+    dev, _ = load_split(config, "dev")  # data.dev is not read in a fold: the missing folder does not matter
+    test = connected_digits(config, "test")
+    assert (len(train), len(dev), len(test)) == (12, 6, 5)
+    assert "nicolas" not in {u.speaker for u in train + dev}
+    assert {u.speaker for u in test} == {"nicolas"}
+
+    def takes(utterances):
+        return {int(p.stem.split("_")[2]) for u in utterances for p in u.audio.sources}
+
+    assert takes(train) <= set(range(5, 50)) and takes(dev) <= {0, 1}
+    assert len({u.id for u in train + dev + test}) == 12 + 6 + 5  # ids never collide across splits
+
+    unknown = DataConfig(root=str(shared_data), fsdd="fsdd/recordings", digits=DigitsConfig(held_out_speaker="nobody"))
+    with pytest.raises(DataError, match="held_out_speaker.*nobody"):
+        connected_digits(unknown, "test")

@@ -66,7 +66,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("trained")
     valid = tiny_valid(tmp)
     exp = tmp / "exp"
-    args = [str(PROJECT_ROOT / "recipes" / "fsdd_las.yaml"), *TINY, f"exp_dir={exp}", f"data.valid=[{valid}]"]
+    args = [str(PROJECT_ROOT / "recipes" / "fsdd_las.yaml"), *TINY, f"exp_dir={exp}", f"data.dev=[{valid}]"]
     assert train_main(args + ["train.max_epochs=2", "train.keep_last=2"]) == 0
     return exp, valid
 
@@ -208,6 +208,19 @@ def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
         assert result["wer"] == pytest.approx((s + d + i) / n)
         assert _alignment_totals((out / "alignment.txt").read_text()) == [s, d, i, n]
     assert capsys.readouterr().out.count("real-time factor") == 2
+
+
+def test_evaluate_a_split_of_the_recipe_in_the_checkpoint(trained, tmp_path):
+    exp, valid = trained
+    by_folder, by_split = tmp_path / "folder", tmp_path / "split"
+    assert evaluate.main(["--checkpoint", str(exp / "last.pt"), "--data", str(valid), "--out", str(by_folder)]) == 0
+    assert evaluate.main(["--checkpoint", str(exp / "last.pt"), "--split", "dev", "--out", str(by_split)]) == 0
+    # The recipe's dev split is that same folder: the same utterances and transcripts.
+    assert (by_split / "hyp.txt").read_text() == (by_folder / "hyp.txt").read_text()
+    assert (by_split / "ref.txt").read_text() == (by_folder / "ref.txt").read_text()
+    # The recipe names no test data: a clear error, not an empty score.
+    with pytest.raises(SystemExit):
+        evaluate.main(["--checkpoint", str(exp / "last.pt"), "--split", "test", "--out", str(tmp_path / "test")])
 
 
 def test_transcribe_matches_the_recogniser_and_batching_does_not_change_results(trained, capsys, fsdd_recordings):

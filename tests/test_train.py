@@ -20,8 +20,8 @@ from conftest import PROJECT_ROOT, SHARED_DATA
 # A tiny LAS on a few connected-digit utterances: seconds per run on one core.
 TINY = [
     f"data.root={SHARED_DATA}",
-    "data.fsdd.utterances=24",
-    "data.fsdd.digits_per_utterance=[1,2]",
+    "data.digits.utterances=24",
+    "data.digits.digits_per_utterance=[1,2]",
     "data.num_workers=0",
     "data.max_frames_per_batch=1200",
     "features.num_mel_bins=23",
@@ -51,7 +51,7 @@ def tiny_valid(tmp_path: Path, count: int = 6) -> Path:
 
 
 def overrides(tmp_path: Path, *extra: str) -> list[str]:
-    return TINY + [f"exp_dir={tmp_path / 'exp'}", f"data.valid=[{tiny_valid(tmp_path)}]", *extra]
+    return TINY + [f"exp_dir={tmp_path / 'exp'}", f"data.dev=[{tiny_valid(tmp_path)}]", *extra]
 
 
 def test_a_run_fills_the_experiment_directory(tmp_path):
@@ -140,7 +140,7 @@ def _env() -> dict:
 def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path):
     """Kill a run with SIGKILL mid-epoch, resume it, compare with an uninterrupted run."""
     common = TINY + [
-        f"data.valid=[{tiny_valid(tmp_path)}]",
+        f"data.dev=[{tiny_valid(tmp_path)}]",
         "train.max_epochs=2",
         "train.save_every_steps=1",
         "model.listener.dropout=0.2",  # dropout and SpecAugment draw random numbers: resume must restore them
@@ -176,7 +176,7 @@ def test_distributed_training_with_gloo_on_two_processes(tmp_path):
     exp = tmp_path / "ddp"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-        "-m", "asr.train", str(RECIPE), *TINY, f"data.valid=[{tiny_valid(tmp_path)}]",
+        "-m", "asr.train", str(RECIPE), *TINY, f"data.dev=[{tiny_valid(tmp_path)}]",
         f"exp_dir={exp}", "train.max_epochs=1", "train.device=cpu",
     ]
     result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
@@ -205,7 +205,7 @@ def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, 
         f"exp_dir={tmp_path / 'exp'}",
         f"data.root={librivox_mini.parent}",
         "data.train=[test-mini]",
-        "data.valid=[test-mini]",
+        "data.dev=[test-mini]",
         "data.test=[]",
         "data.bpe_vocab_size=40",
         "data.num_workers=0",

@@ -6,34 +6,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+SPLITS = ("train", "dev", "test")
+
 
 @dataclass
-class FSDDConfig:
-    """A connected-digit training set built from Free Spoken Digit Dataset takes.
+class DigitsConfig:
+    """Connected-digit utterances built from the Free Spoken Digit Dataset (``data.fsdd``).
 
-    Each utterance joins several takes of one speaker with short random gaps of
-    silence and is transcribed as words (``"THREE SEVEN ZERO"``). The set is
-    rebuilt from ``seed`` on every run, so it needs no files of its own.
+    Each utterance joins several takes of one speaker with short random gaps
+    and is transcribed as words (``"THREE SEVEN ZERO"``). The sets are rebuilt
+    from ``seed`` on every run, so they need no files of their own.
+
+    Without ``held_out_speaker`` only the training split gets connected digits
+    (validation comes from ``data.dev``). With it, the run is one fold of a
+    leave-one-speaker-out evaluation:
+
+    - train: the other speakers' takes in ``take_range``;
+    - dev:   the other speakers' takes in ``dev_take_range`` (``data.dev`` is not
+             read, since a shared dev set may contain the held-out speaker);
+    - test:  the held-out speaker, every take (no take of theirs was trained on).
     """
 
-    recordings: str = ""              # folder of {digit}_{speaker}_{take}.wav (relative to data.root); "" = none
     speakers: list[str] = field(default_factory=list)  # speakers to draw from; empty = every speaker found
     # inclusive range of take numbers; FSDD's own convention keeps takes 0-4 as its test split
     take_range: list[int] = field(default_factory=lambda: [5, 49])
-    utterances: int = 2000            # how many connected-digit utterances to build
+    utterances: int = 2000            # how many training utterances to build
     digits_per_utterance: list[int] = field(default_factory=lambda: [1, 7])  # inclusive range of digits per utterance
     gap_seconds: list[float] = field(default_factory=lambda: [0.05, 0.3])  # pause between takes, uniform in range
     gap_noise: float = 0.001          # std of the Gaussian noise filling the pauses (full scale 1); 0 = digital silence
     seed: int = 0                     # the same seed builds the same utterances (speakers, takes and gaps)
+    held_out_speaker: str = ""        # leave-one-speaker-out: test on this speaker, train and validate on the others
+    dev_take_range: list[int] = field(default_factory=lambda: [0, 4])  # takes of the dev set (held_out_speaker only)
+    dev_utterances: int = 200         # size of that dev set
+    test_utterances: int = 400        # size of the held-out speaker's test set
 
     def __post_init__(self) -> None:
         _check_range("take_range", self.take_range, minimum=0)
+        _check_range("dev_take_range", self.dev_take_range, minimum=0)
         _check_range("digits_per_utterance", self.digits_per_utterance, minimum=1)
         _check_range("gap_seconds", self.gap_seconds, minimum=0.0)
         if self.gap_noise < 0:
             raise ValueError(f"gap_noise must be >= 0, got {self.gap_noise}")
-        if self.utterances < 0:
-            raise ValueError(f"utterances must be >= 0, got {self.utterances}")
+        for name in ("utterances", "dev_utterances", "test_utterances"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.held_out_speaker and self.held_out_speaker in self.speakers:
+            raise ValueError(
+                f"held_out_speaker {self.held_out_speaker!r} is also listed in speakers: "
+                "a held-out speaker cannot be trained on"
+            )
 
 
 @dataclass
@@ -42,15 +63,16 @@ class DataConfig:
 
     Subset folders are in LibriSpeech layout (``<subset>/<speaker>/<chapter>/*.flac``
     with ``<speaker>-<chapter>.trans.txt``); several subsets of one split are
-    concatenated. Relative subset paths (and ``fsdd.recordings``) are taken
-    relative to ``root``.
+    concatenated. Relative subset paths (and ``fsdd``) are taken relative to
+    ``root``.
     """
 
     root: str = ""                    # base folder for relative subset paths ("" = the working directory)
     train: list[str] = field(default_factory=list)  # e.g. [LibriSpeech/train-clean-100, LibriSpeech/train-clean-360]
-    valid: list[str] = field(default_factory=list)  # e.g. [LibriSpeech/dev-clean]
+    dev: list[str] = field(default_factory=list)    # validation, e.g. [LibriSpeech/dev-clean]
     test: list[str] = field(default_factory=list)   # e.g. [LibriSpeech/test-clean, LibriSpeech/test-other]
-    fsdd: FSDDConfig = field(default_factory=FSDDConfig)  # connected digits added to the training split
+    fsdd: str = ""                    # FSDD recordings folder ({digit}_{speaker}_{take}.wav); "" = no connected digits
+    digits: DigitsConfig = field(default_factory=DigitsConfig)  # how connected digits are built from data.fsdd
     tokenizer: Literal["char", "bpe"] = "char"  # characters need no training; BPE shortens targets for attention
     bpe_vocab_size: int = 256         # upper bound: sentencepiece stops early when the transcripts are too few
     max_duration: float = 20.0        # seconds; longer utterances are skipped (memory grows with T for attention)
@@ -78,10 +100,10 @@ class DataConfig:
         """``path`` relative to ``root`` (an absolute path stays as it is)."""
         return Path(self.root).expanduser() / Path(path).expanduser()
 
-    def subset_paths(self, split: Literal["train", "valid", "test"]) -> list[Path]:
+    def subset_paths(self, split: Literal["train", "dev", "test"]) -> list[Path]:
         """The subset folders of ``split``, relative paths resolved against ``root``."""
-        if split not in ("train", "valid", "test"):
-            raise ValueError(f"split must be train, valid or test, got {split!r}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         return [self.resolve(p) for p in getattr(self, split)]
 
 

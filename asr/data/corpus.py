@@ -1,12 +1,13 @@
 """A recipe's ``data`` section turned into utterances and a tokenizer.
 
-:func:`load_split` reads a split (its LibriSpeech-layout subsets and, for
-training, the FSDD connected digits); :func:`build_tokenizer` trains the
-tokenizer the recipe asks for on the training transcripts.
+:func:`load_split` reads a split (its LibriSpeech-layout subsets and its FSDD
+connected digits); :func:`build_tokenizer` trains the tokenizer the recipe
+asks for on the training transcripts.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Literal
 
@@ -17,24 +18,37 @@ from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from asr.data.utterance import Utterance
 
+logger = logging.getLogger(__name__)
+
 
 def load_split(
-    config: DataConfig, split: Literal["train", "valid", "test"], report: SkipReport | None = None
+    config: DataConfig, split: Literal["train", "dev", "test"], report: SkipReport | None = None
 ) -> tuple[list[Utterance], SkipReport]:
     """All utterances of ``split`` as read (not yet filtered), and the reader's skips.
 
-    A split that names no subsets (and, for training, no connected digits)
-    gives no utterances; one whose every utterance is skipped is an error.
+    A split gathers its LibriSpeech-layout subsets (``data.train``, ``data.dev``,
+    ``data.test``) and its connected digits (:func:`asr.data.fsdd.connected_digits`).
+    In a leave-one-speaker-out fold (``data.digits.held_out_speaker``) the dev
+    split is the built one alone: ``data.dev`` is not read, because a shared dev
+    set may contain the held-out speaker. A split with no sources gives no
+    utterances; one whose every utterance is skipped is an error.
 
-    The ``data.fsdd`` connected-digit set is added to the training split only.
     Pass the returned report on to :func:`asr.data.dataset.prepare_utterances`,
     which adds its own skips and logs the whole report once.
     """
     report = SkipReport(strict=config.strict) if report is None else report
-    utterances = read_librispeech(config.subset_paths(split), report, config.cache_dir or None)
-    if split == "train":
-        utterances.extend(connected_digits(config.fsdd, report, root=config.root))
-    if not utterances and (getattr(config, split) or (split == "train" and config.fsdd.recordings)):
+    subsets = config.subset_paths(split)
+    if split == "dev" and config.fsdd and config.digits.held_out_speaker:
+        if subsets:
+            logger.info(
+                "data.digits.held_out_speaker=%s: validating on connected digits of the other speakers, not data.dev",
+                config.digits.held_out_speaker,
+            )
+        subsets = []
+    utterances = read_librispeech(subsets, report, config.cache_dir or None)
+    digits = connected_digits(config, split, report)
+    utterances.extend(digits)
+    if not utterances and subsets:
         raise DataError(f"data.{split}: every utterance was skipped\n{report.summary()}")
     return utterances, report
 

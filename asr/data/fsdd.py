@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from asr.data import report as reasons
-from asr.data.config import FSDDConfig
+from asr.data.config import DataConfig
 from asr.data.report import DataError, SkipReport
 from asr.data.utterance import InMemoryAudio, Utterance
 from features.audio import AudioError, load_audio, to_mono
@@ -91,10 +91,11 @@ def build_connected_digits(
     seed: int = 0,
     report: SkipReport | None = None,
     gap_noise: float = 0.001,
+    name: str = "fsdd",
 ) -> list[Utterance]:
     """``num_utterances`` connected-digit utterances, the same ones for the same seed.
 
-    Each utterance draws a speaker, a count in the inclusive ``digits_per_utterance``
+    Ids are ``{name}-{speaker}-seed{seed}-{index:05d}``. Each utterance draws a speaker, a count in the inclusive ``digits_per_utterance``
     range, that many takes of the speaker (with replacement) and a gap before
     every take but the first, uniform in ``gap_seconds``. Its waveform is
     ``take_1, gap, take_2, ..., take_n``: (1, N) float32 held in memory
@@ -145,28 +146,50 @@ def build_connected_digits(
         audio = InMemoryAudio(waveform, sample_rate, tuple(r.path for r, _ in chosen))
         text = " ".join(DIGIT_WORDS[r.digit] for r, _ in chosen)
         utterances.append(
-            Utterance(f"fsdd-{speaker}-seed{seed}-{index:05d}", audio, text, waveform.shape[1] / sample_rate, speaker)
+            Utterance(f"{name}-{speaker}-seed{seed}-{index:05d}", audio, text, waveform.shape[1] / sample_rate, speaker)
         )
     return utterances
 
 
-def connected_digits(
-    config: FSDDConfig, report: SkipReport | None = None, root: str | Path = ""
-) -> list[Utterance]:
-    """The connected-digit set a recipe's ``data.fsdd`` section describes (empty when ``recordings`` is "").
+def connected_digits(config: DataConfig, split: str, report: SkipReport | None = None) -> list[Utterance]:
+    """The connected digits of ``split`` that ``data.fsdd`` and ``data.digits`` describe (see :class:`DigitsConfig`).
 
-    A relative ``config.recordings`` is taken relative to ``root`` (``data.root``).
+    Empty when ``data.fsdd`` is "", and for dev and test unless
+    ``data.digits.held_out_speaker`` is set. Each split draws from its own
+    seed (``digits.seed`` + 0, 1, 2), so the sets differ even where their
+    takes overlap. A held-out speaker without recordings is an error.
     """
-    if not config.recordings or config.utterances == 0:
+    digits = config.digits
+    if not config.fsdd or (split != "train" and not digits.held_out_speaker):
         return []
-    folder = Path(root).expanduser() / Path(config.recordings).expanduser()
-    recordings = read_fsdd(folder, config.speakers, config.take_range, report)
+    folder = config.resolve(config.fsdd)
+    recordings = read_fsdd(folder, digits.speakers or None, None, report)
+    held_out = digits.held_out_speaker
+    if held_out:
+        everyone = {r.speaker for r in read_fsdd(folder, None, None, SkipReport())}
+        if held_out not in everyone:
+            raise DataError(
+                f"data.digits.held_out_speaker: {held_out!r} has no recordings in {folder} "
+                f"(found: {', '.join(sorted(everyone))})"
+            )
+    if split == "test":
+        chosen = read_fsdd(folder, [held_out], None, SkipReport())
+        count, offset = digits.test_utterances, 2
+    else:
+        low, high = digits.dev_take_range if split == "dev" else digits.take_range
+        chosen = [r for r in recordings if r.speaker != held_out and low <= r.take <= high]
+        count, offset = (digits.dev_utterances, 1) if split == "dev" else (digits.utterances, 0)
+    if count == 0:
+        return []
+    if not chosen:
+        raise DataError(f"data.digits: no FSDD recordings in {folder} for the {split} split of this config")
     return build_connected_digits(
-        recordings,
-        config.utterances,
-        config.digits_per_utterance,
-        config.gap_seconds,
-        config.seed,
+        chosen,
+        count,
+        digits.digits_per_utterance,
+        digits.gap_seconds,
+        digits.seed + offset,
         report,
-        config.gap_noise,
+        digits.gap_noise,
+        name=f"fsdd-{split}",
     )

@@ -1,0 +1,324 @@
+"""Train every combination of a grid of config values, then compare them: one command per study.
+
+    python -m asr.study recipes/fsdd_las.yaml --grid model.layer_norm=none,listener,speller,both features.mvn=none,global
+    python -m asr.study recipes/fsdd_las.yaml train.max_epochs=10 --grid model.listener.pyramidal=true,false
+    python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson,nicolas,yweweler
+
+Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
+its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
+named after its grid values (``layer_norm=none,mvn=global``). Positional
+overrides apply to every run. After training, each run's ``last.pt`` is
+evaluated with ``asr.evaluate --split dev``, and ``--split test`` where the
+recipe has a test split (a leave-one-speaker-out fold's held-out speaker,
+the demo corpus's held-out voices, ``data.test``). The study then writes
+into ``--out``:
+
+- ``valid_loss.png``: the validation-loss curves of all runs over each other
+  (drawn by :mod:`asr.compare`; ``--tag`` picks other tags);
+- ``results.md`` and ``results.json``: per run, the grid values, final and
+  best validation loss, dev and test WER, and training minutes; and, when
+  ``--pool KEY`` names a grid key (e.g. the held-out speaker), the WER pooled
+  over that key's values (errors summed over words summed) for each
+  combination of the other keys.
+
+A study is resumable: a finished run (its folder holds ``study_time.json``)
+is not trained again, an interrupted one (``last.pt`` but no
+``study_time.json``) is continued with ``--resume``, and an evaluation is
+reused when its ``wer.json`` is newer than the checkpoint. Values
+are split at commas outside brackets, so ``features.speed_perturb=[0.9,1.0,1.1],[]``
+is two values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asr.compare import CompareError, load_curves, plot
+from asr.config import ConfigError
+from asr.data.corpus import load_split
+from asr.data.report import DataError, SkipReport
+from asr.experiment import load_experiment_config
+
+logger = logging.getLogger("asr.study")
+
+
+class StudyError(ValueError):
+    """A grid that cannot be run; the message names the grid entry or the run."""
+
+
+@dataclass
+class Run:
+    """One point of the grid: its overrides, its folder and (once done) its results."""
+
+    values: dict[str, str]  # grid key -> value, in grid order
+    exp_dir: Path
+    results: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{short_key(k)}={v}" for k, v in self.values.items())
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.values.items()]
+
+
+def short_key(key: str) -> str:
+    """The last part of a dotted key (``model.layer_norm`` -> ``layer_norm``), for names and table headers."""
+    return key.rsplit(".", 1)[-1]
+
+
+def split_values(text: str) -> list[str]:
+    """Split ``a,b,[c,d]`` at commas outside brackets and braces: ``["a", "b", "[c,d]"]``."""
+    values, depth, current = [], 0, ""
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            values.append(current)
+            current = ""
+        else:
+            current += char
+    values.append(current)
+    return [v.strip() for v in values]
+
+
+def parse_grid(entries: list[str]) -> dict[str, list[str]]:
+    """``["KEY=V1,V2", ...]`` -> ``{KEY: [V1, V2]}``; errors name the entry."""
+    grid: dict[str, list[str]] = {}
+    for entry in entries:
+        key, sep, values = entry.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise StudyError(f"--grid {entry!r}: expected KEY=VALUE1,VALUE2,...")
+        if key in grid:
+            raise StudyError(f"--grid: key {key!r} given twice")
+        parsed = split_values(values)
+        if any(v == "" for v in parsed):
+            raise StudyError(f"--grid {entry!r}: empty value")
+        if len(set(parsed)) != len(parsed):
+            raise StudyError(f"--grid {entry!r}: a value is repeated")
+        grid[key] = parsed
+    if len({short_key(k) for k in grid}) != len(grid):
+        raise StudyError(f"--grid: two keys end in the same name ({', '.join(grid)}); run names would collide")
+    return grid
+
+
+def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path) -> list[Run]:
+    """Every combination of the grid as a :class:`Run`, each config validated before anything trains."""
+    runs = []
+    for combination in itertools.product(*grid.values()):
+        values = dict(zip(grid, combination))
+        run = Run(values, out / "runs" / folder_name(values))
+        try:
+            load_experiment_config(recipe, [*overrides, *run.overrides(), f"exp_dir={run.exp_dir}"])
+        except ConfigError as err:
+            raise StudyError(f"run {run.name}: {err}") from None
+        runs.append(run)
+    return runs
+
+
+def folder_name(values: dict[str, str]) -> str:
+    """A file-system-safe folder name for a run: ``layer_norm-none_mvn-global``."""
+    parts = []
+    for key, value in values.items():
+        safe = "".join(c if c.isalnum() or c in ".-" else "" for c in value.replace(",", "-")) or "empty"
+        parts.append(f"{short_key(key)}-{safe}")
+    return "_".join(parts)
+
+
+def train_run(run: Run, recipe: Path, overrides: list[str], threads: int) -> None:
+    """Train (or resume) one run in a subprocess; its output goes to ``exp_dir/study_train.out``.
+
+    ``exp_dir/study_time.json`` is written when training has finished, with
+    its wall-clock seconds; a run that has it is not started again.
+    """
+    timing = run.exp_dir / "study_time.json"
+    if timing.exists():
+        logger.info("%s has finished training already (%s)", run.name, timing)
+        return
+    run.exp_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "asr.train", str(recipe), *overrides, *run.overrides(), f"exp_dir={run.exp_dir}"]
+    if (run.exp_dir / "last.pt").exists():
+        command.append("--resume")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path = run.exp_dir / "study_train.out"
+    logger.info("training %s -> %s", run.name, run.exp_dir)
+    start = time.time()
+    with open(log_path, "a") as log:
+        status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
+    seconds = time.time() - start
+    if status != 0:
+        raise StudyError(f"run {run.name} failed (exit {status}); its output is in {log_path}")
+    # An interrupted and resumed run counts only the attempt that finished it.
+    timing.write_text(json.dumps({"train_seconds": seconds, "resumed": "--resume" in command}) + "\n")
+    logger.info("finished %s in %.1f min", run.name, seconds / 60)
+
+
+def evaluate_run(run: Run, split: str, beam: int) -> dict | None:
+    """``wer.json`` of ``last.pt`` on ``split`` (reused when newer than the checkpoint)."""
+    checkpoint = run.exp_dir / "last.pt"
+    out = run.exp_dir / f"eval_{split}"
+    result = out / "wer.json"
+    if result.exists() and result.stat().st_mtime >= checkpoint.stat().st_mtime:
+        return json.loads(result.read_text())
+    command = [
+        sys.executable, "-m", "asr.evaluate", "--checkpoint", str(checkpoint),
+        "--split", split, "--beam", str(beam), "--out", str(out),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise StudyError(f"evaluating run {run.name} on {split} failed:\n{done.stderr[-2000:]}")
+    return json.loads(result.read_text())
+
+
+def has_split(recipe: Path, overrides: list[str], split: str) -> bool:
+    """Whether the recipe (with these overrides) defines any ``split`` data."""
+    config = load_experiment_config(recipe, overrides)
+    try:
+        utterances, _ = load_split(config.data, split, SkipReport())
+    except DataError:
+        return True  # it names data, which is broken: let evaluation report it properly
+    return bool(utterances)
+
+
+def pooled(runs: list[Run], split: str) -> float | None:
+    """Word errors summed over words summed, across ``runs`` (None if any lacks the score)."""
+    scores = [r.results.get(split) for r in runs]
+    if any(s is None for s in scores):
+        return None
+    errors = sum(s["substitutions"] + s["deletions"] + s["insertions"] for s in scores)
+    words = sum(s["ref_words"] for s in scores)
+    return errors / words if words else None
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def results_table(runs: list[Run], grid: dict[str, list[str]], splits: list[str]) -> str:
+    """One row per run: grid values, validation loss (final, best and its epoch), WER per split, minutes."""
+    keys = list(grid)
+    header = [*(short_key(k) for k in keys), "final valid loss", "best valid loss (epoch)"]
+    header += [f"{split} WER %" for split in splits] + ["train min"]
+    align = ["---"] * len(keys) + ["---:"] * (len(header) - len(keys))
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    for run in runs:
+        r = run.results
+        best = f"{_num(r.get('best_valid_loss'))} ({r.get('best_epoch', 'n/a')})"
+        cells = [run.values[k] for k in keys] + [_num(r.get("final_valid_loss")), best]
+        cells += [_pct(r[s]["wer"]) if r.get(s) else "n/a" for s in splits]
+        minutes = r.get("train_seconds")
+        cells.append("n/a" if minutes is None else f"{minutes / 60:.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, splits: list[str]) -> str:
+    """WER pooled over ``pool_key``'s values, one row per combination of the other keys."""
+    others = [k for k in grid if k != pool_key]
+    pooled_over = f"pooled over {len(grid[pool_key])} {short_key(pool_key)}"
+    header = [short_key(k) for k in others] + [f"{s} WER % ({pooled_over})" for s in splits]
+    align = ["---"] * len(others) + ["---:"] * len(splits)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    for combination in itertools.product(*(grid[k] for k in others)):
+        fixed = dict(zip(others, combination))
+        group = [r for r in runs if all(r.values[k] == v for k, v in fixed.items())]
+        cells = list(combination) + [_pct(pooled(group, s)) for s in splits]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asr.study", description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe", type=Path, help="recipe YAML")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value applied to every run")
+    parser.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="config keys and their values")
+    parser.add_argument("--out", type=Path, help="study folder (default exp/study_<recipe name>)")
+    parser.add_argument("--tag", action="append", dest="tags", metavar="TAG", help="curves to plot (default valid/loss)")
+    parser.add_argument("--pool", metavar="KEY", help="grid key to pool WER over (e.g. the held-out speaker)")
+    parser.add_argument("--beam", type=int, default=1, help="beam size for the WER evaluations (default 1: greedy)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, sharing the CPU cores (default 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if not args.recipe.is_file():
+        parser.error(f"recipe not found: {args.recipe}")
+    out = args.out or Path("exp") / f"study_{args.recipe.stem}"
+    try:
+        grid = parse_grid(args.grid)
+        if args.pool is not None and args.pool not in grid:
+            raise StudyError(f"--pool {args.pool!r} is not a grid key ({', '.join(grid)})")
+        runs = plan_runs(args.recipe, args.overrides, grid, out)
+    except StudyError as err:
+        parser.error(str(err))
+    logger.info("%d runs: %s", len(runs), "; ".join(r.name for r in runs))
+
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    try:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda r: train_run(r, args.recipe, args.overrides, threads), runs))
+    except StudyError as err:
+        print(f"asr.study: {err}", file=sys.stderr)
+        return 1
+
+    splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *runs[0].overrides()], "test") else [])
+    tags = args.tags or ["valid/loss"]
+    try:
+        curves = load_curves([r.exp_dir for r in runs], [r.name for r in runs], tags)
+        for run in runs:
+            for split in splits:
+                run.results[split] = evaluate_run(run, split, args.beam)
+            loss = load_curves([run.exp_dir], [run.name], ["valid/loss"])["valid/loss"][0]
+            best = loss.best()
+            timing = run.exp_dir / "study_time.json"
+            run.results.update(
+                final_valid_loss=loss.final,
+                best_valid_loss=best[0] if best else None,
+                best_epoch=best[1] if best else None,
+                train_seconds=json.loads(timing.read_text())["train_seconds"] if timing.exists() else None,
+            )
+    except (CompareError, StudyError) as err:
+        print(f"asr.study: {err}", file=sys.stderr)
+        return 1
+
+    image = out / ("_".join(t.replace("/", "_") for t in tags) + ".png")
+    plot(curves, image)
+    command = "python -m asr.study " + " ".join([str(args.recipe), *args.overrides, "--grid", *args.grid])
+    report = [f"# Study: {args.recipe}", "", f"    {command}", "", f"![{', '.join(tags)}]({image.name})", ""]
+    report += ["WER of each run's last.pt, greedy" if args.beam == 1 else f"WER with beam {args.beam}", ""]
+    report.append(results_table(runs, grid, splits))
+    if args.pool:
+        report += [pooled_table(runs, grid, args.pool, splits)]
+    (out / "results.md").write_text("\n".join(report))
+    (out / "results.json").write_text(
+        json.dumps([{"name": r.name, "values": r.values, **r.results} for r in runs], indent=2) + "\n"
+    )
+    sys.stdout.write("\n".join(report[6:]))
+    print(f"wrote {image}, {out / 'results.md'} and {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

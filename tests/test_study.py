@@ -1,0 +1,71 @@
+"""asr.study: grid parsing, and a real (tiny) study of two leave-one-speaker-out folds on FSDD."""
+
+import json
+
+import pytest
+from test_train import RECIPE, TINY
+
+from asr import study
+from asr.study import StudyError, folder_name, parse_grid, split_values
+
+
+def test_values_split_at_commas_outside_brackets():
+    assert split_values("none,listener") == ["none", "listener"]
+    assert split_values("[0.9,1.0,1.1],[]") == ["[0.9,1.0,1.1]", "[]"]
+    assert split_values("{a: 1, b: 2},x") == ["{a: 1, b: 2}", "x"]
+
+
+def test_grid_parsing_and_its_errors_name_the_entry():
+    grid = parse_grid(["model.layer_norm=none,both", "features.mvn=none,global"])
+    assert grid == {"model.layer_norm": ["none", "both"], "features.mvn": ["none", "global"]}
+    for bad, message in [
+        (["model.layer_norm"], "KEY=VALUE"),
+        (["a.b=1", "a.b=2"], "twice"),
+        (["a.b=1,,2"], "empty value"),
+        (["a.b=1,1"], "repeated"),
+        (["x.norm=1", "y.norm=2"], "same name"),
+    ]:
+        with pytest.raises(StudyError, match=message):
+            parse_grid(bad)
+
+
+def test_run_folders_are_named_after_their_values():
+    assert folder_name({"model.layer_norm": "none", "features.mvn": "global"}) == "layer_norm-none_mvn-global"
+    assert folder_name({"features.speed_perturb": "[0.9,1.1]"}) == "speed_perturb-0.9-1.1"
+
+
+def test_a_typo_in_a_grid_key_fails_before_anything_trains(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        study.main([str(RECIPE), "--grid", "model.layer_norms=none,both", "--out", str(tmp_path)])
+    assert "layer_norms" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp_path, capsys):
+    out = tmp_path / "study"
+    fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
+    argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george,jackson"]
+    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker"]
+    assert study.main(argv) == 0
+
+    results = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in results] == ["held_out_speaker=george", "held_out_speaker=jackson"]
+    for run in results:
+        assert run["dev"]["utterances"] == 4 and run["test"]["utterances"] == 4
+        assert run["final_valid_loss"] > 0 and run["train_seconds"] > 0
+        # The test split is the held-out speaker's own digits.
+        refs = (out / "runs" / f"held_out_speaker-{run['values']['data.digits.held_out_speaker']}" / "eval_test" / "ref.txt")
+        assert all(run["values"]["data.digits.held_out_speaker"] in line for line in refs.read_text().splitlines())
+    errors = sum(r["test"][k] for r in results for k in ("substitutions", "deletions", "insertions"))
+    words = sum(r["test"]["ref_words"] for r in results)
+    table = (out / "results.md").read_text()
+    assert f"| {100 * errors / words:.2f} |" in table  # the pooled test WER
+    assert (out / "valid_loss.png").stat().st_size > 0
+
+    # A second call trains nothing new (both runs are finished) and reuses the evaluations.
+    checkpoint = out / "runs" / "held_out_speaker-george" / "last.pt"
+    evaluation = out / "runs" / "held_out_speaker-george" / "eval_test" / "wer.json"
+    stamps = checkpoint.stat().st_mtime_ns, evaluation.stat().st_mtime_ns
+    capsys.readouterr()
+    assert study.main(argv) == 0
+    assert (checkpoint.stat().st_mtime_ns, evaluation.stat().st_mtime_ns) == stamps
