@@ -1,0 +1,34 @@
+"""The whole workflow as a user runs it, in fresh processes: train on real FSDD audio, evaluate, transcribe."""
+
+import json
+import subprocess
+import sys
+
+from test_train import RECIPE, TINY, _env, tiny_valid
+
+from conftest import PROJECT_ROOT
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"{args[0]} failed:\n{result.stderr[-3000:]}"
+    return result
+
+
+def test_train_then_evaluate_then_transcribe(tmp_path, fsdd_recordings):
+    exp, dev = tmp_path / "exp", tiny_valid(tmp_path)
+    _run("asr.train", str(RECIPE), *TINY, f"exp_dir={exp}", f"data.dev={dev}", "train.max_steps=6")
+    checkpoint = exp / "last.pt"
+    assert checkpoint.is_file() and (exp / "config.yaml").is_file()
+
+    evaluated = _run("asr.evaluate", "--checkpoint", str(checkpoint), "--data", str(dev))
+    assert "WER" in evaluated.stdout
+    scores = json.loads((exp / f"eval_{dev.name}" / "wer.json").read_text())
+    assert scores["utterances"] == 6 and scores["skipped"] == 0 and 0 <= scores["cer"]
+
+    audio = [fsdd_recordings / "4_jackson_1.wav", fsdd_recordings / "8_george_3.wav"]
+    transcribed = _run("asr.transcribe", str(checkpoint), *map(str, audio))
+    lines = transcribed.stdout.splitlines()
+    assert [line.split("\t")[0] for line in lines] == [str(p) for p in audio]
