@@ -1,7 +1,7 @@
 """A recipe's ``data`` section turned into utterances and a tokenizer.
 
-:func:`load_split` reads a split (its LibriSpeech-layout subsets and its FSDD
-connected digits); :func:`build_tokenizer` trains the tokenizer the recipe
+:func:`load_split` reads a split (its LibriSpeech-layout subsets, the demo
+corpus and its FSDD connected digits); :func:`build_tokenizer` trains the tokenizer the recipe
 asks for on the training transcripts.
 """
 
@@ -12,8 +12,9 @@ from collections.abc import Iterable
 from typing import Literal
 
 from asr.data.config import DataConfig
+from asr.data.demo import demo_corpus
 from asr.data.fsdd import connected_digits
-from asr.data.librispeech import read_librispeech
+from asr.data.librispeech import default_cache_dir, read_librispeech
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from asr.data.utterance import Utterance
@@ -27,7 +28,9 @@ def load_split(
     """All utterances of ``split`` as read (not yet filtered), and the reader's skips.
 
     A split gathers its LibriSpeech-layout subsets (``data.train``, ``data.dev``,
-    ``data.test``) and its connected digits (:func:`asr.data.fsdd.connected_digits`).
+    ``data.test``), its part of the demo corpus (``data.demo``, synthesised
+    into the cache folder on first use) and its connected digits
+    (:func:`asr.data.fsdd.connected_digits`).
     In a leave-one-speaker-out fold (``data.digits.held_out_speaker``) the dev
     split is the built one alone: ``data.dev`` is not read, because a shared dev
     set may contain the held-out speaker. A split with no sources gives no
@@ -45,6 +48,9 @@ def load_split(
                 config.digits.held_out_speaker,
             )
         subsets = []
+    if config.demo.enabled:
+        # Synthesised on first use, then read from the cache like any LibriSpeech-layout subset.
+        subsets = [*subsets, demo_corpus(config.demo, config.cache_dir or default_cache_dir())[split]]
     utterances = read_librispeech(subsets, report, config.cache_dir or None)
     digits = connected_digits(config, split, report)
     utterances.extend(digits)

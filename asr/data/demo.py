@@ -1,0 +1,456 @@
+"""A synthetic speech corpus made with eSpeak NG, so a recipe can train and evaluate with nothing downloaded.
+
+Utterances are spoken digit strings (``"THREE SEVEN ZERO"``) and short
+voice-assistant commands (``"SET A TIMER FOR FIVE MINUTES"``,
+``"TURN OFF THE KITCHEN LIGHT"``) from a closed vocabulary of under 100 words
+(:data:`VOCABULARY`), spoken by eSpeak voices (``"<language>+<variant>"``,
+e.g. ``"en-us+m3"``: accent x speaker-like variant; see :mod:`asr.data.espeak`).
+
+Splits:
+    train  ``train_voices``, ``train_utterances`` utterances
+    dev    the same voices, new utterances: a check on overfitting to the
+           sentences and renditions heard, with the speakers known
+    test   ``test_voices``, which must not be training voices: held-out
+           "speakers" (the default ones use variants never heard in training)
+
+Sentences are drawn independently for every utterance from one distribution,
+so short ones (one or two digits, ``"WHAT TIME IS IT"``) recur across splits,
+as they do in real command corpora; the corpus' ``README.txt`` reports how
+many dev and test transcripts also occur in training.
+
+Each utterance draws its speaking rate, pitch, intonation, pauses between
+words, level, leading and trailing silence and background-noise level, so
+that even one voice never sounds twice the same. eSpeak runs at 22050 Hz;
+the audio is resampled to ``sample_rate`` with :func:`features.audio.resample`
+and stored as 16-bit FLAC in LibriSpeech layout, which
+:func:`asr.data.librispeech.read_subset` reads::
+
+    <cache_dir>/demo/<key>/{train,dev,test}/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac
+                                                      .../<speaker>-<chapter>.trans.txt
+
+with one speaker id per voice (100, 101, ... in ``train_voices`` then
+``test_voices`` order) and the chapter telling the split (1 train, 2 dev,
+3 test), so utterance ids are unique across the three splits. ``<key>`` is a
+hash of every option that changes the corpus, the format version and the
+eSpeak package version: a changed option makes a new corpus beside the old
+one, and an unchanged one reuses the corpus already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import torch
+
+from asr.data import espeak
+from asr.data.fsdd import DIGIT_WORDS
+from features.audio import resample
+
+logger = logging.getLogger(__name__)
+
+# Bump when the generation changes in a way the config does not show (grammar,
+# rendering, layout), so corpora made by older code are not reused.
+FORMAT_VERSION = 1
+SPLITS = ("train", "dev", "test")
+_CHAPTER = {"train": 1, "dev": 2, "test": 3}
+_FIRST_SPEAKER_ID = 100
+_RESAMPLE_BATCH = 32  # utterances resampled per call (see resample_batch)
+
+# Accents crossed with voice variants. Test variants are never heard in training,
+# so the test set measures generalisation to new "speakers" in known accents.
+_LANGUAGES = ("en-us", "en", "en-gb-x-rp", "en-gb-scotland", "en-029")
+_TRAIN_VARIANTS = ("m1", "m2", "m3", "m4", "m6", "m8", "f1", "f2", "f3")
+DEFAULT_TRAIN_VOICES = tuple(f"{lang}+{variant}" for variant in _TRAIN_VARIANTS for lang in _LANGUAGES)
+# One voice per held-out variant, each in a different accent: 4 test speakers, like 4 new people.
+DEFAULT_TEST_VOICES = ("en-us+m5", "en+f4", "en-gb-x-rp+m7", "en-029+f5")
+
+
+@dataclass
+class DemoConfig:
+    """The synthetic demo corpus (the ``data.demo`` section of a recipe). See the module docstring."""
+
+    enabled: bool = False  # true: generate (or reuse) the corpus and train/evaluate on it
+    # 3000 utterances are about 1.6 hours of audio: enough for a small model to learn the
+    # ~100-word vocabulary in minutes on a CPU; generating them takes well under a minute.
+    train_utterances: int = 3000
+    dev_utterances: int = 300
+    test_utterances: int = 300
+    # "<language>+<variant>" voices; dev uses the training voices, test must use others (held out)
+    train_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_VOICES))
+    test_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TEST_VOICES))
+    digit_fraction: float = 0.4  # share of utterances that are digit strings; the rest are commands
+    digits_per_utterance: list[int] = field(default_factory=lambda: [1, 7])  # inclusive range of digits
+    # Per-utterance draws, uniform in the inclusive [low, high] ranges below.
+    rate_wpm: list[int] = field(default_factory=lambda: [130, 210])  # words per minute; eSpeak's default is 175
+    pitch: list[int] = field(default_factory=lambda: [30, 70])  # eSpeak pitch 0-100; 50 = the voice's own
+    intonation: list[int] = field(default_factory=lambda: [30, 80])  # eSpeak pitch range 0-100; 0 = monotone
+    word_gap: list[int] = field(default_factory=lambda: [0, 3])  # extra pause between words, units of 10 ms
+    level_db: list[float] = field(default_factory=lambda: [-20.0, -3.0])  # speech peak in dB re full scale
+    silence_seconds: list[float] = field(default_factory=lambda: [0.05, 0.4])  # before and after the speech
+    # std of white background noise over the whole utterance (full scale 1): real recordings are
+    # never digitally silent, and exact zeros give log(0)-floor frames in the features
+    noise: list[float] = field(default_factory=lambda: [0.0005, 0.003])
+    sample_rate: int = 16000  # Hz; the feature pipeline's rate, so files need no resampling when read
+    seed: int = 0  # the same seed (and options) gives the same transcripts and samples
+
+    def __post_init__(self) -> None:
+        # one spelling per value, so DemoConfig(noise=[0, 1]) and noise: [0.0, 1.0] name the same corpus
+        self.digit_fraction = float(self.digit_fraction)
+        for name in ("level_db", "silence_seconds", "noise"):
+            setattr(self, name, [float(x) for x in getattr(self, name)])
+        for name in ("train_utterances", "dev_utterances", "test_utterances"):
+            # an empty split would be a folder without transcripts, which readers reject
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("train_voices", "test_voices"):
+            voices = getattr(self, name)
+            if not voices:
+                raise ValueError(f"{name} must name at least one voice")
+            for voice in voices:
+                language, _, variant = voice.partition("+")
+                if not language or not variant:
+                    raise ValueError(f"{name}: {voice!r} is not '<language>+<variant>' (e.g. 'en-us+m3')")
+            repeated = sorted(v for v, n in Counter(voices).items() if n > 1)
+            if repeated:
+                raise ValueError(f"{name}: voice(s) listed twice: {', '.join(repeated)}")
+        shared = sorted(set(self.train_voices) & set(self.test_voices))
+        if shared:
+            raise ValueError(f"test_voices must be held out, but {', '.join(shared)} are also in train_voices")
+        if not 0.0 <= self.digit_fraction <= 1.0:
+            raise ValueError(f"digit_fraction must be in [0, 1], got {self.digit_fraction}")
+        _check_range("digits_per_utterance", self.digits_per_utterance, 1, 20)
+        _check_range("rate_wpm", self.rate_wpm, *espeak.RATE_LIMITS)
+        _check_range("pitch", self.pitch, *espeak.PITCH_LIMITS)
+        _check_range("intonation", self.intonation, *espeak.PITCH_LIMITS)
+        _check_range("word_gap", self.word_gap, 0, 100)
+        _check_range("level_db", self.level_db, -60.0, 0.0)
+        _check_range("silence_seconds", self.silence_seconds, 0.0, 10.0)
+        _check_range("noise", self.noise, 0.0, 0.1)
+        if self.sample_rate < 8000:
+            raise ValueError(f"sample_rate must be at least 8000 Hz, got {self.sample_rate}")
+
+
+def _check_range(name: str, value: list, low: float, high: float) -> None:
+    if len(value) != 2 or not low <= value[0] <= value[1] <= high:
+        raise ValueError(f"{name} must be [min, max] with {low} <= min <= max <= {high}, got {value}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentences. A template's {slot}s are filled from _SLOTS, recursively; "" makes a slot optional.
+# Everything is already in normalize_text's form: upper case, A-Z, apostrophe and single spaces.
+
+_SLOTS: dict[str, tuple[str, ...]] = {
+    "digit": DIGIT_WORDS,
+    "phone_number": tuple(" ".join(["{digit}"] * n) for n in range(3, 8)),
+    "on_off": ("ON", "OFF"),
+    "room": ("", "KITCHEN", "BEDROOM", "BATHROOM", "OFFICE", "GARAGE", "LIVING ROOM"),
+    "appliance": ("LIGHT", "LIGHTS", "LAMP", "FAN", "HEATER", "RADIO", "TELEVISION"),
+    "opening": ("DOOR", "WINDOW"),
+    "open_close": ("OPEN", "CLOSE"),
+    "up_down": ("UP", "DOWN"),
+    "lock_unlock": ("LOCK", "UNLOCK"),
+    "outer_door": ("FRONT DOOR", "BACK DOOR", "GARAGE DOOR"),
+    "count": ("TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN", "FIFTEEN", "TWENTY", "THIRTY"),
+    "duration": ("ONE MINUTE", "{count} MINUTES", "ONE HOUR", "{count} HOURS", "{count} SECONDS"),
+    "hour": ("ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE", "TEN", "ELEVEN", "TWELVE"),
+    "clock_time": ("{hour}", "{hour} FIFTEEN", "{hour} THIRTY"),
+    "day": ("TODAY", "TOMORROW", "TONIGHT"),
+    "maybe_day": ("", "{day}"),
+    "temperature": ("EIGHTEEN", "NINETEEN", "TWENTY", "TWENTY ONE", "TWENTY TWO", "TWENTY THREE", "TWENTY FIVE"),
+    "contact": ("MOM", "DAD", "ANNA", "PETER", "GRANDMA", "THE OFFICE", "THE DOCTOR"),
+    "media": ("SOME MUSIC", "THE NEWS", "THE RADIO", "THE NEXT SONG"),
+    "task": ("CALL {contact}", "BUY MILK", "FEED THE CAT", "WATER THE PLANTS"),
+    "when": ("{day}", "IN {duration}", "AT {clock_time}"),
+}
+_TEMPLATES: tuple[str, ...] = (
+    "TURN {on_off} THE {room} {appliance}",
+    "{open_close} THE {room} {opening}",
+    "{lock_unlock} THE {outer_door}",
+    "SET A TIMER FOR {duration}",
+    "CANCEL THE TIMER",
+    "SET AN ALARM FOR {clock_time}",
+    "WAKE ME UP AT {clock_time} {maybe_day}",
+    "CANCEL THE ALARM",
+    "SET THE {room} TEMPERATURE TO {temperature} DEGREES",
+    "CALL {contact}",
+    "DIAL {phone_number}",
+    "PLAY {media}",
+    "STOP THE MUSIC",
+    "TURN THE VOLUME {up_down}",
+    "WHAT'S THE WEATHER {maybe_day}",
+    "WHAT TIME IS IT",
+    "REMIND ME TO {task} {when}",
+)
+_SLOT = re.compile(r"\{(\w+)\}")
+
+
+def _words(pattern: str) -> set[str]:
+    return set(_SLOT.sub(" ", pattern).split())
+
+
+# Every word a transcript can contain.
+VOCABULARY: frozenset[str] = frozenset().union(
+    *(_words(t) for t in _TEMPLATES), *(_words(a) for alts in _SLOTS.values() for a in alts)
+)
+
+
+def draw_transcript(rng: np.random.Generator, digit_fraction: float, digits_per_utterance: list[int]) -> str:
+    """One sentence: with probability ``digit_fraction`` a digit string whose length is uniform in the
+    inclusive ``digits_per_utterance`` range, else a command from a uniformly drawn template."""
+    if rng.random() < digit_fraction:
+        count = int(rng.integers(digits_per_utterance[0], digits_per_utterance[1] + 1))
+        return " ".join(DIGIT_WORDS[int(d)] for d in rng.integers(0, 10, size=count))
+    return " ".join(_fill(_TEMPLATES[int(rng.integers(len(_TEMPLATES)))], rng).split())
+
+
+def _fill(pattern: str, rng: np.random.Generator) -> str:
+    def one(match: re.Match) -> str:
+        alternatives = _SLOTS[match[1]]
+        return _fill(alternatives[int(rng.integers(len(alternatives)))], rng)
+
+    return _SLOT.sub(one, pattern)
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus.
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """Everything drawn for one utterance before its audio exists."""
+
+    split: str
+    utt_id: str
+    request: espeak.SynthesisRequest  # transcript (lower-cased for eSpeak), voice, rate, pitch, ...
+    text: str  # the transcript as written to trans.txt
+    level_db: float
+    lead_seconds: float
+    trail_seconds: float
+    noise: float
+    noise_seed: tuple[int, ...]
+
+
+def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
+    """The ``train``, ``dev`` and ``test`` subset folders of the corpus ``config`` describes.
+
+    Generated under ``<cache_dir>/demo/<key>/`` on the first call (about 25 s of CPU
+    for the default 3600 utterances) and reused afterwards. Generation builds
+    into a hidden temporary folder beside the target and renames it into place
+    when complete, so an interrupted run never leaves a half corpus that a
+    later run would take for a finished one. An unknown voice raises
+    :class:`ValueError` naming it and the config field; a missing eSpeak raises
+    :class:`asr.data.espeak.EspeakError` saying how to install it.
+    """
+    root = Path(cache_dir).expanduser() / "demo"
+    key = corpus_key(config)
+    target = root / key
+    paths = {split: target / split for split in SPLITS}
+    if target.is_dir():
+        logger.info("reusing cached demo corpus at %s", target)
+        return paths
+
+    for name in ("train_voices", "test_voices"):
+        for voice in getattr(config, name):
+            try:
+                espeak.check_voice(voice)
+            except espeak.UnknownVoiceError as err:
+                raise ValueError(f"demo corpus {name}: {err}") from err
+
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    plan = _plan(config)
+    logger.info(
+        "generating demo corpus at %s: %s utterances",
+        target,
+        ", ".join(f"{split} {sum(p.split == split for p in plan)}" for split in SPLITS),
+    )
+    building = Path(tempfile.mkdtemp(prefix=f".{key}-partial-", dir=root))
+    try:
+        seconds = _render_all(plan, config, building)
+        _write_description(building, config, key, plan, seconds)
+        building.chmod(0o755)  # mkdtemp makes it private; the corpus is meant to be shared like any other
+        try:
+            os.rename(building, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            # another process finished the same corpus first; theirs is identical
+            shutil.rmtree(building)
+            logger.info("reusing cached demo corpus at %s (generated concurrently)", target)
+            return paths
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    logger.info(
+        "generated demo corpus at %s in %.1f s (%.1f minutes of audio)",
+        target,
+        time.perf_counter() - started,
+        sum(seconds.values()) / 60,
+    )
+    return paths
+
+
+def corpus_key(config: DemoConfig) -> str:
+    """Folder name of the corpus: a hash of the options that change it, the format and eSpeak versions."""
+    options = asdict(config)
+    del options["enabled"]  # whether a recipe uses the corpus does not change it
+    try:
+        engine_version = importlib.metadata.version("espeakng-loader")
+    except importlib.metadata.PackageNotFoundError:
+        engine_version = "missing"
+    described = json.dumps({"format": FORMAT_VERSION, "espeak": engine_version, **options}, sort_keys=True)
+    return hashlib.sha256(described.encode()).hexdigest()[:12]
+
+
+def speaker_ids(config: DemoConfig) -> dict[str, str]:
+    """Voice -> speaker id: 100, 101, ... in ``train_voices`` then ``test_voices`` order."""
+    voices = [*config.train_voices, *config.test_voices]
+    return {voice: str(_FIRST_SPEAKER_ID + i) for i, voice in enumerate(voices)}
+
+
+def _plan(config: DemoConfig) -> list[_Planned]:
+    """All utterances of all splits, in order. Each draws from its own generator seeded by
+    (seed, split, index), so changing one split's size does not change the others' sentences."""
+    ids = speaker_ids(config)
+    plan = []
+    for split_number, split in enumerate(SPLITS):
+        voices = config.test_voices if split == "test" else config.train_voices
+        count = getattr(config, f"{split}_utterances")
+        per_speaker: Counter[str] = Counter()
+        for index in range(count):
+            rng = np.random.default_rng([config.seed, split_number, index])
+            voice = voices[index % len(voices)]  # round robin: every voice gets an equal share
+            speaker = ids[voice]
+            text = draw_transcript(rng, config.digit_fraction, config.digits_per_utterance)
+            request = espeak.SynthesisRequest(
+                # lower case: eSpeak spells out some all-capital words as abbreviations ("US", "IT")
+                text=text.lower(),
+                voice=voice,
+                rate=int(rng.integers(config.rate_wpm[0], config.rate_wpm[1] + 1)),
+                pitch=int(rng.integers(config.pitch[0], config.pitch[1] + 1)),
+                pitch_range=int(rng.integers(config.intonation[0], config.intonation[1] + 1)),
+                word_gap=int(rng.integers(config.word_gap[0], config.word_gap[1] + 1)),
+            )
+            utt_id = f"{speaker}-{_CHAPTER[split]}-{per_speaker[speaker]:04d}"
+            per_speaker[speaker] += 1
+            plan.append(
+                _Planned(
+                    split=split,
+                    utt_id=utt_id,
+                    request=request,
+                    text=text,
+                    level_db=float(rng.uniform(*config.level_db)),
+                    lead_seconds=float(rng.uniform(*config.silence_seconds)),
+                    trail_seconds=float(rng.uniform(*config.silence_seconds)),
+                    noise=float(rng.uniform(*config.noise)),
+                    noise_seed=(config.seed, split_number, index, 1),
+                )
+            )
+    return plan
+
+
+def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[str, float]:
+    """Synthesise, render and write every planned utterance with its transcripts; seconds of audio per split."""
+    transcripts: dict[Path, list[str]] = {}
+    seconds = dict.fromkeys(SPLITS, 0.0)
+    # One worker process speaks the whole plan in order, so the samples depend only on the plan
+    # (see asr.data.espeak); it synthesises the next utterances while this process writes.
+    spoken = espeak.synthesize_many([p.request for p in plan])
+    try:
+        for start in range(0, len(plan), _RESAMPLE_BATCH):
+            batch = plan[start : start + _RESAMPLE_BATCH]
+            waveforms, rates = zip(*(next(spoken) for _ in batch), strict=True)
+            speech = resample_batch(list(waveforms), rates[0], config.sample_rate)
+            for planned, waveform in zip(batch, speech, strict=True):
+                audio = _render(planned, waveform, config.sample_rate)
+                speaker, chapter, _ = planned.utt_id.split("-")
+                chapter_dir = folder / planned.split / speaker / chapter
+                if chapter_dir not in transcripts:
+                    chapter_dir.mkdir(parents=True)
+                    transcripts[chapter_dir] = []
+                soundfile.write(chapter_dir / f"{planned.utt_id}.flac", audio, config.sample_rate, subtype="PCM_16")
+                transcripts[chapter_dir].append(f"{planned.utt_id} {planned.text}\n")
+                seconds[planned.split] += audio.size / config.sample_rate
+    finally:
+        spoken.close()  # stops the worker if writing failed half way
+    for chapter_dir, lines in transcripts.items():
+        speaker, chapter = chapter_dir.parent.name, chapter_dir.name
+        (chapter_dir / f"{speaker}-{chapter}.trans.txt").write_text("".join(lines), encoding="utf-8")
+    return seconds
+
+
+def resample_batch(waveforms: list[np.ndarray], orig_rate: int, new_rate: int) -> list[np.ndarray]:
+    """Each ``(N_i,)`` waveform resampled with :func:`features.audio.resample`, in one call.
+
+    Building the filter kernel costs more than filtering a short utterance, and
+    one call builds it once for the whole batch. Zero padding the rows to one
+    length changes none of the ``ceil(N_i * new_rate / orig_rate)`` samples kept,
+    since ``resample`` pads every row with zeros past its end anyway.
+    """
+    padded = np.zeros((len(waveforms), max(w.size for w in waveforms)), dtype=np.float32)
+    for row, waveform in zip(padded, waveforms, strict=True):
+        row[: waveform.size] = waveform
+    resampled = resample(torch.from_numpy(padded), orig_rate, new_rate).numpy()
+    return [
+        row[: -(-waveform.size * new_rate // orig_rate)] for row, waveform in zip(resampled, waveforms, strict=True)
+    ]
+
+
+def _render(planned: _Planned, speech: np.ndarray, sample_rate: int) -> np.ndarray:
+    """The resampled ``(N,)`` float speech -> the stored ``(M,)`` int16 samples: scaled to the drawn
+    peak level, framed by silence, over background noise."""
+    speech = speech * np.float32(10 ** (planned.level_db / 20) / max(float(np.abs(speech).max()), 1e-9))
+    lead = round(planned.lead_seconds * sample_rate)
+    trail = round(planned.trail_seconds * sample_rate)
+    audio = np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(trail, np.float32)])
+    noise = np.random.default_rng(list(planned.noise_seed)).standard_normal(audio.size, dtype=np.float32)
+    audio += np.float32(planned.noise) * noise
+    # round and clip here rather than leave the float -> int conversion (and its overflow) to libsndfile
+    return np.clip(np.round(audio * 32767), -32768, 32767).astype(np.int16)
+
+
+def _write_description(
+    folder: Path, config: DemoConfig, key: str, plan: list[_Planned], seconds: dict[str, float]
+) -> None:
+    """``voices.txt`` (speaker id, voice, splits) and ``README.txt`` (what this corpus is and how it was made)."""
+    ids = speaker_ids(config)
+    voice_lines = ["# speaker\tvoice\tsplits\n"]
+    for voice, speaker in ids.items():
+        splits = "train,dev" if voice in config.train_voices else "test"
+        voice_lines.append(f"{speaker}\t{voice}\t{splits}\n")
+    (folder / "voices.txt").write_text("".join(voice_lines), encoding="utf-8")
+
+    texts = {split: [p.text for p in plan if p.split == split] for split in SPLITS}
+    train_texts = set(texts["train"])
+    lines = [
+        "Synthetic demo speech corpus generated by lnasr (asr/data/demo.py) with eSpeak NG.\n",
+        f"Corpus key {key}, format version {FORMAT_VERSION}. Delete this folder to regenerate it.\n\n",
+        "Splits (LibriSpeech layout; chapter 1 = train, 2 = dev, 3 = test):\n",
+    ]
+    for split in SPLITS:
+        line = f"  {split}: {len(texts[split])} utterances, {seconds[split] / 60:.1f} minutes"
+        if split != "train":
+            seen = sum(t in train_texts for t in texts[split]) / len(texts[split])
+            line += f", {100 * seen:.0f}% of transcripts also occur in train"
+        lines.append(line + "\n")
+    lines += [
+        f"\nTraining (and dev) voices: {', '.join(config.train_voices)}\n",
+        f"Held-out test voices: {', '.join(config.test_voices)}\n",
+        "Speaker ids per voice: voices.txt\n",
+        f"Vocabulary ({len(VOCABULARY)} words): {' '.join(sorted(VOCABULARY))}\n",
+        f"\nOptions:\n{json.dumps({k: v for k, v in asdict(config).items() if k != 'enabled'}, indent=2)}\n",
+    ]
+    (folder / "README.txt").write_text("".join(lines), encoding="utf-8")

@@ -1,0 +1,226 @@
+"""Synthetic demo corpus: layout read back by the LibriSpeech reader, held-out voices, caching, determinism."""
+
+import logging
+import re
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from asr.config import ConfigError, from_dict
+from asr.data import demo, espeak
+from asr.data.demo import (
+    VOCABULARY,
+    DemoConfig,
+    corpus_key,
+    demo_corpus,
+    draw_transcript,
+    speaker_ids,
+)
+from asr.data.fsdd import DIGIT_WORDS
+from asr.data.librispeech import read_subset
+from asr.data.text import normalize_text
+from features.audio import resample
+
+TINY = {
+    "train_utterances": 12,
+    "dev_utterances": 4,
+    "test_utterances": 4,
+    "train_voices": ["en-us+m3", "en+f2", "en-gb-x-rp+m1"],
+    "test_voices": ["en-us+f4", "en-029+m7"],
+}
+COUNTS = {"train": 12, "dev": 4, "test": 4}
+TRANSCRIPT = re.compile(r"[A-Z']+( [A-Z']+)*")
+
+
+def parse_transcripts(subset) -> dict[str, str]:
+    """id -> transcript, straight from every *.trans.txt (independent of the reader)."""
+    entries = {}
+    for trans in sorted(subset.rglob("*.trans.txt")):
+        for line in trans.read_text(encoding="utf-8").splitlines():
+            utt_id, text = line.split(" ", 1)
+            entries[utt_id] = text
+    return entries
+
+
+def read_corpus(paths) -> tuple[dict[str, bytes], dict[str, np.ndarray]]:
+    """Transcript files' bytes and every file's int16 samples, keyed by path within the corpus."""
+    root = paths["train"].parent
+    texts = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.trans.txt"))}
+    audio = {str(p.relative_to(root)): soundfile.read(p, dtype="int16")[0] for p in sorted(root.rglob("*.flac"))}
+    return texts, audio
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    return demo_corpus(DemoConfig(**TINY), tmp_path_factory.mktemp("cache"))
+
+
+def test_subsets_read_back_with_their_counts_transcripts_and_sample_rate(tiny_corpus, tmp_path):
+    config = DemoConfig(**TINY)
+    assert set(tiny_corpus) == {"train", "dev", "test"}
+    for split, count in COUNTS.items():
+        utterances = read_subset(tiny_corpus[split], cache_dir=tmp_path)
+        written = parse_transcripts(tiny_corpus[split])
+        assert len(utterances) == len(written) == count
+        assert {u.id: u.text for u in utterances} == written
+        chapter = {"train": "1", "dev": "2", "test": "3"}[split]
+        for utt in utterances:
+            assert re.fullmatch(rf"{utt.speaker}-{chapter}-\d{{4}}", utt.id)
+            assert TRANSCRIPT.fullmatch(utt.text) and normalize_text(utt.text) == utt.text
+            assert set(utt.text.split()) <= VOCABULARY
+            info = soundfile.info(str(utt.audio))
+            assert (info.samplerate, info.channels, info.subtype) == (config.sample_rate, 1, "PCM_16")
+            samples, _ = soundfile.read(utt.audio, dtype="float32")
+            # speech scaled to a peak in level_db (plus a little noise), framed by noisy silence
+            assert (
+                10 ** (config.level_db[0] / 20) * 0.9 < np.abs(samples).max() < 10 ** (config.level_db[1] / 20) + 0.02
+            )
+            lead = samples[: round(config.silence_seconds[0] * config.sample_rate)]
+            assert config.noise[0] * 0.5 < lead.std() < config.noise[1] * 1.5
+
+
+def test_test_voices_are_held_out_and_dev_uses_training_voices(tiny_corpus, tmp_path):
+    config = DemoConfig(**TINY)
+    speakers = {
+        split: {u.speaker for u in read_subset(path, cache_dir=tmp_path)} for split, path in tiny_corpus.items()
+    }
+    ids = speaker_ids(config)
+    assert speakers["train"] == {ids[v] for v in config.train_voices}  # 12 utterances round-robin over 3 voices
+    assert speakers["test"] == {ids[v] for v in config.test_voices}
+    assert speakers["dev"] <= speakers["train"]
+    assert not speakers["test"] & speakers["train"]
+    listed = (tiny_corpus["train"].parent / "voices.txt").read_text().splitlines()[1:]
+    assert {tuple(line.split("\t")[:2]) for line in listed} == {(s, v) for v, s in ids.items()}
+
+
+def test_second_call_reuses_the_corpus_without_synthesising(tiny_corpus, monkeypatch, caplog):
+    root = tiny_corpus["train"].parent
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.suffix in (".flac", ".txt")}
+
+    def no_synthesis(requests):
+        raise AssertionError("synthesised again instead of reusing the cached corpus")
+
+    monkeypatch.setattr(espeak, "synthesize_many", no_synthesis)
+    with caplog.at_level(logging.INFO, logger="asr.data.demo"):
+        again = demo_corpus(DemoConfig(**TINY), root.parent.parent)
+    assert again == tiny_corpus
+    assert "reusing cached demo corpus" in caplog.text
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus, tmp_path):
+    again = demo_corpus(DemoConfig(**TINY), tmp_path / "elsewhere")
+    assert again["train"].parent.name == tiny_corpus["train"].parent.name
+    texts, audio = read_corpus(again)
+    expected_texts, expected_audio = read_corpus(tiny_corpus)
+    assert texts == expected_texts  # byte-identical transcripts
+    assert audio.keys() == expected_audio.keys()
+    for name, samples in audio.items():
+        np.testing.assert_array_equal(samples, expected_audio[name], err_msg=name)
+
+    other = demo_corpus(DemoConfig(**{**TINY, "seed": 1}), tmp_path / "elsewhere")
+    assert other["train"].parent != again["train"].parent
+    assert other["train"].parent.parent == again["train"].parent.parent  # both under <cache>/demo
+    assert parse_transcripts(other["train"]) != parse_transcripts(again["train"])
+
+
+def test_corpus_key_follows_generation_options_only():
+    base = DemoConfig(**TINY)
+    assert corpus_key(DemoConfig(**TINY, enabled=True)) == corpus_key(base)
+    assert corpus_key(DemoConfig(**TINY, level_db=[-20, -3])) == corpus_key(base)  # ints spell the same floats
+    for change in ({"noise": [0.001, 0.002]}, {"sample_rate": 8000}, {"test_utterances": 5}, {"seed": 3}):
+        assert corpus_key(DemoConfig(**{**TINY, **change})) != corpus_key(base), change
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"train_utterances": 0}, "train_utterances"),
+        ({"test_voices": ["en-us+m3"]}, "test_voices"),  # also a training voice: not held out
+        ({"train_voices": ["en-us"]}, "train_voices"),  # no variant
+        ({"train_voices": ["en+m1", "en+m1"]}, "train_voices"),
+        ({"test_voices": []}, "test_voices"),
+        ({"rate_wpm": [50, 100]}, "rate_wpm"),
+        ({"pitch": [60, 40]}, "pitch"),
+        ({"intonation": [0, 101]}, "intonation"),
+        ({"digit_fraction": 1.5}, "digit_fraction"),
+        ({"digits_per_utterance": [0, 3]}, "digits_per_utterance"),
+        ({"noise": [-0.1, 0.0]}, "noise"),
+        ({"level_db": [-10.0, 3.0]}, "level_db"),
+        ({"sample_rate": 100}, "sample_rate"),
+    ],
+)
+def test_invalid_options_raise_errors_naming_the_field(change, field):
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        DemoConfig(**{**TINY, **change})
+
+
+def test_recipe_section_errors_name_the_dotted_key():
+    with pytest.raises(ConfigError, match=r"data\.demo: rate_wpm"):
+        from_dict(DemoConfig, {"rate_wpm": [10, 20]}, "data.demo")
+    with pytest.raises(ConfigError, match=r"data\.demo\.voices"):
+        from_dict(DemoConfig, {"voices": ["en+m1"]}, "data.demo")
+    assert from_dict(DemoConfig, {"enabled": True, "seed": 4}, "data.demo").seed == 4
+
+
+def test_unknown_voice_fails_before_anything_is_written(tmp_path):
+    config = DemoConfig(**{**TINY, "test_voices": ["en-us+m99"]})
+    with pytest.raises(ValueError, match=r"test_voices.*'m99'"):
+        demo_corpus(config, tmp_path)
+    assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())
+
+
+def test_interrupted_generation_leaves_no_corpus_behind(tmp_path, monkeypatch):
+    real_write, written = soundfile.write, []
+
+    def failing_write(path, *args, **kwargs):
+        if len(written) == 5:
+            raise OSError("disk full")
+        written.append(path)
+        real_write(path, *args, **kwargs)
+
+    monkeypatch.setattr(soundfile, "write", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        demo_corpus(DemoConfig(**TINY), tmp_path)
+    assert len(written) == 5
+    assert list((tmp_path / "demo").iterdir()) == []  # neither a corpus nor the partial build
+    monkeypatch.setattr(soundfile, "write", real_write)
+    paths = demo_corpus(DemoConfig(**TINY), tmp_path)
+    assert len(read_subset(paths["train"], cache_dir=tmp_path)) == COUNTS["train"]
+
+
+def test_batched_resampling_equals_one_by_one():
+    rng = np.random.default_rng(0)
+    waveforms = [rng.standard_normal(n).astype(np.float32) for n in (22050, 9001, 30000, 441)]
+    batched = demo.resample_batch(waveforms, 22050, 16000)
+    for waveform, result in zip(waveforms, batched, strict=True):
+        alone = resample(torch.from_numpy(waveform), 22050, 16000).numpy()
+        assert result.shape == alone.shape
+        np.testing.assert_allclose(result, alone, atol=1e-5)
+
+
+def test_transcripts_use_the_closed_vocabulary_and_the_digit_options():
+    rng = np.random.default_rng(0)
+    texts = [draw_transcript(rng, 0.4, [1, 7]) for _ in range(20000)]
+    words = [w for t in texts for w in t.split()]
+    assert all(TRANSCRIPT.fullmatch(t) for t in texts)
+    assert set(words) == VOCABULARY  # every listed word occurs, and no other
+    assert 60 <= len(VOCABULARY) <= 100  # small enough for a small model to learn in minutes
+    digit_strings = [t for t in texts if set(t.split()) <= set(DIGIT_WORDS)]
+    assert len(digit_strings) / len(texts) == pytest.approx(0.4, abs=0.02)
+    assert {len(t.split()) for t in digit_strings} == set(range(1, 8))
+    only_digits = [draw_transcript(rng, 1.0, [2, 3]) for _ in range(200)]
+    assert {len(t.split()) for t in only_digits} == {2, 3}
+    assert all(set(t.split()) <= set(DIGIT_WORDS) for t in only_digits)
+
+
+def test_default_voices_exist_and_test_variants_are_never_heard_in_training():
+    config = DemoConfig()
+    for voice in [*config.train_voices, *config.test_voices]:
+        espeak.check_voice(voice)
+    train_variants = {v.split("+")[1] for v in config.train_voices}
+    assert not {v.split("+")[1] for v in config.test_voices} & train_variants
+    # every test accent is also a training accent: only the "speaker" is new
+    assert {v.split("+")[0] for v in config.test_voices} <= {v.split("+")[0] for v in config.train_voices}
