@@ -168,6 +168,9 @@ def test_a_held_out_speaker_is_only_in_the_test_split(shared_data):
     assert takes(train) <= set(range(5, 50)) and takes(dev) <= {0, 1}
     assert len({u.id for u in train + dev + test}) == 12 + 6 + 5  # ids never collide across splits
 
+    missing = DataConfig(root=str(shared_data), fsdd="fsdd/recordingz")
+    with pytest.raises(DataError, match="data.fsdd.*recordingz"):
+        connected_digits(missing, "train")
     unknown = DataConfig(root=str(shared_data), fsdd="fsdd/recordings", digits=DigitsConfig(held_out_speaker="nobody"))
     with pytest.raises(DataError, match="held_out_speaker.*nobody"):
         connected_digits(unknown, "test")

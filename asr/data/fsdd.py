@@ -166,6 +166,11 @@ def connected_digits(config: DataConfig, split: str, report: SkipReport | None =
     if not config.fsdd or (split != "train" and not digits.held_out_speaker):
         return []
     folder = config.resolve(config.fsdd)
+    if not folder.is_dir():
+        raise DataError(
+            f"data.fsdd: FSDD recordings folder not found: {folder} (data.root={config.root!r}, "
+            f"data.fsdd={config.fsdd!r}); the dataset is at https://github.com/Jakobovski/free-spoken-digit-dataset"
+        )
     recordings = read_fsdd(folder, digits.speakers or None, None, report)
     held_out = digits.held_out_speaker
     if held_out:
