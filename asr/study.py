@@ -36,6 +36,7 @@ import itertools
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     image = out / ("_".join(t.replace("/", "_") for t in tags) + ".png")
     plot(curves, image)
-    command = "python -m asr.study " + " ".join([str(args.recipe), *args.overrides, "--grid", *args.grid])
+    command = "python -m asr.study " + shlex.join(sys.argv[1:] if argv is None else argv)
     report = [f"# Study: {args.recipe}", "", f"    {command}", "", f"![{', '.join(tags)}]({image.name})", ""]
     report += ["WER of each run's last.pt, greedy" if args.beam == 1 else f"WER with beam {args.beam}", ""]
     report.append(results_table(runs, grid, splits))

@@ -61,6 +61,7 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp
     table = (out / "results.md").read_text()
     assert f"| {100 * errors / words:.2f} |" in table  # the pooled test WER
     assert (out / "valid_loss.png").stat().st_size > 0
+    assert "--pool data.digits.held_out_speaker" in table  # the command that made it, complete
 
     # A second call trains nothing new (both runs are finished) and reuses the evaluations.
     checkpoint = out / "runs" / "held_out_speaker-george" / "last.pt"
