@@ -3,10 +3,12 @@
     python -m asr.study recipes/fsdd_las.yaml --grid model.layer_norm=none,listener,speller,both features.mvn=none,global
     python -m asr.study recipes/fsdd_las.yaml train.max_epochs=10 --grid model.listener.pyramidal=true,false
     python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson,nicolas,yweweler
+    python -m asr.study recipes/fsdd_transformer.yaml --grid model.encoder.layer_norm,model.decoder.layer_norm=pre,post
 
 Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
 its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
-named after its grid values (``layer_norm=none,mvn=global``). Positional
+named after its grid values (``layer_norm=none,mvn=global``). Keys joined by
+a comma before the ``=`` are tied: they take each value together. Positional
 overrides apply to every run. After training, each run's ``last.pt`` is
 evaluated with ``asr.evaluate --split dev``, and ``--split test`` where the
 recipe has a test split (a leave-one-speaker-out fold's held-out speaker,
@@ -61,7 +63,7 @@ class StudyError(ValueError):
 class Run:
     """One point of the grid: its overrides, its folder and (once done) its results."""
 
-    values: dict[str, str]  # grid key -> value, in grid order
+    values: dict[str, str]  # grid entry -> value, in grid order
     exp_dir: Path
     results: dict = field(default_factory=dict)
 
@@ -70,12 +72,19 @@ class Run:
         return ",".join(f"{short_key(k)}={v}" for k, v in self.values.items())
 
     def overrides(self) -> list[str]:
-        return [f"{k}={v}" for k, v in self.values.items()]
+        # A tied entry ("a.x,b.x") sets every one of its keys to the value.
+        return [f"{key}={v}" for entry, v in self.values.items() for key in entry.split(",")]
 
 
-def short_key(key: str) -> str:
-    """The last part of a dotted key (``model.layer_norm`` -> ``layer_norm``), for names and table headers."""
-    return key.rsplit(".", 1)[-1]
+def short_key(entry: str) -> str:
+    """A grid entry's name in run names and table headers: the last part of its dotted key
+    (``model.layer_norm`` -> ``layer_norm``), for tied keys the distinct last parts joined by ``+``."""
+    names = []
+    for key in entry.split(","):
+        name = key.rsplit(".", 1)[-1]
+        if name not in names:
+            names.append(name)
+    return "+".join(names)
 
 
 def split_values(text: str) -> list[str]:
@@ -96,13 +105,17 @@ def split_values(text: str) -> list[str]:
 
 
 def parse_grid(entries: list[str]) -> dict[str, list[str]]:
-    """``["KEY=V1,V2", ...]`` -> ``{KEY: [V1, V2]}``; errors name the entry."""
+    """``["KEY=V1,V2", ...]`` -> ``{KEY: [V1, V2]}``; errors name the entry.
+
+    ``KEY1,KEY2=V1,V2`` ties the keys: both take V1 in one run and V2 in the
+    other (e.g. pre- or post-norm in the encoder and the decoder together).
+    """
     grid: dict[str, list[str]] = {}
     for entry in entries:
         key, sep, values = entry.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise StudyError(f"--grid {entry!r}: expected KEY=VALUE1,VALUE2,...")
+        key = ",".join(k.strip() for k in key.split(","))
+        if not sep or not all(key.split(",")):
+            raise StudyError(f"--grid {entry!r}: expected KEY=VALUE1,VALUE2,... or KEY1,KEY2=VALUE1,VALUE2,...")
         if key in grid:
             raise StudyError(f"--grid: key {key!r} given twice")
         parsed = split_values(values)

@@ -18,8 +18,11 @@ def test_values_split_at_commas_outside_brackets():
 def test_grid_parsing_and_its_errors_name_the_entry():
     grid = parse_grid(["model.layer_norm=none,both", "features.mvn=none,global"])
     assert grid == {"model.layer_norm": ["none", "both"], "features.mvn": ["none", "global"]}
+    tied = parse_grid(["model.encoder.layer_norm, model.decoder.layer_norm=pre,post"])
+    assert tied == {"model.encoder.layer_norm,model.decoder.layer_norm": ["pre", "post"]}
     for bad, message in [
         (["model.layer_norm"], "KEY=VALUE"),
+        ([",model.layer_norm=none"], "KEY=VALUE"),
         (["a.b=1", "a.b=2"], "twice"),
         (["a.b=1,,2"], "empty value"),
         (["a.b=1,1"], "repeated"),
@@ -27,6 +30,14 @@ def test_grid_parsing_and_its_errors_name_the_entry():
     ]:
         with pytest.raises(StudyError, match=message):
             parse_grid(bad)
+
+
+def test_tied_keys_take_each_value_together(tmp_path):
+    recipe = RECIPE.parent / "fsdd_transformer.yaml"
+    grid = parse_grid(["model.encoder.layer_norm,model.decoder.layer_norm=pre,post"])
+    runs = study.plan_runs(recipe, [], grid, tmp_path)
+    assert [r.name for r in runs] == ["layer_norm=pre", "layer_norm=post"]
+    assert runs[1].overrides() == ["model.encoder.layer_norm=post", "model.decoder.layer_norm=post"]
 
 
 def test_run_folders_are_named_after_their_values():
