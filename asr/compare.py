@@ -160,8 +160,26 @@ def smooth(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0) -> None:
-    """One panel per tag, one line per run; written as a PNG to ``out``."""
+def zoom_limits(runs: list[Curve], smoothing: float = 0.0) -> tuple[float, float] | None:
+    """y-axis limits that fit every curve's finite (smoothed) points after its first, plus a 5% margin.
+
+    None when no curve has a second finite point.
+    """
+    rest = [v for c in runs for v in smooth(c.values, smoothing)[1:] if math.isfinite(v)]
+    if not rest:
+        return None
+    low, high = min(rest), max(rest)
+    margin = 0.05 * (high - low) or 0.05 * abs(high) or 0.1
+    return low - margin, high + margin
+
+
+def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom: bool = False) -> None:
+    """One panel per tag, one line per run; written as a PNG to ``out``.
+
+    zoom: fit the y axis to the points after each curve's first, which (for a
+          loss after one epoch) is often so much higher that it flattens
+          every difference that matters; the title says when this is done.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed; must precede pyplot
@@ -172,9 +190,14 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0) -> N
         for c in runs:
             marker = "o" if len(c.steps) <= 50 else None  # per-epoch curves are short: show the points
             ax.plot(c.steps, smooth(c.values, smoothing), label=c.run, marker=marker, markersize=3)
+        limits = zoom_limits(runs, smoothing) if zoom else None
+        zoomed = limits is not None
+        if zoomed:
+            ax.set_ylim(*limits)
         ax.set_xlabel(step_meaning(tag))
         ax.set_ylabel(tag)
-        ax.set_title(tag + (f" (smoothed {smoothing:g})" if smoothing > 0 else ""))
+        notes = ([f"smoothed {smoothing:g}"] if smoothing > 0 else []) + (["y axis fits points 2+"] if zoomed else [])
+        ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -193,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None, metavar="FILE.png", help="image to write (default compare_<tag>.png)")
     parser.add_argument("--labels", nargs="+", default=None, help="one legend label per EXP_DIR (default: folder names)")
     parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1) for the plotted lines only (default 0)")
+    parser.add_argument("--zoom", action="store_true", help="fit the y axis to every curve's points after its first")
     return parser
 
 
@@ -213,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as err:
         parser.error(str(err))
     table = markdown_table(curves)
-    plot(curves, out, args.smooth)
+    plot(curves, out, args.smooth, args.zoom)
     table_path = out.with_suffix(".md")
     table_path.write_text(table)
     sys.stdout.write(table)

@@ -16,7 +16,8 @@ the demo corpus's held-out voices, ``data.test``). The study then writes
 into ``--out``:
 
 - ``valid_loss.png``: the validation-loss curves of all runs over each other
-  (drawn by :mod:`asr.compare`; ``--tag`` picks other tags);
+  (drawn by :mod:`asr.compare`, y axis fitted to the epochs after the first;
+  ``--tag`` picks other tags);
 - ``results.md`` and ``results.json``: per run, the grid values, final and
   best validation loss, dev and test WER, and training minutes; and, when
   ``--pool KEY`` names a grid key (e.g. the held-out speaker), the WER pooled
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     image = out / ("_".join(t.replace("/", "_") for t in tags) + ".png")
-    plot(curves, image)
+    plot(curves, image, zoom=True)
     command = "python -m asr.study " + shlex.join(sys.argv[1:] if argv is None else argv)
     report = [f"# Study: {args.recipe}", "", f"    {command}", "", f"![{', '.join(tags)}]({image.name})", ""]
     report += ["WER of each run's last.pt, greedy" if args.beam == 1 else f"WER with beam {args.beam}", ""]

@@ -6,7 +6,7 @@ import matplotlib.image
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from asr.compare import main, smooth
+from asr.compare import Curve, main, smooth, zoom_limits
 
 # Values exactly representable in float32 and in 4 significant digits, so the
 # table can be compared with what was written without tolerance games.
@@ -122,3 +122,11 @@ def test_smoothing_is_debiased_ema():
     assert smooth([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # a constant stays constant
     assert smooth([0.0, 1.0], 0.5) == pytest.approx([0.0, 0.5 / 0.75])
     assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
+
+
+def test_zoom_fits_the_points_after_the_first():
+    runs = [Curve("a", "valid/loss", [1, 2, 3, 4], RUN_A["valid/loss"]), Curve("b", "valid/loss", [1, 2, 3], RUN_B["valid/loss"])]
+    low, high = zoom_limits(runs)
+    # Points 2+ span 1.75 .. 3.0; the first points (3.5 and 4.0) fall outside, the rest inside with a 5% margin.
+    assert (low, high) == pytest.approx((1.75 - 0.0625, 3.0 + 0.0625))
+    assert zoom_limits([Curve("c", "valid/loss", [1], [5.0])]) is None  # one point: nothing to fit
