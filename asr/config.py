@@ -10,6 +10,7 @@ full dotted path, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -175,3 +176,13 @@ def read_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config keys")
     return data
+
+
+def check_range(name: str, value: list, minimum: float, maximum: float = math.inf) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is ``[low, high]`` with ``minimum <= low <= high <= maximum``.
+
+    For config fields that are inclusive ranges (``take_range: [5, 49]``), in ``__post_init__``.
+    """
+    if len(value) != 2 or not minimum <= value[0] <= value[1] <= maximum:
+        upper = f" <= {maximum}" if math.isfinite(maximum) else ""
+        raise ValueError(f"{name} must be [low, high] with {minimum} <= low <= high{upper}, got {value}")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from asr.config import check_range
 from asr.data.demo import DemoConfig
 
 SPLITS = ("train", "dev", "test")
@@ -43,10 +44,10 @@ class DigitsConfig:
     test_utterances: int = 400        # size of the held-out speaker's test set
 
     def __post_init__(self) -> None:
-        _check_range("take_range", self.take_range, minimum=0)
-        _check_range("dev_take_range", self.dev_take_range, minimum=0)
-        _check_range("digits_per_utterance", self.digits_per_utterance, minimum=1)
-        _check_range("gap_seconds", self.gap_seconds, minimum=0.0)
+        check_range("take_range", self.take_range, minimum=0)
+        check_range("dev_take_range", self.dev_take_range, minimum=0)
+        check_range("digits_per_utterance", self.digits_per_utterance, minimum=1)
+        check_range("gap_seconds", self.gap_seconds, minimum=0.0)
         if self.gap_noise < 0:
             raise ValueError(f"gap_noise must be >= 0, got {self.gap_noise}")
         for name in ("utterances", "dev_utterances", "test_utterances"):
@@ -108,8 +109,3 @@ class DataConfig:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         return [self.resolve(p) for p in getattr(self, split)]
-
-
-def _check_range(name: str, value: list, minimum: float) -> None:
-    if len(value) != 2 or value[0] > value[1] or value[0] < minimum:
-        raise ValueError(f"{name} must be [low, high] with {minimum} <= low <= high, got {value}")

@@ -55,6 +55,7 @@ import numpy as np
 import soundfile
 import torch
 
+from asr.config import check_range
 from asr.data import espeak
 from asr.data.fsdd import DIGIT_WORDS
 from features.audio import resample
@@ -131,21 +132,16 @@ class DemoConfig:
             raise ValueError(f"test_voices must be held out, but {', '.join(shared)} are also in train_voices")
         if not 0.0 <= self.digit_fraction <= 1.0:
             raise ValueError(f"digit_fraction must be in [0, 1], got {self.digit_fraction}")
-        _check_range("digits_per_utterance", self.digits_per_utterance, 1, 20)
-        _check_range("rate_wpm", self.rate_wpm, *espeak.RATE_LIMITS)
-        _check_range("pitch", self.pitch, *espeak.PITCH_LIMITS)
-        _check_range("intonation", self.intonation, *espeak.PITCH_LIMITS)
-        _check_range("word_gap", self.word_gap, 0, 100)
-        _check_range("level_db", self.level_db, -60.0, 0.0)
-        _check_range("silence_seconds", self.silence_seconds, 0.0, 10.0)
-        _check_range("noise", self.noise, 0.0, 0.1)
+        check_range("digits_per_utterance", self.digits_per_utterance, 1, 20)
+        check_range("rate_wpm", self.rate_wpm, *espeak.RATE_LIMITS)
+        check_range("pitch", self.pitch, *espeak.PITCH_LIMITS)
+        check_range("intonation", self.intonation, *espeak.PITCH_LIMITS)
+        check_range("word_gap", self.word_gap, 0, 100)
+        check_range("level_db", self.level_db, -60.0, 0.0)
+        check_range("silence_seconds", self.silence_seconds, 0.0, 10.0)
+        check_range("noise", self.noise, 0.0, 0.1)
         if self.sample_rate < 8000:
             raise ValueError(f"sample_rate must be at least 8000 Hz, got {self.sample_rate}")
-
-
-def _check_range(name: str, value: list, low: float, high: float) -> None:
-    if len(value) != 2 or not low <= value[0] <= value[1] <= high:
-        raise ValueError(f"{name} must be [min, max] with {low} <= min <= max <= {high}, got {value}")
 
 
 # ---------------------------------------------------------------------------------------------
