@@ -98,8 +98,8 @@ def build_connected_digits(
 ) -> list[Utterance]:
     """``num_utterances`` connected-digit utterances, the same ones for the same seed.
 
-    Ids are ``{name}-{speaker}-seed{seed}-{index:05d}``. Each utterance draws a speaker, a count in the inclusive ``digits_per_utterance``
-    range, that many takes of the speaker (with replacement) and a gap before
+    Ids are ``{name}-{speaker}-seed{seed}-{index:05d}``. Each utterance draws a
+    speaker, a count in the inclusive ``digits_per_utterance`` range, that many takes of the speaker (with replacement) and a gap before
     every take but the first, uniform in ``gap_seconds``. Its waveform is
     ``take_1, gap, take_2, ..., take_n``: (1, N) float32 held in memory
     (:class:`InMemoryAudio`), with N = sum of the take lengths + the gaps.
@@ -171,19 +171,18 @@ def connected_digits(config: DataConfig, split: str, report: SkipReport | None =
             f"data.fsdd: FSDD recordings folder not found: {folder} (data.root={config.root!r}, "
             f"data.fsdd={config.fsdd!r}); the dataset is at https://github.com/Jakobovski/free-spoken-digit-dataset"
         )
-    recordings = read_fsdd(folder, digits.speakers or None, None, report)
     held_out = digits.held_out_speaker
     if held_out:
-        everyone = {r.speaker for r in read_fsdd(folder, None, None, SkipReport())}
-        if held_out not in everyone:
-            raise DataError(
-                f"data.digits.held_out_speaker: {held_out!r} has no recordings in {folder} "
-                f"(found: {', '.join(sorted(everyone))})"
-            )
+        try:  # read_fsdd checks the speaker exists; say which key named it
+            # The folder's misnamed files are reported once per split: here for test, below for the others.
+            held_out_takes = read_fsdd(folder, [held_out], None, report if split == "test" else SkipReport())
+        except DataError as err:
+            raise DataError(f"data.digits.held_out_speaker: {err}") from None
     if split == "test":
-        chosen = read_fsdd(folder, [held_out], None, SkipReport())
+        chosen = held_out_takes
         count, offset = digits.test_utterances, 2
     else:
+        recordings = read_fsdd(folder, digits.speakers or None, None, report)
         low, high = digits.dev_take_range if split == "dev" else digits.take_range
         chosen = [r for r in recordings if r.speaker != held_out and low <= r.take <= high]
         count, offset = (digits.dev_utterances, 1) if split == "dev" else (digits.utterances, 0)
