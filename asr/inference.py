@@ -56,28 +56,28 @@ class Recogniser:
         self, paths: list[str | Path], beam_size: int = 1, batch_size: int = 16, **options
     ) -> list[str]:
         """Transcribe audio files (any sample rate, wav or flac), ``batch_size`` at a time."""
-        texts: list[str] = []
-        for start in range(0, len(paths), batch_size):
-            chunk = [self.pipeline.from_file(p) for p in paths[start : start + batch_size]]
-            texts += self.transcribe_features(chunk, beam_size=beam_size, **options)
-        return texts
+        return self._in_batches(paths, self.pipeline.from_file, beam_size, batch_size, **options)
 
     def transcribe_utterances(
         self, utterances: list[Utterance], beam_size: int = 1, batch_size: int = 16, **options
     ) -> list[str]:
         """Transcribe corpus utterances (files or in-memory audio), ``batch_size`` at a time."""
+        return self._in_batches(utterances, self._utterance_features, beam_size, batch_size, **options)
+
+    def _utterance_features(self, utt: Utterance) -> torch.Tensor:
+        waveform, rate = load_utterance_audio(utt)
+        try:
+            return self.pipeline.from_waveform(waveform, rate)
+        except AudioError as err:
+            raise AudioError(f"{utt.source} (utterance {utt.id}): {err}") from err
+
+    def _in_batches(self, items: list, featurise, beam_size: int, batch_size: int, **options) -> list[str]:
+        """``featurise`` each item and decode ``batch_size`` of them at a time; one transcript per item."""
         texts: list[str] = []
-        for start in range(0, len(utterances), batch_size):
-            chunk = []
-            for utt in utterances[start : start + batch_size]:
-                waveform, rate = load_utterance_audio(utt)
-                try:
-                    chunk.append(self.pipeline.from_waveform(waveform, rate))
-                except AudioError as err:
-                    raise AudioError(f"{utt.source} (utterance {utt.id}): {err}") from err
+        for start in range(0, len(items), batch_size):
+            chunk = [featurise(item) for item in items[start : start + batch_size]]
             texts += self.transcribe_features(chunk, beam_size=beam_size, **options)
         return texts
-
 
 def load_recogniser(checkpoint: str | Path, device: str = "cpu") -> Recogniser:
     """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``)."""
