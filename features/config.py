@@ -50,6 +50,11 @@ class FeatureConfig:
     # resampled by a factor drawn from this list, which changes tempo and pitch together
     # (0.9 = 10% slower and lower). [] disables; [0.9, 1.0, 1.1] is the usual choice.
     speed_perturb: list[float] = field(default_factory=list)
+    # Training-only vocal tract length perturbation (VTLP, Jaitly & Hinton 2013): the mel filters
+    # of each utterance are placed by Kaldi's piecewise-linear VTLN warp with a factor drawn
+    # uniformly from this [low, high] range. Unlike speed perturbation it keeps tempo and duration
+    # and moves only the spectral envelope. [] disables; [0.9, 1.1] is the paper's range.
+    vtlp: list[float] = field(default_factory=list)
     mvn: Literal["none", "utterance", "global"] = "none"
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
 
@@ -75,6 +80,8 @@ class FeatureConfig:
         for factor in self.speed_perturb:
             if not 0.5 <= factor <= 2.0:
                 raise ValueError(f"speed_perturb factors must be in [0.5, 2.0], got {factor}")
+        if self.vtlp and not (len(self.vtlp) == 2 and 0.7 <= self.vtlp[0] <= self.vtlp[1] <= 1.3):
+            raise ValueError(f"vtlp must be [] or [low, high] with 0.7 <= low <= high <= 1.3, got {self.vtlp}")
 
     @property
     def base_dim(self) -> int:

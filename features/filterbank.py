@@ -29,6 +29,10 @@ from features.audio import AudioError
 from features.config import FeatureConfig
 
 INT16_SCALE = 32768.0
+# Kaldi's VTLN breakpoints (Hz; a negative high is an offset from Nyquist): between them the
+# frequency axis is scaled by 1/warp, outside them the warp bends to keep 20 Hz and Nyquist fixed.
+VTLN_LOW = 100.0
+VTLN_HIGH = -500.0
 
 
 def frame_sizes(config: FeatureConfig) -> tuple[int, int]:
@@ -49,20 +53,23 @@ def check_mel_filters(config: FeatureConfig) -> None:
     """Raise ``ValueError`` if some mel filter covers no FFT bin (too many bins for the rate and window).
 
     Such a filter's output is a constant log(epsilon) column: harmless-looking
-    but pure noise after MVN, so it is refused up front.
+    but pure noise after MVN, so it is refused up front. With VTLP both ends
+    of the warp range are checked too.
     """
     window, _ = frame_sizes(config)
     fft_size = 1 << (window - 1).bit_length()  # Kaldi rounds the window up to a power of two
-    # low_freq=20, high_freq=Nyquist, no VTLN warp: the defaults extract() uses.
-    banks, _ = kaldi.get_mel_banks(
-        config.num_mel_bins, fft_size, float(config.sample_rate), 20.0, 0.0, 100.0, -500.0, 1.0
-    )
-    empty = int((banks.sum(dim=1) == 0).sum())
-    if empty:
-        raise ValueError(
-            f"num_mel_bins={config.num_mel_bins} is too many for sample_rate={config.sample_rate} with "
-            f"frame_length_ms={config.frame_length_ms:g}: {empty} mel filters contain no FFT bin"
+    for warp in sorted({1.0, *config.vtlp}):
+        # low_freq=20, high_freq=Nyquist and the VTLN breakpoints: the defaults extract() uses.
+        banks, _ = kaldi.get_mel_banks(
+            config.num_mel_bins, fft_size, float(config.sample_rate), 20.0, 0.0, VTLN_LOW, VTLN_HIGH, warp
         )
+        empty = int((banks.sum(dim=1) == 0).sum())
+        if empty:
+            warped = "" if warp == 1.0 else f" warped by {warp:g} (features.vtlp)"
+            raise ValueError(
+                f"num_mel_bins={config.num_mel_bins} is too many for sample_rate={config.sample_rate} with "
+                f"frame_length_ms={config.frame_length_ms:g}: {empty} mel filters{warped} contain no FFT bin"
+            )
 
 
 def add_dither(waveform: Tensor, amount: float, generator: torch.Generator | None = None) -> Tensor:
@@ -73,12 +80,12 @@ def add_dither(waveform: Tensor, amount: float, generator: torch.Generator | Non
     return waveform + amount * noise
 
 
-def log_mel_fbank(waveform: Tensor, config: FeatureConfig) -> Tensor:
-    """``waveform (N,)`` in int16 units -> log-mel filterbank ``(T, num_mel_bins)``."""
-    return kaldi.fbank(waveform.unsqueeze(0), num_mel_bins=config.num_mel_bins, **_kaldi_options(config))
+def log_mel_fbank(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
+    """``waveform (N,)`` in int16 units -> log-mel filterbank ``(T, num_mel_bins)``; ``warp``: VTLN factor."""
+    return kaldi.fbank(waveform.unsqueeze(0), num_mel_bins=config.num_mel_bins, **_kaldi_options(config, warp))
 
 
-def mfcc(waveform: Tensor, config: FeatureConfig) -> Tensor:
+def mfcc(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
     """``waveform (N,)`` in int16 units -> MFCC ``(T, num_ceps)`` (C0 included, liftered by 22 as in Kaldi).
 
     The DCT runs over ``config.num_mel_bins`` filters, so ``num_ceps=40`` over
@@ -88,16 +95,21 @@ def mfcc(waveform: Tensor, config: FeatureConfig) -> Tensor:
         waveform.unsqueeze(0),
         num_ceps=config.num_ceps,
         num_mel_bins=config.num_mel_bins,
-        **_kaldi_options(config),
+        **_kaldi_options(config, warp),
     )
 
 
 def extract(
-    waveform: Tensor, config: FeatureConfig, dither: float = 0.0, generator: torch.Generator | None = None
+    waveform: Tensor,
+    config: FeatureConfig,
+    dither: float = 0.0,
+    generator: torch.Generator | None = None,
+    warp: float = 1.0,
 ) -> Tensor:
     """Mono ``waveform (N,)`` float in [-1, 1] at ``config.sample_rate`` -> ``(T, base_dim)`` float32.
 
     ``dither`` is in int16 units (Kaldi's convention); pass 0 for inference.
+    ``warp`` is the VTLN factor of the mel filters (1.0 = none; VTLP draws it in training).
     Raises :class:`AudioError` if the waveform is shorter than one frame.
     """
     window, _ = frame_sizes(config)
@@ -110,11 +122,11 @@ def extract(
         )
     scaled = add_dither(waveform.float() * INT16_SCALE, dither, generator)
     if config.kind == "fbank":
-        return log_mel_fbank(scaled, config)
-    return mfcc(scaled, config)
+        return log_mel_fbank(scaled, config, warp)
+    return mfcc(scaled, config, warp)
 
 
-def _kaldi_options(config: FeatureConfig) -> dict:
+def _kaldi_options(config: FeatureConfig, warp: float) -> dict:
     # dither=0 here: the dither, if any, was already added with a reproducible generator.
     return dict(
         sample_frequency=float(config.sample_rate),
@@ -122,4 +134,7 @@ def _kaldi_options(config: FeatureConfig) -> dict:
         frame_shift=config.frame_shift_ms,
         dither=0.0,
         snip_edges=True,
+        vtln_low=VTLN_LOW,
+        vtln_high=VTLN_HIGH,
+        vtln_warp=warp,
     )

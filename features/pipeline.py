@@ -74,7 +74,8 @@ class FeaturePipeline:
         """``waveform (C, N)`` or ``(N,)``, float in [-1, 1] -> features ``(T, D)`` float32.
 
         ``train=True`` adds speed perturbation (if ``config.speed_perturb`` lists
-        factors), dither (if ``config.dither > 0``) and SpecAugment (if enabled),
+        factors), dither (if ``config.dither > 0``), VTLP (if ``config.vtlp`` gives
+        a range) and SpecAugment (if enabled),
         all drawn from ``generator``; ``train=False`` is deterministic.
         """
         feats = self._base_features(waveform, sample_rate, train, generator)
@@ -135,7 +136,7 @@ class FeaturePipeline:
     def _base_features(
         self, waveform: Tensor, sample_rate: int, train: bool, generator: torch.Generator | None
     ) -> Tensor:
-        """Downmix -> resample -> (speed perturbation, dither) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
+        """Downmix -> resample -> (speed perturbation, dither, VTLP) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
         rate = self.config.sample_rate
@@ -143,7 +144,8 @@ class FeaturePipeline:
         if train and self.config.speed_perturb:
             mono = speed_perturb(mono, rate, self.config.speed_perturb, generator)
         dither = self.config.dither if train else 0.0
-        feats = extract(mono, self.config, dither=dither, generator=generator)
+        warp = vtlp_factor(self.config.vtlp, generator) if train and self.config.vtlp else 1.0
+        feats = extract(mono, self.config, dither=dither, generator=generator, warp=warp)
         if self.config.deltas:
             feats = add_deltas(feats)
         return feats
@@ -163,6 +165,12 @@ def speed_perturb(
     if factor == 1.0:
         return waveform
     return resample(waveform, round(sample_rate * factor), sample_rate)
+
+
+def vtlp_factor(bounds: list[float], generator: torch.Generator | None = None) -> float:
+    """A VTLP warp factor drawn uniformly from ``bounds = [low, high]``."""
+    low, high = bounds
+    return low + (high - low) * float(torch.rand((), generator=generator))
 
 
 def _config_from_plain(data: dict) -> FeatureConfig:

@@ -10,6 +10,8 @@ import torch
 
 from asr.config import ConfigError, from_dict
 from asr.data import demo, espeak
+from asr.data.config import DataConfig, DigitsConfig
+from asr.data.corpus import load_split
 from asr.data.demo import (
     VOCABULARY,
     DemoConfig,
@@ -126,9 +128,28 @@ def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus,
     assert parse_transcripts(other["train"]) != parse_transcripts(again["train"])
 
 
+@pytest.mark.parametrize("splits", [["train", "dev", "test"], ["train"]])
+def test_a_recipe_adds_the_corpus_to_the_splits_it_lists(tiny_corpus, fsdd_recordings, splits):
+    # data.demo.splits=[train] adds the synthetic voices as training data only: a real-speech
+    # recipe's dev and test sets (here connected digits) stay as they were.
+    cache = tiny_corpus["train"].parents[2]
+    digits = DigitsConfig(utterances=6, dev_utterances=3, test_utterances=3, held_out_speaker="george")
+    config = DataConfig(
+        fsdd=str(fsdd_recordings), digits=digits, demo=DemoConfig(**TINY, enabled=True, splits=splits),
+        cache_dir=str(cache),
+    )
+    demo_speakers = set(speaker_ids(config.demo).values())
+    for split, built in (("train", 6), ("dev", 3), ("test", 3)):
+        utterances, _ = load_split(config, split)
+        synthetic = [u for u in utterances if u.speaker in demo_speakers]
+        assert len(synthetic) == (COUNTS[split] if split in splits else 0), split
+        assert len(utterances) - len(synthetic) == built
+
+
 def test_corpus_key_follows_generation_options_only():
     base = DemoConfig(**TINY)
     assert corpus_key(DemoConfig(**TINY, enabled=True)) == corpus_key(base)
+    assert corpus_key(DemoConfig(**TINY, splits=["train"])) == corpus_key(base)
     assert corpus_key(DemoConfig(**TINY, level_db=[-20, -3])) == corpus_key(base)  # ints spell the same floats
     for change in ({"noise": [0.001, 0.002]}, {"sample_rate": 8000}, {"test_utterances": 5}, {"seed": 3}):
         assert corpus_key(DemoConfig(**{**TINY, **change})) != corpus_key(base), change
@@ -150,6 +171,8 @@ def test_corpus_key_follows_generation_options_only():
         ({"noise": [-0.1, 0.0]}, "noise"),
         ({"level_db": [-10.0, 3.0]}, "level_db"),
         ({"sample_rate": 100}, "sample_rate"),
+        ({"splits": ["valid"]}, "splits"),
+        ({"splits": []}, "splits"),
     ],
 )
 def test_invalid_options_raise_errors_naming_the_field(change, field):

@@ -14,7 +14,7 @@ from torchaudio.compliance import kaldi
 from features.audio import AudioError, load_audio, resample, to_mono
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.deltas import add_deltas
-from features.filterbank import num_frames
+from features.filterbank import extract, num_frames
 from features.pipeline import FeaturePipeline, speed_perturb
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -221,9 +221,43 @@ def test_speed_perturbation_draws_from_the_generator_in_training_only(digit_wav)
         FeatureConfig(speed_perturb=[3.0])
 
 
+@pytest.mark.parametrize("warp", [0.9, 1.1])
+def test_vtlp_warp_moves_a_tone_as_scaling_its_frequency_would(warp):
+    # Within Kaldi's VTLN breakpoints (100 Hz to Nyquist - 500 Hz) a warp factor w shows a tone
+    # at f Hz in the mel filter where an unwarped filterbank shows f * w Hz, like speed
+    # perturbation by w does to pitch, but without changing the duration.
+    rate = 8000
+    config = FeatureConfig(sample_rate=rate, num_mel_bins=40)
+
+    def peak_filter(hz, warp):
+        tone = 0.5 * torch.sin(2 * math.pi * hz * torch.arange(rate) / rate)
+        feats = extract(tone, config, warp=warp)
+        assert feats.shape[0] == num_frames(rate, config)
+        return int(feats.mean(dim=0).argmax())
+
+    for hz in (500, 1000, 2000, 3000):
+        assert peak_filter(hz, warp) == peak_filter(hz * warp, 1.0) != peak_filter(hz, 1.0)
+
+
+def test_vtlp_draws_a_warp_per_training_utterance_from_the_generator(digit_wav):
+    waveform, sr = load_audio(digit_wav)
+    pipeline = FeaturePipeline(FeatureConfig(sample_rate=8000, vtlp=[0.9, 1.1]))
+    plain = FeaturePipeline(FeatureConfig(sample_rate=8000)).from_waveform(waveform, sr)
+    torch.testing.assert_close(pipeline.from_waveform(waveform, sr), plain, rtol=0, atol=0)
+    warped = [pipeline.from_waveform(waveform, sr, train=True, generator=seeded(s)) for s in range(3)]
+    torch.testing.assert_close(
+        warped[0], pipeline.from_waveform(waveform, sr, train=True, generator=seeded(0)), rtol=0, atol=0
+    )
+    assert all(w.shape == plain.shape for w in warped)  # the duration is kept
+    assert not torch.equal(warped[0], warped[1]) and not torch.equal(warped[0], plain)
+    for bad in ([1.1, 0.9], [0.5, 1.0], [0.9]):
+        with pytest.raises(ValueError, match="vtlp"):
+            FeatureConfig(vtlp=bad)
+
+
 def test_inference_is_deterministic_and_ignores_training_only_steps(libri_flac):
     training_config = FeatureConfig(
-        dither=1.0, mvn="utterance", speed_perturb=[0.9, 1.1],
+        dither=1.0, mvn="utterance", speed_perturb=[0.9, 1.1], vtlp=[0.9, 1.1],
         spec_augment=SpecAugmentConfig(enabled=True, time_warp=5),
     )
     pipeline = FeaturePipeline(training_config)
@@ -264,6 +298,10 @@ def test_more_mel_bins_than_the_spectrum_resolves_is_refused():
     with pytest.raises(ValueError, match="num_mel_bins=80"):
         FeaturePipeline(FeatureConfig(sample_rate=8000, frame_length_ms=10.0))
     FeaturePipeline(FeatureConfig(sample_rate=8000))  # the standard 25 ms window resolves all 80
+    # Warping squeezes some filters: 72 fit unwarped at 8 kHz, but not at VTLP's extremes.
+    FeaturePipeline(FeatureConfig(sample_rate=8000, num_mel_bins=72))
+    with pytest.raises(ValueError, match=r"warped by 1.3 \(features.vtlp\)"):
+        FeaturePipeline(FeatureConfig(sample_rate=8000, num_mel_bins=72, vtlp=[0.7, 1.3]))
 
 
 def test_non_float_waveform_is_rejected(digit_wav):

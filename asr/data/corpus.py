@@ -29,7 +29,7 @@ def load_split(
 
     A split gathers its LibriSpeech-layout subsets (``data.train``, ``data.dev``,
     ``data.test``), its part of the demo corpus (``data.demo``, synthesised
-    into the cache folder on first use) and its connected digits
+    into the cache folder on first use, where ``data.demo.splits`` lists the split) and its connected digits
     (:func:`asr.data.fsdd.connected_digits`).
     In a leave-one-speaker-out fold (``data.digits.held_out_speaker``) the dev
     split is the built one alone: ``data.dev`` is not read, because a shared dev
@@ -48,7 +48,7 @@ def load_split(
                 config.digits.held_out_speaker,
             )
         subsets = []
-    if config.demo.enabled:
+    if config.demo.enabled and split in config.demo.splits:
         # Synthesised on first use, then read from the cache like any LibriSpeech-layout subset.
         subsets = [*subsets, demo_corpus(config.demo, config.cache_dir or default_cache_dir())[split]]
     utterances = read_librispeech(subsets, report, config.cache_dir or None)

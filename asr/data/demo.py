@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 # rendering, layout), so corpora made by older code are not reused.
 FORMAT_VERSION = 1
 SPLITS = ("train", "dev", "test")
+USE_OPTIONS = ("enabled", "splits")  # how a recipe uses the corpus; they do not change its audio
 _CHAPTER = {"train": 1, "dev": 2, "test": 3}
 _FIRST_SPEAKER_ID = 100
 _RESAMPLE_BATCH = 32  # utterances resampled per call (see resample_batch)
@@ -84,6 +85,9 @@ class DemoConfig:
     """The synthetic demo corpus (the ``data.demo`` section of a recipe). See the module docstring."""
 
     enabled: bool = False  # true: generate (or reuse) the corpus and train/evaluate on it
+    # the recipe's splits the corpus joins: [train] adds its voices as training data only
+    # (e.g. more speakers for a real-speech recipe), leaving that recipe's dev and test sets as they are
+    splits: list[str] = field(default_factory=lambda: list(SPLITS))
     # 3000 utterances are about 1.6 hours of audio: enough for a small model to learn the
     # ~100-word vocabulary in minutes on a CPU; generating them takes well under a minute.
     train_utterances: int = 3000
@@ -116,6 +120,9 @@ class DemoConfig:
             # an empty split would be a folder without transcripts, which readers reject
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        unknown = sorted(set(self.splits) - set(SPLITS))
+        if unknown or not self.splits:
+            raise ValueError(f"splits must be a non-empty list of {', '.join(SPLITS)}, got {self.splits}")
         for name in ("train_voices", "test_voices"):
             voices = getattr(self, name)
             if not voices:
@@ -302,7 +309,8 @@ def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
 def corpus_key(config: DemoConfig) -> str:
     """Folder name of the corpus: a hash of the options that change it, the format and eSpeak versions."""
     options = asdict(config)
-    del options["enabled"]  # whether a recipe uses the corpus does not change it
+    for name in USE_OPTIONS:  # whether and where a recipe uses the corpus does not change it
+        del options[name]
     try:
         engine_version = importlib.metadata.version("espeakng-loader")
     except importlib.metadata.PackageNotFoundError:
@@ -447,6 +455,6 @@ def _write_description(
         f"Held-out test voices: {', '.join(config.test_voices)}\n",
         "Speaker ids per voice: voices.txt\n",
         f"Vocabulary ({len(VOCABULARY)} words): {' '.join(sorted(VOCABULARY))}\n",
-        f"\nOptions:\n{json.dumps({k: v for k, v in asdict(config).items() if k != 'enabled'}, indent=2)}\n",
+        f"\nOptions:\n{json.dumps({k: v for k, v in asdict(config).items() if k not in USE_OPTIONS}, indent=2)}\n",
     ]
     (folder / "README.txt").write_text("".join(lines), encoding="utf-8")
