@@ -29,8 +29,9 @@ from features.audio import AudioError
 from features.config import FeatureConfig
 
 INT16_SCALE = 32768.0
-# Kaldi's VTLN breakpoints (Hz; a negative high is an offset from Nyquist): between them the
-# frequency axis is scaled by 1/warp, outside them the warp bends to keep 20 Hz and Nyquist fixed.
+# Kaldi's VTLN breakpoints (Hz; a negative high is an offset from Nyquist). Between them a warp
+# factor w makes a tone at f Hz show in the filter that shows f * w Hz unwarped; outside them the
+# piecewise-linear warp bends so that 20 Hz and Nyquist stay where they are.
 VTLN_LOW = 100.0
 VTLN_HIGH = -500.0
 
