@@ -12,7 +12,10 @@ a comma before the ``=`` are tied: they take each value together. Positional
 overrides apply to every run. After training, each run's ``last.pt`` is
 evaluated with ``asr.evaluate --split dev``, and ``--split test`` where the
 recipe has a test split (a leave-one-speaker-out fold's held-out speaker,
-the demo corpus's held-out voices, ``data.test``). The study then writes
+the demo corpus's held-out voices, ``data.test``). With ``--average-last N``
+the evaluated model is instead the average of the run's last N epoch
+checkpoints (``asr.average --last N``, written as ``avg_lastN.pt``; its
+evaluations go to ``eval_avg_lastN_<split>``). The study then writes
 into ``--out``:
 
 - ``valid_loss.png``: the validation-loss curves of all runs over each other
@@ -181,10 +184,23 @@ def train_run(run: Run, recipe: Path, overrides: list[str], threads: int) -> Non
     logger.info("finished %s in %.1f min", run.name, seconds / 60)
 
 
-def evaluate_run(run: Run, split: str, beam: int) -> dict | None:
-    """``wer.json`` of ``last.pt`` on ``split`` (reused when newer than the checkpoint)."""
-    checkpoint = run.exp_dir / "last.pt"
-    out = run.exp_dir / f"eval_{split}"
+def average_run(run: Run, last: int) -> Path:
+    """``avg_last{last}.pt``: the mean of the run's last ``last`` epoch checkpoints (reused when newer than ``last.pt``)."""
+    averaged = run.exp_dir / f"avg_last{last}.pt"
+    if averaged.exists() and averaged.stat().st_mtime >= (run.exp_dir / "last.pt").stat().st_mtime:
+        return averaged
+    command = [sys.executable, "-m", "asr.average", str(run.exp_dir), "--last", str(last), "--out", str(averaged)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise StudyError(f"averaging the last {last} checkpoints of run {run.name} failed:\n{done.stderr[-2000:]}")
+    return averaged
+
+
+def evaluate_run(run: Run, split: str, beam: int, checkpoint: Path | None = None) -> dict | None:
+    """``wer.json`` of ``checkpoint`` (default ``last.pt``) on ``split`` (reused when newer than the checkpoint)."""
+    checkpoint = checkpoint or run.exp_dir / "last.pt"
+    prefix = "eval" if checkpoint.name == "last.pt" else f"eval_{checkpoint.stem}"
+    out = run.exp_dir / f"{prefix}_{split}"
     result = out / "wer.json"
     if result.exists() and result.stat().st_mtime >= checkpoint.stat().st_mtime:
         return json.loads(result.read_text())
@@ -196,6 +212,18 @@ def evaluate_run(run: Run, split: str, beam: int) -> dict | None:
     if done.returncode != 0:
         raise StudyError(f"evaluating run {run.name} on {split} failed:\n{done.stderr[-2000:]}")
     return json.loads(result.read_text())
+
+
+def check_average(last: int, recipe: Path, overrides: list[str]) -> None:
+    """Refuse ``--average-last`` values the runs cannot provide, before anything trains."""
+    train = load_experiment_config(recipe, overrides).train
+    if last < 0:
+        raise StudyError(f"--average-last must be 0 (off) or more, got {last}")
+    if last > min(train.keep_last, train.max_epochs):
+        raise StudyError(
+            f"--average-last {last}: each run keeps only its last {min(train.keep_last, train.max_epochs)} epoch checkpoints"
+            f" (train.keep_last={train.keep_last}, train.max_epochs={train.max_epochs})"
+        )
 
 
 def has_split(recipe: Path, overrides: list[str], split: str) -> bool:
@@ -269,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool", metavar="KEY", help="grid key to pool WER over (e.g. the held-out speaker)")
     parser.add_argument("--beam", type=int, default=1, help="beam size for the WER evaluations (default 1: greedy)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, sharing the CPU cores (default 1)")
+    parser.add_argument(
+        "--average-last", type=int, default=0, metavar="N",
+        help="evaluate the average of each run's last N epoch checkpoints instead of last.pt (default 0: last.pt)",
+    )
     return parser
 
 
@@ -286,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.pool is not None and args.pool not in grid:
             raise StudyError(f"--pool {args.pool!r} is not a grid key ({', '.join(grid)})")
         runs = plan_runs(args.recipe, args.overrides, grid, out)
+        if args.average_last:
+            check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
     except StudyError as err:
         parser.error(str(err))
     logger.info("%d runs: %s", len(runs), "; ".join(r.name for r in runs))
@@ -303,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         curves = load_curves([r.exp_dir for r in runs], [r.name for r in runs], tags)
         for run in runs:
+            model = average_run(run, args.average_last) if args.average_last else None
             for split in splits:
-                run.results[split] = evaluate_run(run, split, args.beam)
+                run.results[split] = evaluate_run(run, split, args.beam, model)
             loss = load_curves([run.exp_dir], [run.name], ["valid/loss"])["valid/loss"][0]
             best = loss.best()
             timing = run.exp_dir / "study_time.json"
@@ -322,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     plot(curves, image, zoom=True)
     command = "python -m asr.study " + shlex.join(sys.argv[1:] if argv is None else argv)
     report = [f"# Study: {args.recipe}", "", f"    {command}", "", f"![{', '.join(tags)}]({image.name})", ""]
-    report += ["WER of each run's last.pt, greedy" if args.beam == 1 else f"WER with beam {args.beam}", ""]
+    evaluated = f"the average of its last {args.average_last} epoch checkpoints" if args.average_last else "last.pt"
+    search = "greedy" if args.beam == 1 else f"beam {args.beam}"
+    report += [f"WER of each run's model ({evaluated}), {search}", ""]
     report.append(results_table(runs, grid, splits))
     if args.pool:
         report += [pooled_table(runs, grid, args.pool, splits)]

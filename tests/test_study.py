@@ -3,9 +3,11 @@
 import json
 
 import pytest
+import torch
 from test_train import RECIPE, TINY
 
 from asr import study
+from asr.checkpoint import load_checkpoint
 from asr.study import StudyError, folder_name, parse_grid, split_values
 
 
@@ -81,3 +83,32 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp
     capsys.readouterr()
     assert study.main(argv) == 0
     assert (checkpoint.stat().st_mtime_ns, evaluation.stat().st_mtime_ns) == stamps
+
+
+def test_average_last_evaluates_the_mean_of_the_last_epochs(tmp_path, capsys):
+    out = tmp_path / "study"
+    fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=2"]
+    argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "--out", str(out)]
+
+    # More epochs than a run keeps (or trains) is refused before anything trains.
+    with pytest.raises(SystemExit):
+        study.main([*argv, "--average-last", "3"])
+    error = capsys.readouterr().err
+    assert "--average-last 3" in error and "train.max_epochs=2" in error
+    assert not (out / "runs").exists()
+
+    assert study.main([*argv, "--average-last", "2"]) == 0
+    run = out / "runs" / "held_out_speaker-george"
+    averaged = load_checkpoint(run / "avg_last2.pt")["model"]
+    epochs = [load_checkpoint(run / f"epoch{e}.pt")["model"] for e in (0, 1)]
+    for name, tensor in averaged.items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(tensor, (epochs[0][name] + epochs[1][name]) / 2)
+    assert any(not torch.equal(epochs[0][n], epochs[1][n]) for n in averaged)  # the two epochs differ
+
+    results = json.loads((out / "results.json").read_text())
+    for split in ("dev", "test"):
+        assert results[0][split]["checkpoint"] == str(run / "avg_last2.pt")
+        assert (run / f"eval_avg_last2_{split}" / "wer.json").exists()
+    assert not (run / "eval_test").exists()  # last.pt itself was not evaluated
+    assert "the average of its last 2 epoch checkpoints" in (out / "results.md").read_text()
