@@ -2,6 +2,7 @@
 
 import logging
 import re
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -155,6 +156,18 @@ def test_corpus_key_follows_generation_options_only():
         assert corpus_key(DemoConfig(**{**TINY, **change})) != corpus_key(base), change
 
 
+def test_accents_times_variants_spell_out_the_training_voices():
+    crossed = DemoConfig(**{**TINY, "train_accents": ["en-us", "en"], "train_variants": ["m2", "klatt"]})
+    assert crossed.train_voices == ["en-us+m2", "en+m2", "en-us+klatt", "en+klatt"]
+    # A saved config names the voices themselves and rebuilds the same corpus.
+    saved = asdict(crossed)
+    assert saved["train_accents"] == saved["train_variants"] == []
+    assert corpus_key(DemoConfig(**saved)) == corpus_key(crossed)
+    assert corpus_key(DemoConfig(**{**TINY, "train_voices": crossed.train_voices})) == corpus_key(crossed)
+    # The defaults are the default accents crossed with the default variants.
+    assert DemoConfig(train_accents=list(demo._LANGUAGES), train_variants=list(demo._TRAIN_VARIANTS)) == DemoConfig()
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -162,6 +175,8 @@ def test_corpus_key_follows_generation_options_only():
         ({"test_voices": ["en-us+m3"]}, "test_voices"),  # also a training voice: not held out
         ({"train_voices": ["en-us"]}, "train_voices"),  # no variant
         ({"train_voices": ["en+m1", "en+m1"]}, "train_voices"),
+        ({"train_accents": ["en-us", "en"]}, "train_variants"),  # accents without variants
+        ({"train_accents": ["en-us", "en-us"], "train_variants": ["m1"]}, "train_voices"),
         ({"test_voices": []}, "test_voices"),
         ({"rate_wpm": [50, 100]}, "rate_wpm"),
         ({"pitch": [60, 40]}, "pitch"),

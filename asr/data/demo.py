@@ -95,6 +95,11 @@ class DemoConfig:
     test_utterances: int = 300
     # "<language>+<variant>" voices; dev uses the training voices, test must use others (held out)
     train_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_VOICES))
+    # Shorthand for many voices: when given, train_voices becomes every accent with every
+    # variant (variant-major, as the default list) and these two are emptied, so a saved
+    # config lists the voices themselves. Names: asr.data.espeak.available_variants().
+    train_accents: list[str] = field(default_factory=list)
+    train_variants: list[str] = field(default_factory=list)
     test_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TEST_VOICES))
     digit_fraction: float = 0.4  # share of utterances that are digit strings; the rest are commands
     digits_per_utterance: list[int] = field(default_factory=lambda: [1, 7])  # inclusive range of digits
@@ -120,6 +125,12 @@ class DemoConfig:
             # an empty split would be a folder without transcripts, which readers reject
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.train_accents or self.train_variants:
+            missing = "train_variants" if self.train_accents else "train_accents"
+            if not (self.train_accents and self.train_variants):
+                raise ValueError(f"{missing} is empty: give train_accents and train_variants together (or train_voices)")
+            self.train_voices = [f"{a}+{v}" for v in self.train_variants for a in self.train_accents]
+            self.train_accents, self.train_variants = [], []
         unknown = sorted(set(self.splits) - set(SPLITS))
         if unknown or not self.splits:
             raise ValueError(f"splits must be a non-empty list of {', '.join(SPLITS)}, got {self.splits}")
@@ -311,6 +322,7 @@ def corpus_key(config: DemoConfig) -> str:
     options = asdict(config)
     for name in USE_OPTIONS:  # whether and where a recipe uses the corpus does not change it
         del options[name]
+    del options["train_accents"], options["train_variants"]  # always empty: spelled out in train_voices
     try:
         engine_version = importlib.metadata.version("espeakng-loader")
     except importlib.metadata.PackageNotFoundError:
