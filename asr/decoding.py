@@ -388,11 +388,16 @@ def decode(
     ``beam_size == 1`` without CTC, beam search otherwise. ``options`` are
     :func:`beam_search`'s keywords (those only beam search uses are ignored by
     greedy search). Returns B token-id lists."""
+    return search(model, model.encode(features, feature_lengths), beam_size, **options)
+
+
+@torch.no_grad()
+def search(model, encoder: EncoderOutput, beam_size: int = 1, **options) -> list[list[int]]:
+    """:func:`decode` after the encoder: greedy or beam search on ``encoder`` (B utterances)."""
     unknown = sorted(set(options) - _SEARCH_OPTIONS)
     if unknown:
         known = ", ".join(sorted(_SEARCH_OPTIONS))
         raise TypeError(f"decode() got unknown option(s) {', '.join(unknown)}; known: {known}")
-    encoder = model.encode(features, feature_lengths)
     if beam_size == 1 and options.get("ctc_weight", 0.0) == 0.0:
         return greedy_search(model, encoder, **{k: v for k, v in options.items() if k in _GREEDY_OPTIONS})
     return beam_search(model, encoder, beam_size=beam_size, **options)

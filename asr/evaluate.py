@@ -3,6 +3,7 @@
     python -m asr.evaluate --checkpoint exp/fsdd_las/last.pt --data ../shared/data/fsdd_connected/LibriSpeech/fsdd-dev
     python -m asr.evaluate --checkpoint exp/librispeech100/best_epoch30.pt --data /data/LibriSpeech/test-clean --beam 10
     python -m asr.evaluate --checkpoint exp/demo/last.pt --split test
+    python -m asr.evaluate --checkpoint exp/a/avg_last5.pt exp/b/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05
 
 ``--split dev`` or ``--split test`` reads that split as the recipe stored in
 the checkpoint defines it (its ``data.dev``/``data.test`` folders and any
@@ -17,6 +18,13 @@ and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
 "utterances": ...}`` plus the counts, timing and settings). Prints the WER
 line and the real-time factor: wall time of feature extraction plus search,
 divided by the audio duration (what a user waits per second of speech).
+
+Several checkpoints are decoded as one ensemble (the mean of their
+next-token distributions; they must share tokenizer and features), and
+``--vtln-warps`` adds test-time VTLN: each speaker is decoded under every
+candidate warp and keeps the one the model scores highest, without reading
+any transcript (see :mod:`asr.inference`). The chosen warps and every
+candidate's mean score go into ``wer.json``.
 
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training).
@@ -41,14 +49,20 @@ from asr.data.corpus import load_split
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError, SkipReport
 from asr.experiment import experiment_config_from_dict
-from asr.inference import load_recogniser
+from asr.inference import load_recogniser, warp_list
 from asr.metrics import alignment_report, error_rates
 from features.audio import AudioError
+from features.filterbank import check_mel_filters
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asr.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint written by asr.train or asr.average")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        nargs="+",
+        help="a checkpoint written by asr.train or asr.average; several are decoded as an ensemble",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="a LibriSpeech-layout subset folder")
     source.add_argument("--split", choices=["dev", "test"], help="a split of the recipe stored in the checkpoint")
@@ -56,7 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ctc-weight", type=float, default=0.0, help="CTC prefix score weight in beam search")
     parser.add_argument("--length-penalty", type=float, default=0.0, help="score added per emitted token in beam search")
     parser.add_argument("--batch-size", type=int, default=16, help="utterances decoded together")
-    parser.add_argument("--out", help="output folder (default: <checkpoint folder>/eval_<data folder name>)")
+    parser.add_argument(
+        "--vtln-warps",
+        type=warp_list,
+        help="test-time VTLN: candidate warps, a comma list (0.9,1.0,1.1) or LOW:HIGH:STEP (0.8:1.2:0.05), "
+        "one chosen per speaker by the model's own score",
+    )
+    parser.add_argument(
+        "--out",
+        help="output folder (default: <first checkpoint's folder>/eval_<data folder name or split>, "
+        "eval_ensemble<N>_... for N checkpoints)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     return parser
 
@@ -72,12 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ctc-weight must be in [0, 1], got {args.ctc_weight}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    checkpoint = Path(args.checkpoint)
+    checkpoints = [Path(c) for c in args.checkpoint]
+    checkpoint = checkpoints[0]  # its recipe defines --split
     name = Path(args.data).name if args.data else args.split
+    if len(checkpoints) > 1:
+        name = f"ensemble{len(checkpoints)}_{name}"
     out = Path(args.out) if args.out else checkpoint.parent / f"eval_{name}"
     # Cheap checks first, so a typo in a path fails before the model is loaded.
-    if not checkpoint.is_file():
-        parser.error(f"checkpoint not found: {checkpoint}")
+    for path in checkpoints:
+        if not path.is_file():
+            parser.error(f"checkpoint not found: {path}")
     report = SkipReport()
     try:
         if args.data:
@@ -100,9 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().most_common())
         parser.error(f"{where}: no usable utterances ({counts or 'it lists none'})")
     try:
-        recogniser = load_recogniser(checkpoint, args.device)
+        recogniser = load_recogniser(checkpoints if len(checkpoints) > 1 else checkpoint, args.device)
     except CheckpointError as err:
         parser.error(str(err))
+    if args.vtln_warps:
+        try:
+            check_mel_filters(recogniser.pipeline.config, args.vtln_warps)
+        except ValueError as err:
+            parser.error(f"--vtln-warps: {err}")
     if args.ctc_weight > 0 and getattr(recogniser.config.model, "ctc_weight", 0.0) == 0:
         parser.error(f"--ctc-weight {args.ctc_weight}: {checkpoint} was trained without a CTC head (model.ctc_weight=0)")
 
@@ -112,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     options = {"ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty}
     start = time.perf_counter()
     try:
-        texts = recogniser.transcribe_utterances(by_length, beam_size=args.beam, batch_size=args.batch_size, **options)
+        texts = recogniser.transcribe_utterances(
+            by_length, beam_size=args.beam, batch_size=args.batch_size, warps=args.vtln_warps, **options
+        )
     except (AudioError, DataError) as err:  # the header was readable but the samples are not
         parser.error(str(err))
     elapsed = time.perf_counter() - start
@@ -137,9 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         "rtf": elapsed / audio_seconds if audio_seconds > 0 else None,
         "beam": args.beam,
         **options,
-        "checkpoint": str(checkpoint),
+        "checkpoint": str(checkpoint) if len(checkpoints) == 1 else [str(c) for c in checkpoints],
         "data": where,
     }
+    if args.vtln_warps:
+        summary["vtln_warps"] = recogniser.chosen_warps
+        summary["vtln_scores"] = {
+            speaker: {f"{w:g}": score for w, score in scores.items()} for speaker, scores in recogniser.warp_scores.items()
+        }
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"WER {100 * rates['wer']:.2f}% (S={rates['substitutions']} D={rates['deletions']} "

@@ -1,14 +1,32 @@
-"""A trained model ready to transcribe, rebuilt from one checkpoint file.
+"""A trained model ready to transcribe, rebuilt from one checkpoint file (or several, as an ensemble).
 
 The checkpoint carries the config, the tokenizer and the feature pipeline
 (with its global MVN statistics), so nothing else is needed. Features are
 computed by :class:`features.pipeline.FeaturePipeline` exactly as in training
 (``train=False``: no dither, no SpecAugment).
+
+Two ways to meet a speaker the model has never heard, both optional:
+
+- **Ensemble.** :func:`load_recogniser` given several checkpoints decodes with
+  the mean of their next-token distributions (:class:`asr.models.ensemble.Ensemble`).
+  They must share the tokenizer and the feature pipeline (the same recipe
+  trained with different seeds, say).
+- **Test-time VTLN** (``warps`` of :meth:`Recogniser.transcribe_utterances`).
+  Each speaker's utterances are decoded under every candidate warp of the mel
+  filters, and the speaker keeps the warp under which the model is most sure of
+  its own transcripts: the highest mean log-probability of the hypotheses it
+  found (``(1 - ctc_weight) * log p_att + ctc_weight * log p_ctc``, ``<eos>``
+  included). No transcript is read: this is Kaldi's maximum-likelihood VTLN
+  warp search with the recogniser's own score in place of the GMM likelihood.
+  It costs one decoding per candidate warp.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import functools
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,9 +37,11 @@ from asr.data.batching import collate
 from asr.data.dataset import load_utterance_audio
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import Utterance
-from asr.decoding import decode
+from asr.decoding import search, sequence_log_probs
 from asr.experiment import ExperimentConfig, build_model, experiment_config_from_dict
+from asr.models.ensemble import Ensemble
 from features.audio import AudioError
+from features.filterbank import check_mel_filters
 from features.pipeline import FeaturePipeline
 
 
@@ -32,8 +52,11 @@ class Recogniser:
     model: torch.nn.Module
     tokenizer: Tokenizer
     pipeline: FeaturePipeline
-    config: ExperimentConfig
+    config: ExperimentConfig  # the first checkpoint's, for an ensemble
     device: torch.device
+    # Set by transcribe_utterances with warps: speaker -> the warp chosen, and the mean score of each warp.
+    chosen_warps: dict[str, float] = field(default_factory=dict)
+    warp_scores: dict[str, dict[float, float]] = field(default_factory=dict)
 
     @torch.no_grad()
     def transcribe_features(self, features: list[torch.Tensor], beam_size: int = 1, **options) -> list[str]:
@@ -44,43 +67,167 @@ class Recogniser:
         searched under its own length mask, so batching changes results only
         by float rounding.
         """
+        texts, _ = self._decode(features, beam_size, score=False, **options)
+        return texts
+
+    @torch.no_grad()
+    def _decode(
+        self, features: list[torch.Tensor], beam_size: int, score: bool, **options
+    ) -> tuple[list[str], list[float] | None]:
+        """Transcripts of a batch and, with ``score``, the model's log-probability of each (module docstring)."""
         if not features:
-            return []
+            return [], []
         batch = collate(
             [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
         ).to(self.device)
-        hyps = decode(self.model, batch.features, batch.feature_lengths, beam_size=beam_size, **options)
-        return [self.tokenizer.decode(h) for h in hyps]
+        encoder = self.model.encode(batch.features, batch.feature_lengths)
+        hyps = search(self.model, encoder, beam_size=beam_size, **options)
+        texts = [self.tokenizer.decode(h) for h in hyps]
+        if not score:
+            return texts, None
+        scores = sequence_log_probs(self.model, encoder, hyps, ctc_weight=options.get("ctc_weight", 0.0))
+        return texts, scores.tolist()
 
     def transcribe_files(
-        self, paths: list[str | Path], beam_size: int = 1, batch_size: int = 16, **options
+        self,
+        paths: list[str | Path],
+        beam_size: int = 1,
+        batch_size: int = 16,
+        warps: list[float] | None = None,
+        speaker: str = "files",
+        **options,
     ) -> list[str]:
-        """Transcribe audio files (any sample rate, wav or flac), ``batch_size`` at a time."""
-        return self._in_batches(paths, self.pipeline.from_file, beam_size, batch_size, **options)
+        """Transcribe audio files (any sample rate, wav or flac), ``batch_size`` at a time.
+
+        With ``warps`` (test-time VTLN), the files are taken as one speaker's,
+        named ``speaker`` in :attr:`chosen_warps`.
+        """
+        return self._transcribe(paths, [speaker] * len(paths), self._file_features, beam_size, batch_size, warps, **options)
 
     def transcribe_utterances(
-        self, utterances: list[Utterance], beam_size: int = 1, batch_size: int = 16, **options
+        self,
+        utterances: list[Utterance],
+        beam_size: int = 1,
+        batch_size: int = 16,
+        warps: list[float] | None = None,
+        **options,
     ) -> list[str]:
-        """Transcribe corpus utterances (files or in-memory audio), ``batch_size`` at a time."""
-        return self._in_batches(utterances, self._utterance_features, beam_size, batch_size, **options)
+        """Transcribe corpus utterances (files or in-memory audio), ``batch_size`` at a time.
 
-    def _utterance_features(self, utt: Utterance) -> torch.Tensor:
+        ``warps``: candidate VTLN factors for test-time VTLN (module docstring),
+        chosen per ``Utterance.speaker``; the choices are left in
+        :attr:`chosen_warps` and the mean score of every candidate in
+        :attr:`warp_scores`. ``None`` decodes without a warp.
+        """
+        speakers = [u.speaker for u in utterances]
+        return self._transcribe(utterances, speakers, self._utterance_features, beam_size, batch_size, warps, **options)
+
+    def _transcribe(
+        self, items: list, speakers: list[str], featurise, beam_size: int, batch_size: int, warps, **options
+    ) -> list[str]:
+        """Transcripts of ``items`` (``featurise(item, warp)`` gives features), with test-time VTLN
+        per speaker when ``warps`` lists candidates."""
+        if not warps:
+            texts, _ = self._in_batches(items, featurise, beam_size, batch_size, False, **options)
+            return texts
+        check_mel_filters(self.pipeline.config, warps)
+        by_speaker: dict[str, list[int]] = defaultdict(list)
+        for i, speaker in enumerate(speakers):
+            by_speaker[speaker].append(i)
+        texts = [""] * len(items)
+        for speaker, indices in by_speaker.items():
+            own = [items[i] for i in indices]
+            best = None
+            scores = {}
+            # Nearest to no warp first, so that a tie keeps the smaller change.
+            for warp in sorted(set(warps), key=lambda w: (abs(w - 1.0), w)):
+                warped = functools.partial(featurise, warp=warp)
+                found, logp = self._in_batches(own, warped, beam_size, batch_size, True, **options)
+                scores[warp] = sum(logp) / len(logp)
+                if best is None or scores[warp] > scores[best[0]]:
+                    best = (warp, found)
+            self.chosen_warps[speaker] = best[0]
+            self.warp_scores[speaker] = dict(sorted(scores.items()))
+            for i, text in zip(indices, best[1]):
+                texts[i] = text
+        return texts
+
+    def _file_features(self, path: str | Path, warp: float | None = None) -> torch.Tensor:
+        return self.pipeline.from_file(path, warp=warp)
+
+    def _utterance_features(self, utt: Utterance, warp: float | None = None) -> torch.Tensor:
         waveform, rate = load_utterance_audio(utt)
         try:
-            return self.pipeline.from_waveform(waveform, rate)
+            return self.pipeline.from_waveform(waveform, rate, warp=warp)
         except AudioError as err:
             raise AudioError(f"{utt.source} (utterance {utt.id}): {err}") from err
 
-    def _in_batches(self, items: list, featurise, beam_size: int, batch_size: int, **options) -> list[str]:
-        """``featurise`` each item and decode ``batch_size`` of them at a time; one transcript per item."""
+    def _in_batches(
+        self, items: list, featurise, beam_size: int, batch_size: int, score: bool, **options
+    ) -> tuple[list[str], list[float]]:
+        """``featurise`` each item and decode ``batch_size`` of them at a time: a transcript per item,
+        and with ``score`` its log-probability (else the list is empty)."""
         texts: list[str] = []
+        scores: list[float] = []
         for start in range(0, len(items), batch_size):
             chunk = [featurise(item) for item in items[start : start + batch_size]]
-            texts += self.transcribe_features(chunk, beam_size=beam_size, **options)
-        return texts
+            found, logp = self._decode(chunk, beam_size, score, **options)
+            texts += found
+            scores += logp or []
+        return texts, scores
 
-def load_recogniser(checkpoint: str | Path, device: str = "cpu") -> Recogniser:
-    """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``)."""
+def load_recogniser(checkpoint: str | Path | list[str | Path], device: str = "cpu") -> Recogniser:
+    """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``).
+
+    A list of several checkpoints gives one recogniser decoding with their
+    :class:`~asr.models.ensemble.Ensemble`; they must have equal tokenizers and
+    feature pipelines (config and MVN statistics), or :class:`CheckpointError`
+    names the first that differs.
+    """
+    if isinstance(checkpoint, (str, Path)):
+        return _load_one(checkpoint, device)
+    if not checkpoint:
+        raise CheckpointError("no checkpoint given")
+    members = [_load_one(path, device) for path in checkpoint]
+    first = members[0]
+    for path, member in zip(checkpoint[1:], members[1:]):
+        for what, mine, theirs in (
+            ("tokenizer", member.tokenizer.state_dict(), first.tokenizer.state_dict()),
+            ("feature pipeline", _inference_features(member.pipeline), _inference_features(first.pipeline)),
+        ):
+            if not _equal(mine, theirs):
+                raise CheckpointError(
+                    f"cannot decode {path} together with {checkpoint[0]}: their {what}s differ "
+                    "(an ensemble's members must share the tokenizer and the features)"
+                )
+    if len(members) == 1:
+        return first
+    model = Ensemble([member.model for member in members]).eval()
+    return Recogniser(model, first.tokenizer, first.pipeline, first.config, first.device)
+
+
+# Feature settings used only in training: members may differ in them and still see the same features.
+_TRAINING_ONLY_FEATURES = ("dither", "speed_perturb", "vtlp", "spec_augment")
+
+
+def _inference_features(pipeline: FeaturePipeline) -> dict:
+    state = pipeline.state_dict()
+    config = {k: v for k, v in state["config"].items() if k not in _TRAINING_ONLY_FEATURES}
+    return {**state, "config": config}
+
+
+def _equal(a, b) -> bool:
+    """Equality of nested dicts/lists that may hold tensors."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _load_one(checkpoint: str | Path, device: str) -> Recogniser:
     state = load_checkpoint(checkpoint)
     try:
         config = experiment_config_from_dict(state["config"])
@@ -95,3 +242,22 @@ def load_recogniser(checkpoint: str | Path, device: str = "cpu") -> Recogniser:
         raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
     target = torch.device(device)
     return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target)
+
+
+def warp_list(text: str) -> list[float]:
+    """``--vtln-warps``: ``0.9,1.0,1.1`` or ``LOW:HIGH:STEP`` (both ends included) -> sorted warps."""
+    try:
+        if ":" in text:
+            low, high, step = (float(x) for x in text.split(":"))
+            if step <= 0 or high < low:
+                raise ValueError
+            count = round((high - low) / step) + 1
+            warps = [round(low + i * step, 6) for i in range(count)]
+        else:
+            warps = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of warps or LOW:HIGH:STEP with LOW <= HIGH")
+    bad = [w for w in warps if not 0.7 <= w <= 1.3]  # the bounds of features.vtlp
+    if bad:
+        raise argparse.ArgumentTypeError(f"warp {bad[0]:g} is outside [0.7, 1.3]")
+    return sorted(set(warps))

@@ -1,8 +1,13 @@
 """Transcribe audio files with a trained checkpoint.
 
     python -m asr.transcribe exp/fsdd_las/last.pt a.wav b.flac [--beam 4]
+    python -m asr.transcribe exp/a/avg_last5.pt --with exp/b/avg_last5.pt --vtln-warps 0.8:1.2:0.05 one_speaker/*.wav
 
-Prints one ``<path>\\t<transcript>`` line per file, in the order given. Any
+Prints one ``<path>\\t<transcript>`` line per file, in the order given.
+``--with`` adds checkpoints decoded together with the first as an ensemble;
+``--vtln-warps`` takes the files as one speaker's and chooses their test-time
+VTLN warp by the model's own score (see :mod:`asr.inference`), printed on
+stderr. Any
 sample rate works (audio is resampled to the model's rate); wav and flac are
 read with soundfile. A file that cannot be read is reported on stderr by name,
 the others are still transcribed, and the exit status is 1.
@@ -14,14 +19,23 @@ import argparse
 import sys
 
 from asr.checkpoint import CheckpointError
-from asr.inference import load_recogniser
+from asr.inference import load_recogniser, warp_list
 from features.audio import AudioError
+from features.filterbank import check_mel_filters
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asr.transcribe", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint")
     parser.add_argument("audio", nargs="+")
+    parser.add_argument(
+        "--with", dest="others", action="append", default=[], metavar="CHECKPOINT",
+        help="another checkpoint to decode with as an ensemble (repeat for more)",
+    )
+    parser.add_argument(
+        "--vtln-warps", type=warp_list,
+        help="test-time VTLN over these warps (0.9,1.0,1.1 or LOW:HIGH:STEP); the files are one speaker's",
+    )
     parser.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
     parser.add_argument("--ctc-weight", type=float, default=0.0, help="CTC prefix score weight in beam search")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
@@ -29,11 +43,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.beam < 1:
         parser.error(f"--beam must be at least 1, got {args.beam}")
     try:
-        recogniser = load_recogniser(args.checkpoint, args.device)
+        recogniser = load_recogniser([args.checkpoint, *args.others] if args.others else args.checkpoint, args.device)
     except CheckpointError as err:
         parser.error(str(err))
+    if args.vtln_warps:
+        try:
+            check_mel_filters(recogniser.pipeline.config, args.vtln_warps)
+        except ValueError as err:
+            parser.error(f"--vtln-warps: {err}")
     if args.ctc_weight > 0 and getattr(recogniser.config.model, "ctc_weight", 0.0) == 0:
         parser.error(f"--ctc-weight {args.ctc_weight}: {args.checkpoint} was trained without a CTC head")
+    if args.vtln_warps:
+        return _transcribe_one_speaker(recogniser, args)
     failed = 0
     for path in args.audio:
         # One file at a time: output appears as it is ready, and one bad file costs nothing else.
@@ -46,6 +67,28 @@ def main(argv: list[str] | None = None) -> int:
             failed += 1
             continue
         print(f"{path}\t{text}", flush=True)
+    return 1 if failed else 0
+
+
+def _transcribe_one_speaker(recogniser, args) -> int:
+    """All files at once under the warp chosen for them together; unreadable files are named and left out."""
+    usable, failed = [], 0
+    for path in args.audio:
+        try:
+            recogniser.pipeline.from_file(path)
+        except (AudioError, ValueError) as err:
+            message = str(err) if path in str(err) else f"{path}: {err}"
+            print(f"error: {message}", file=sys.stderr)
+            failed += 1
+        else:
+            usable.append(path)
+    if usable:
+        texts = recogniser.transcribe_files(
+            usable, beam_size=args.beam, warps=args.vtln_warps, ctc_weight=args.ctc_weight
+        )
+        for path, text in zip(usable, texts):
+            print(f"{path}\t{text}", flush=True)
+        print(f"VTLN warp {recogniser.chosen_warps['files']:g} for these {len(usable)} files", file=sys.stderr)
     return 1 if failed else 0
 
 

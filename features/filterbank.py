@@ -21,6 +21,8 @@ per-frame DC removal, power spectrum, mel filters from 20 Hz to Nyquist,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor
 from torchaudio.compliance import kaldi
@@ -50,23 +52,25 @@ def num_frames(num_samples: int, config: FeatureConfig) -> int:
     return 0 if num_samples < window else 1 + (num_samples - window) // shift
 
 
-def check_mel_filters(config: FeatureConfig) -> None:
+def check_mel_filters(config: FeatureConfig, test_warps: Iterable[float] = ()) -> None:
     """Raise ``ValueError`` if some mel filter covers no FFT bin (too many bins for the rate and window).
 
     Such a filter's output is a constant log(epsilon) column: harmless-looking
     but pure noise after MVN, so it is refused up front. With VTLP both ends
-    of the warp range are checked too.
+    of the warp range are checked too, and so are ``test_warps`` (test-time VTLN).
     """
     window, _ = frame_sizes(config)
     fft_size = 1 << (window - 1).bit_length()  # Kaldi rounds the window up to a power of two
-    for warp in sorted({1.0, *config.vtlp}):
+    test_warps = set(test_warps)
+    for warp in sorted({1.0, *config.vtlp, *test_warps}):
         # low_freq=20, high_freq=Nyquist and the VTLN breakpoints: the defaults extract() uses.
         banks, _ = kaldi.get_mel_banks(
             config.num_mel_bins, fft_size, float(config.sample_rate), 20.0, 0.0, VTLN_LOW, VTLN_HIGH, warp
         )
         empty = int((banks.sum(dim=1) == 0).sum())
         if empty:
-            warped = "" if warp == 1.0 else f" warped by {warp:g} (features.vtlp)"
+            source = "test-time VTLN" if warp in test_warps else "features.vtlp"
+            warped = "" if warp == 1.0 else f" warped by {warp:g} ({source})"
             raise ValueError(
                 f"num_mel_bins={config.num_mel_bins} is too many for sample_rate={config.sample_rate} with "
                 f"frame_length_ms={config.frame_length_ms:g}: {empty} mel filters{warped} contain no FFT bin"

@@ -70,6 +70,7 @@ class FeaturePipeline:
         sample_rate: int,
         train: bool = False,
         generator: torch.Generator | None = None,
+        warp: float | None = None,
     ) -> Tensor:
         """``waveform (C, N)`` or ``(N,)``, float in [-1, 1] -> features ``(T, D)`` float32.
 
@@ -77,8 +78,11 @@ class FeaturePipeline:
         factors), dither (if ``config.dither > 0``), VTLP (if ``config.vtlp`` gives
         a range) and SpecAugment (if enabled),
         all drawn from ``generator``; ``train=False`` is deterministic.
+        ``warp`` fixes the mel filters' VTLN factor instead (test-time VTLN, see
+        :meth:`asr.inference.Recogniser.transcribe_utterances`); ``None`` means VTLP's draw
+        in training and no warp (1.0) otherwise.
         """
-        feats = self._base_features(waveform, sample_rate, train, generator)
+        feats = self._base_features(waveform, sample_rate, train, generator, warp)
         feats = apply_mvn(feats, self.config.mvn, self.stats)
         if train and self.config.spec_augment.enabled:
             # After MVN, 0 is the mean; without MVN fill with the utterance mean (see features.specaugment).
@@ -86,11 +90,17 @@ class FeaturePipeline:
             feats = spec_augment(feats, self.config.spec_augment, generator, fill=fill)
         return feats
 
-    def from_file(self, path: str | Path, train: bool = False, generator: torch.Generator | None = None) -> Tensor:
+    def from_file(
+        self,
+        path: str | Path,
+        train: bool = False,
+        generator: torch.Generator | None = None,
+        warp: float | None = None,
+    ) -> Tensor:
         """Features ``(T, D)`` of an audio file; exactly ``from_waveform(*load_audio(path), ...)``."""
         waveform, sample_rate = load_audio(path)
         try:
-            return self.from_waveform(waveform, sample_rate, train=train, generator=generator)
+            return self.from_waveform(waveform, sample_rate, train=train, generator=generator, warp=warp)
         except AudioError as err:
             raise AudioError(f"{path}: {err}") from err
 
@@ -134,7 +144,12 @@ class FeaturePipeline:
         return cls(config, None if stats is None else GlobalStats.from_state_dict(stats))
 
     def _base_features(
-        self, waveform: Tensor, sample_rate: int, train: bool, generator: torch.Generator | None
+        self,
+        waveform: Tensor,
+        sample_rate: int,
+        train: bool,
+        generator: torch.Generator | None,
+        warp: float | None = None,
     ) -> Tensor:
         """Downmix -> resample -> (speed perturbation, dither, VTLP) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
         if not torch.is_floating_point(waveform):
@@ -144,7 +159,8 @@ class FeaturePipeline:
         if train and self.config.speed_perturb:
             mono = speed_perturb(mono, rate, self.config.speed_perturb, generator)
         dither = self.config.dither if train else 0.0
-        warp = vtlp_factor(self.config.vtlp, generator) if train and self.config.vtlp else 1.0
+        if warp is None:
+            warp = vtlp_factor(self.config.vtlp, generator) if train and self.config.vtlp else 1.0
         feats = extract(mono, self.config, dither=dither, generator=generator, warp=warp)
         if self.config.deltas:
             feats = add_deltas(feats)

@@ -14,7 +14,7 @@ from torchaudio.compliance import kaldi
 from features.audio import AudioError, load_audio, resample, to_mono
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.deltas import add_deltas
-from features.filterbank import extract, num_frames
+from features.filterbank import check_mel_filters, extract, num_frames
 from features.pipeline import FeaturePipeline, speed_perturb
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -255,6 +255,21 @@ def test_vtlp_draws_a_warp_per_training_utterance_from_the_generator(digit_wav):
             FeatureConfig(vtlp=bad)
 
 
+def test_a_given_warp_replaces_the_vtlp_draw_in_training_and_inference(digit_wav):
+    waveform, sr = load_audio(digit_wav)
+    pipeline = FeaturePipeline(FeatureConfig(sample_rate=8000, num_mel_bins=40, vtlp=[0.8, 1.2], dither=0.0))
+    plain = pipeline.from_waveform(waveform, sr)
+    torch.testing.assert_close(pipeline.from_waveform(waveform, sr, warp=1.0), plain, rtol=0, atol=0)
+    warped = pipeline.from_waveform(waveform, sr, warp=0.9)
+    assert warped.shape == plain.shape and not torch.equal(warped, plain)
+    direct = extract(resample(to_mono(waveform), sr, 8000), pipeline.config, warp=0.9)
+    torch.testing.assert_close(warped, direct, rtol=0, atol=0)
+    # In training (no other random step here) the given warp is used whatever the generator.
+    for seed in range(3):
+        trained = pipeline.from_waveform(waveform, sr, train=True, generator=seeded(seed), warp=0.9)
+        torch.testing.assert_close(trained, warped, rtol=0, atol=0)
+
+
 def test_inference_is_deterministic_and_ignores_training_only_steps(libri_flac):
     training_config = FeatureConfig(
         dither=1.0, mvn="utterance", speed_perturb=[0.9, 1.1], vtlp=[0.9, 1.1],
@@ -302,6 +317,9 @@ def test_more_mel_bins_than_the_spectrum_resolves_is_refused():
     FeaturePipeline(FeatureConfig(sample_rate=8000, num_mel_bins=72))
     with pytest.raises(ValueError, match=r"warped by 1.3 \(features.vtlp\)"):
         FeaturePipeline(FeatureConfig(sample_rate=8000, num_mel_bins=72, vtlp=[0.7, 1.3]))
+    # So do test-time VTLN warps, named as such.
+    with pytest.raises(ValueError, match=r"warped by 1.3 \(test-time VTLN\)"):
+        check_mel_filters(FeatureConfig(sample_rate=8000, num_mel_bins=72), [1.0, 1.3])
 
 
 def test_non_float_waveform_is_rejected(digit_wav):

@@ -6,6 +6,7 @@ and error paths on 16 kHz LibriVox speech), and a tiny LAS trained for two
 epochs on real FSDD audio through ``asr.train`` (for beam search, batching,
 averaging and a checkpoint the trainer wrote)."""
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -16,11 +17,11 @@ from conftest import PROJECT_ROOT
 from test_train import TINY, tiny_valid
 
 from asr import average, evaluate, transcribe
-from asr.checkpoint import load_checkpoint, save_checkpoint
+from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
 from asr.experiment import ExperimentConfig, build_model, experiment_config_to_dict
-from asr.inference import load_recogniser
+from asr.inference import load_recogniser, warp_list
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
@@ -243,3 +244,83 @@ def test_average_last_two_epochs_of_a_real_run(trained):
             torch.testing.assert_close(tensor, (first["model"][name] + second["model"][name]) / 2)
     assert averaged["tokenizer"] == second["tokenizer"]
     load_recogniser(exp / "avg_last2.pt")  # a usable, self-contained checkpoint
+
+
+# ---------------------------------------------------------------- ensembles and test-time VTLN
+
+
+def test_ensemble_of_two_checkpoints_evaluates_and_names_its_members(trained):
+    exp, valid = trained
+    members = [str(exp / "epoch0.pt"), str(exp / "last.pt")]
+    assert evaluate.main(["--checkpoint", *members, "--data", str(valid)]) == 0
+    result = json.loads((exp / "eval_ensemble2_valid").joinpath("wer.json").read_text())  # default folder
+    assert result["checkpoint"] == members and result["utterances"] == 6
+    # One checkpoint given twice is that checkpoint: the mean of equal distributions.
+    alone = load_recogniser(exp / "last.pt")
+    twice = load_recogniser([exp / "last.pt", exp / "last.pt"])
+    utterances = read_subset(valid)
+    assert twice.transcribe_utterances(utterances) == alone.transcribe_utterances(utterances)
+
+
+def test_ensemble_members_must_share_tokenizer_and_features(trained, untrained):
+    exp, _ = trained
+    with pytest.raises(CheckpointError, match=rf"cannot decode {re.escape(str(untrained))} together with .*tokenizers differ"):
+        load_recogniser([exp / "last.pt", untrained])
+
+
+def test_test_time_vtln_keeps_each_speakers_best_scored_warp(trained):
+    exp, valid = trained
+    recogniser = load_recogniser(exp / "last.pt")
+    # Two made-up speakers of three utterances each.
+    utterances = [dataclasses.replace(u, speaker="ab"[i % 2]) for i, u in enumerate(read_subset(valid))]
+    warps = [0.9, 1.0, 1.1]
+    texts = recogniser.transcribe_utterances(utterances, warps=warps)
+    assert set(recogniser.chosen_warps) == {"a", "b"}
+    for speaker, chosen in recogniser.chosen_warps.items():
+        scores = recogniser.warp_scores[speaker]
+        assert list(scores) == warps and chosen == max(scores, key=scores.get)
+        own = [u for u in utterances if u.speaker == speaker]
+        texts_alone = [t for u, t in zip(utterances, texts) if u.speaker == speaker]
+        # Each speaker's choice is its own: the same without the other speaker, and the same as decoding
+        # every utterance under the chosen warp.
+        assert recogniser.transcribe_utterances(own, warps=warps) == texts_alone
+        assert recogniser.transcribe_utterances(own, warps=[chosen]) == texts_alone
+    # A single candidate of 1.0 is plain decoding.
+    assert recogniser.transcribe_utterances(utterances, warps=[1.0]) == recogniser.transcribe_utterances(utterances)
+
+
+def test_evaluate_with_vtln_writes_the_chosen_warps(trained, tmp_path):
+    exp, valid = trained
+    out = tmp_path / "vtln"
+    argv = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid), "--out", str(out), "--vtln-warps", "0.9:1.1:0.1"]
+    assert evaluate.main(argv) == 0
+    result = json.loads((out / "wer.json").read_text())
+    assert list(result["vtln_warps"]) == ["9000"]  # the folder's one speaker
+    assert list(result["vtln_scores"]["9000"]) == ["0.9", "1", "1.1"]
+    scores = result["vtln_scores"]["9000"]
+    assert result["vtln_warps"]["9000"] == float(max(scores, key=scores.get))
+
+
+def test_vtln_warp_lists_are_parsed_and_checked(untrained, librivox_mini, capsys):
+    assert warp_list("0.8:1.2:0.1") == [0.8, 0.9, 1.0, 1.1, 1.2]
+    assert warp_list("1.1,0.9,1.1") == [0.9, 1.1]
+    for bad, reason in (("1.2:0.8:0.1", "LOW <= HIGH"), ("0.9,x", "not a comma list"), ("0.5,1.0", "outside [0.7, 1.3]")):
+        argv = ["--checkpoint", str(untrained), "--data", str(librivox_mini), "--vtln-warps", bad]
+        message = _one_line_error(capsys, lambda argv=argv: evaluate.main(argv))
+        assert "--vtln-warps" in message and reason in message
+
+
+def test_transcribe_with_an_ensemble_and_vtln_matches_the_recogniser(trained, capsys, fsdd_recordings, tmp_path):
+    exp, _ = trained
+    files = [fsdd_recordings / f"{d}_nicolas_{t}.wav" for d, t in [(3, 0), (7, 2), (1, 4)]]
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"not audio")
+    argv = [str(exp / "last.pt"), "--with", str(exp / "epoch0.pt"), "--vtln-warps", "0.9,1.0,1.1"]
+    assert transcribe.main([*argv, str(files[0]), str(bad), *map(str, files[1:])]) == 1
+    captured = capsys.readouterr()
+    assert [line.split("\t")[0] for line in captured.out.splitlines()] == list(map(str, files))
+    recogniser = load_recogniser([exp / "last.pt", exp / "epoch0.pt"])
+    expected = recogniser.transcribe_files(files, warps=[0.9, 1.0, 1.1])
+    assert [line.split("\t", 1)[1] for line in captured.out.splitlines()] == expected
+    assert str(bad) in captured.err
+    assert f"VTLN warp {recogniser.chosen_warps['files']:g} for these 3 files" in captured.err
