@@ -15,8 +15,12 @@ recipe has a test split (a leave-one-speaker-out fold's held-out speaker,
 the demo corpus's held-out voices, ``data.test``). With ``--average-last N``
 the evaluated model is instead the average of the run's last N epoch
 checkpoints (``asr.average --last N``, written as ``avg_lastN.pt``; its
-evaluations go to ``eval_avg_lastN_<split>``). The study then writes
-into ``--out``:
+evaluations go to ``eval_avg_lastN_<split>``). With ``--vtln-warps`` every
+model is also scored with test-time VTLN (``asr.evaluate --vtln-warps``,
+into ``..._<split>_vtln``), beside the plain score. With ``--ensemble KEY``
+(a grid key, typically the seed) the runs that differ only in KEY are also
+decoded together as one ensemble, into ``--out``/``ensembles/<other values>``.
+The study then writes into ``--out``:
 
 - ``valid_loss.png``: the validation-loss curves of all runs over each other
   (drawn by :mod:`asr.compare`, y axis fitted to the epochs after the first;
@@ -25,7 +29,8 @@ into ``--out``:
   best validation loss, dev and test WER, and training minutes; and, when
   ``--pool KEY`` names a grid key (e.g. the held-out speaker), the WER pooled
   over that key's values (errors summed over words summed) for each
-  combination of the other keys.
+  combination of the other keys; with ``--ensemble``, the same for the
+  ensembles.
 
 A study is resumable: a finished run (its folder holds ``study_time.json``)
 is not trained again, an interrupted one (``last.pt`` but no
@@ -55,6 +60,7 @@ from asr.config import ConfigError
 from asr.data.corpus import load_split
 from asr.data.report import DataError, SkipReport
 from asr.experiment import load_experiment_config
+from asr.inference import warp_list
 
 logger = logging.getLogger("asr.study")
 
@@ -196,21 +202,49 @@ def average_run(run: Run, last: int) -> Path:
     return averaged
 
 
-def evaluate_run(run: Run, split: str, beam: int, checkpoint: Path | None = None) -> dict | None:
-    """``wer.json`` of ``checkpoint`` (default ``last.pt``) on ``split`` (reused when newer than the checkpoint)."""
-    checkpoint = checkpoint or run.exp_dir / "last.pt"
-    prefix = "eval" if checkpoint.name == "last.pt" else f"eval_{checkpoint.stem}"
-    out = run.exp_dir / f"{prefix}_{split}"
+@dataclass(frozen=True)
+class Scoring:
+    """One way of scoring each model: a split, plain or with test-time VTLN over ``warps``."""
+
+    split: str
+    warps: str | None = None  # asr.evaluate's --vtln-warps value
+
+    @property
+    def name(self) -> str:
+        """Key in results.json and suffix of the evaluation folder."""
+        return f"{self.split}_vtln" if self.warps else self.split
+
+    @property
+    def label(self) -> str:
+        return f"{self.split} WER %" + (" (VTLN)" if self.warps else "")
+
+
+def evaluate_run(
+    name: str, checkpoints: list[Path], folder: Path, scoring: Scoring, beam: int, threads: int
+) -> dict | None:
+    """``wer.json`` of ``checkpoints`` (several: an ensemble) scored as ``scoring`` says, in ``folder``.
+
+    The evaluation goes to ``folder/eval_<split>`` for a ``last.pt``, else
+    ``folder/eval_<checkpoint name>_<split>`` (``_vtln`` added with VTLN), and
+    is reused when its ``wer.json`` is newer than every checkpoint.
+    """
+    stem = checkpoints[0].stem
+    prefix = "eval" if stem == "last" else f"eval_{stem}"
+    out = folder / f"{prefix}_{scoring.name}"
     result = out / "wer.json"
-    if result.exists() and result.stat().st_mtime >= checkpoint.stat().st_mtime:
+    if result.exists() and all(result.stat().st_mtime >= c.stat().st_mtime for c in checkpoints):
         return json.loads(result.read_text())
     command = [
-        sys.executable, "-m", "asr.evaluate", "--checkpoint", str(checkpoint),
-        "--split", split, "--beam", str(beam), "--out", str(out),
+        sys.executable, "-m", "asr.evaluate", "--checkpoint", *map(str, checkpoints),
+        "--split", scoring.split, "--beam", str(beam), "--out", str(out),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if scoring.warps:
+        command += ["--vtln-warps", scoring.warps]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    logger.info("evaluating %s on %s", name, scoring.name)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
-        raise StudyError(f"evaluating run {run.name} on {split} failed:\n{done.stderr[-2000:]}")
+        raise StudyError(f"evaluating {name} on {scoring.name} failed:\n{done.stderr[-2000:]}")
     return json.loads(result.read_text())
 
 
@@ -254,35 +288,61 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def results_table(runs: list[Run], grid: dict[str, list[str]], splits: list[str]) -> str:
-    """One row per run: grid values, validation loss (final, best and its epoch), WER per split, minutes."""
+def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Scoring]) -> str:
+    """One row per run: grid values, validation loss (final, best and its epoch), WER per scoring, minutes."""
     keys = list(grid)
     header = [*(short_key(k) for k in keys), "final valid loss", "best valid loss (epoch)"]
-    header += [f"{split} WER %" for split in splits] + ["train min"]
+    header += [s.label for s in scorings] + ["train min"]
     align = ["---"] * len(keys) + ["---:"] * (len(header) - len(keys))
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     for run in runs:
         r = run.results
         best = f"{_num(r.get('best_valid_loss'))} ({r.get('best_epoch', 'n/a')})"
         cells = [run.values[k] for k in keys] + [_num(r.get("final_valid_loss")), best]
-        cells += [_pct(r[s]["wer"]) if r.get(s) else "n/a" for s in splits]
+        cells += [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
         minutes = r.get("train_seconds")
         cells.append("n/a" if minutes is None else f"{minutes / 60:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, splits: list[str]) -> str:
-    """WER pooled over ``pool_key``'s values, one row per combination of the other keys."""
+def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, scorings: list[Scoring]) -> str:
+    """WER pooled over ``pool_key``'s values, one row per combination of the other keys of ``grid``."""
     others = [k for k in grid if k != pool_key]
     pooled_over = f"pooled over {len(grid[pool_key])} {short_key(pool_key)}"
-    header = [short_key(k) for k in others] + [f"{s} WER % ({pooled_over})" for s in splits]
-    align = ["---"] * len(others) + ["---:"] * len(splits)
+    header = [short_key(k) for k in others] + [f"{s.label} ({pooled_over})" for s in scorings]
+    align = ["---"] * len(others) + ["---:"] * len(scorings)
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     for combination in itertools.product(*(grid[k] for k in others)):
         fixed = dict(zip(others, combination))
         group = [r for r in runs if all(r.values[k] == v for k, v in fixed.items())]
-        cells = list(combination) + [_pct(pooled(group, s)) for s in splits]
+        cells = list(combination) + [_pct(pooled(group, s.name)) for s in scorings]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plan_ensembles(runs: list[Run], grid: dict[str, list[str]], key: str, out: Path) -> list[tuple[Run, list[Run]]]:
+    """For ``--ensemble key``: one (ensemble, members) pair per combination of the other grid keys,
+    the members being the runs over all of ``key``'s values. The ensemble is a :class:`Run` without
+    ``key`` in its values, with its folder under ``out/ensembles``."""
+    others = [k for k in grid if k != key]
+    ensembles = []
+    for combination in itertools.product(*(grid[k] for k in others)):
+        values = dict(zip(others, combination))
+        members = [r for r in runs if all(r.values[k] == v for k, v in values.items())]
+        ensembles.append((Run(values, out / "ensembles" / (folder_name(values) or "all")), members))
+    return ensembles
+
+
+def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, scorings: list[Scoring]) -> str:
+    """One row per ensemble: the other grid values and its WER per scoring."""
+    others = [k for k in grid if k != key]
+    header = [short_key(k) for k in others] + [s.label for s in scorings]
+    align = ["---"] * len(others) + ["---:"] * len(scorings)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    for ensemble in ensembles:
+        r = ensemble.results
+        cells = [ensemble.values[k] for k in others] + [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -296,10 +356,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tag", action="append", dest="tags", metavar="TAG", help="curves to plot (default valid/loss)")
     parser.add_argument("--pool", metavar="KEY", help="grid key to pool WER over (e.g. the held-out speaker)")
     parser.add_argument("--beam", type=int, default=1, help="beam size for the WER evaluations (default 1: greedy)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, sharing the CPU cores (default 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained (and models evaluated) at once, sharing the CPU cores (default 1)")
     parser.add_argument(
         "--average-last", type=int, default=0, metavar="N",
         help="evaluate the average of each run's last N epoch checkpoints instead of last.pt (default 0: last.pt)",
+    )
+    parser.add_argument(
+        "--vtln-warps", metavar="WARPS",
+        help="also score every model with test-time VTLN over these warps (asr.evaluate --vtln-warps)",
+    )
+    parser.add_argument(
+        "--ensemble", metavar="KEY",
+        help="grid key (e.g. train.seed) whose runs are also decoded together as one ensemble",
     )
     return parser
 
@@ -317,6 +385,15 @@ def main(argv: list[str] | None = None) -> int:
         grid = parse_grid(args.grid)
         if args.pool is not None and args.pool not in grid:
             raise StudyError(f"--pool {args.pool!r} is not a grid key ({', '.join(grid)})")
+        if args.ensemble is not None and args.ensemble not in grid:
+            raise StudyError(f"--ensemble {args.ensemble!r} is not a grid key ({', '.join(grid)})")
+        if args.ensemble is not None and args.ensemble == args.pool:
+            raise StudyError(f"--ensemble and --pool name the same key {args.ensemble!r}")
+        if args.vtln_warps:
+            try:
+                warp_list(args.vtln_warps)  # a bad list fails now, not after training
+            except argparse.ArgumentTypeError as err:
+                raise StudyError(f"--vtln-warps: {err}") from None
         runs = plan_runs(args.recipe, args.overrides, grid, out)
         if args.average_last:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
@@ -333,13 +410,30 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *runs[0].overrides()], "test") else [])
+    scorings = [Scoring(split) for split in splits]
+    if args.vtln_warps:
+        scorings += [Scoring(split, args.vtln_warps) for split in splits]
     tags = args.tags or ["valid/loss"]
+    models = {}  # run name -> the checkpoint evaluated
+
+    def score_run(run: Run) -> None:
+        model = average_run(run, args.average_last) if args.average_last else run.exp_dir / "last.pt"
+        models[run.name] = model
+        for scoring in scorings:
+            run.results[scoring.name] = evaluate_run(f"run {run.name}", [model], run.exp_dir, scoring, args.beam, threads)
+
+    def score_ensemble(ensemble: Run, members: list[Run], scoring: Scoring) -> None:
+        checkpoints = [models[m.name] for m in members]
+        ensemble.results[scoring.name] = evaluate_run(
+            f"the ensemble of {', '.join(m.name for m in members)}", checkpoints, ensemble.exp_dir, scoring, args.beam, threads
+        )
+
     try:
         curves = load_curves([r.exp_dir for r in runs], [r.name for r in runs], tags)
+        # Evaluations run --jobs at a time, like training.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(score_run, runs))
         for run in runs:
-            model = average_run(run, args.average_last) if args.average_last else None
-            for split in splits:
-                run.results[split] = evaluate_run(run, split, args.beam, model)
             loss = load_curves([run.exp_dir], [run.name], ["valid/loss"])["valid/loss"][0]
             best = loss.best()
             timing = run.exp_dir / "study_time.json"
@@ -349,6 +443,13 @@ def main(argv: list[str] | None = None) -> int:
                 best_epoch=best[1] if best else None,
                 train_seconds=json.loads(timing.read_text())["train_seconds"] if timing.exists() else None,
             )
+        ensembles = plan_ensembles(runs, grid, args.ensemble, out) if args.ensemble else []
+        for ensemble, members in ensembles:
+            ensemble.exp_dir.mkdir(parents=True, exist_ok=True)
+            (ensemble.exp_dir / "members.txt").write_text("".join(f"{models[m.name]}\n" for m in members))
+        tasks = [(e, members, scoring) for e, members in ensembles for scoring in scorings]
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda task: score_ensemble(*task), tasks))
     except (CompareError, StudyError) as err:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
@@ -360,13 +461,23 @@ def main(argv: list[str] | None = None) -> int:
     evaluated = f"the average of its last {args.average_last} epoch checkpoints" if args.average_last else "last.pt"
     search = "greedy" if args.beam == 1 else f"beam {args.beam}"
     report += [f"WER of each run's model ({evaluated}), {search}", ""]
-    report.append(results_table(runs, grid, splits))
+    if args.vtln_warps:
+        report += [f"VTLN: test-time warp chosen per speaker from {args.vtln_warps} by the model's own score", ""]
+    report.append(results_table(runs, grid, scorings))
     if args.pool:
-        report += [pooled_table(runs, grid, args.pool, splits)]
+        report += [pooled_table(runs, grid, args.pool, scorings)]
+    if ensembles:
+        ensemble_grid = {k: v for k, v in grid.items() if k != args.ensemble}
+        members = f"{len(grid[args.ensemble])} runs, one per {short_key(args.ensemble)}"
+        report += [f"Ensembles: the mean next-token distribution of {members}", ""]
+        report.append(ensemble_table([e for e, _ in ensembles], grid, args.ensemble, scorings))
+        if args.pool:
+            report += [pooled_table([e for e, _ in ensembles], ensemble_grid, args.pool, scorings)]
     (out / "results.md").write_text("\n".join(report))
-    (out / "results.json").write_text(
-        json.dumps([{"name": r.name, "values": r.values, **r.results} for r in runs], indent=2) + "\n"
-    )
+    rows = [{"name": r.name, "values": r.values, **r.results} for r in runs]
+    rows += [{"name": f"ensemble {e.name}", "values": e.values, "ensemble": [m.name for m in members], **e.results}
+             for e, members in ensembles]
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     sys.stdout.write("\n".join(report[6:]))
     print(f"wrote {image}, {out / 'results.md'} and {out / 'results.json'}")
     return 0

@@ -112,3 +112,39 @@ def test_average_last_evaluates_the_mean_of_the_last_epochs(tmp_path, capsys):
         assert (run / f"eval_avg_last2_{split}" / "wer.json").exists()
     assert not (run / "eval_test").exists()  # last.pt itself was not evaluated
     assert "the average of its last 2 epoch checkpoints" in (out / "results.md").read_text()
+
+
+def test_seeds_ensembled_and_scored_with_and_without_vtln(tmp_path, capsys):
+    out = tmp_path / "study"
+    fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
+    argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "train.seed=0,1"]
+    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker"]
+
+    # Wrong uses fail before anything trains.
+    for extra, message in [
+        (["--ensemble", "train.seeds"], "not a grid key"),
+        (["--ensemble", "data.digits.held_out_speaker"], "same key"),
+        (["--ensemble", "train.seed", "--vtln-warps", "1.2:0.8:0.1"], "--vtln-warps"),
+    ]:
+        with pytest.raises(SystemExit):
+            study.main([*argv, *extra])
+        assert message in capsys.readouterr().err
+    assert not (out / "runs").exists()
+
+    assert study.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0"]) == 0
+    results = {r["name"]: r for r in json.loads((out / "results.json").read_text())}
+    runs = ["held_out_speaker=george,seed=0", "held_out_speaker=george,seed=1"]
+    ensemble = results["ensemble held_out_speaker=george"]
+    assert ensemble["ensemble"] == runs and ensemble["values"] == {"data.digits.held_out_speaker": "george"}
+    folders = [out / "runs" / f"held_out_speaker-george_seed-{s}" for s in (0, 1)]
+    for row in [results[r] for r in runs] + [ensemble]:
+        for scoring in ("dev", "test", "dev_vtln", "test_vtln"):
+            assert row[scoring]["utterances"] == 4, scoring
+        assert "vtln_warps" not in row["test"]
+        assert set(row["test_vtln"]["vtln_warps"]) == {"george"}  # the held-out speaker gets one warp
+        assert row["test_vtln"]["vtln_warps"]["george"] in (0.9, 1.0)
+    assert ensemble["test"]["checkpoint"] == [str(f / "last.pt") for f in folders]
+    assert (out / "ensembles" / "held_out_speaker-george" / "eval_test_vtln" / "wer.json").exists()
+    table = (out / "results.md").read_text()
+    assert "test WER % (VTLN)" in table and "Ensembles: the mean next-token distribution of 2 runs" in table
+    assert f"| george | {100 * ensemble['dev']['wer']:.2f} | {100 * ensemble['test']['wer']:.2f} |" in table
