@@ -4,6 +4,8 @@
     python -m asr.study recipes/fsdd_las.yaml train.max_epochs=10 --grid model.listener.pyramidal=true,false
     python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson,nicolas,yweweler
     python -m asr.study recipes/fsdd_transformer.yaml --grid model.encoder.layer_norm,model.decoder.layer_norm=pre,post
+    python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson train.seed,data.seed=0,1 \\
+        --pool data.digits.held_out_speaker --ensemble train.seed,data.seed --average-last 5 --vtln-warps 0.8:1.2:0.05
 
 Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
 its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
