@@ -76,7 +76,7 @@ class Recogniser:
     ) -> tuple[list[str], list[float] | None]:
         """Transcripts of a batch and, with ``score``, the model's log-probability of each (module docstring)."""
         if not features:
-            return [], []
+            return [], ([] if score else None)
         batch = collate(
             [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
         ).to(self.device)
@@ -175,6 +175,7 @@ class Recogniser:
             texts += found
             scores += logp or []
         return texts, scores
+
 
 def load_recogniser(checkpoint: str | Path | list[str | Path], device: str = "cpu") -> Recogniser:
     """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``).
