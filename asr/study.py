@@ -290,13 +290,19 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
+def markdown_table(header: list[str], text_columns: int, rows: list[list[str]]) -> str:
+    """A Markdown table: the first ``text_columns`` columns left-aligned, the numbers after them right-aligned."""
+    align = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
+    lines = [header, align, *rows]
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+
+
 def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Scoring]) -> str:
     """One row per run: grid values, validation loss (final, best and its epoch), WER per scoring, minutes."""
     keys = list(grid)
     header = [*(short_key(k) for k in keys), "final valid loss", "best valid loss (epoch)"]
     header += [s.label for s in scorings] + ["train min"]
-    align = ["---"] * len(keys) + ["---:"] * (len(header) - len(keys))
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    rows = []
     for run in runs:
         r = run.results
         best = f"{_num(r.get('best_valid_loss'))} ({r.get('best_epoch', 'n/a')})"
@@ -304,8 +310,8 @@ def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Sc
         cells += [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
         minutes = r.get("train_seconds")
         cells.append("n/a" if minutes is None else f"{minutes / 60:.1f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table(header, len(keys), rows)
 
 
 def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, scorings: list[Scoring]) -> str:
@@ -313,14 +319,12 @@ def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, sco
     others = [k for k in grid if k != pool_key]
     pooled_over = f"pooled over {len(grid[pool_key])} {short_key(pool_key)}"
     header = [short_key(k) for k in others] + [f"{s.label} ({pooled_over})" for s in scorings]
-    align = ["---"] * len(others) + ["---:"] * len(scorings)
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    rows = []
     for combination in itertools.product(*(grid[k] for k in others)):
         fixed = dict(zip(others, combination))
         group = [r for r in runs if all(r.values[k] == v for k, v in fixed.items())]
-        cells = list(combination) + [_pct(pooled(group, s.name)) for s in scorings]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(list(combination) + [_pct(pooled(group, s.name)) for s in scorings])
+    return markdown_table(header, len(others), rows)
 
 
 def plan_ensembles(runs: list[Run], grid: dict[str, list[str]], key: str, out: Path) -> list[tuple[Run, list[Run]]]:
@@ -340,13 +344,11 @@ def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, s
     """One row per ensemble: the other grid values and its WER per scoring."""
     others = [k for k in grid if k != key]
     header = [short_key(k) for k in others] + [s.label for s in scorings]
-    align = ["---"] * len(others) + ["---:"] * len(scorings)
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    rows = []
     for ensemble in ensembles:
         r = ensemble.results
-        cells = [ensemble.values[k] for k in others] + [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append([ensemble.values[k] for k in others] + [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings])
+    return markdown_table(header, len(others), rows)
 
 
 def build_parser() -> argparse.ArgumentParser:
