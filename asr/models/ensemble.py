@@ -34,7 +34,10 @@ class EnsembleEncoderOutput(EncoderOutput):
     members: list[EncoderOutput] = field(default_factory=list)
 
     def index_select(self, index: torch.Tensor) -> EnsembleEncoderOutput:
-        return _combine([member.index_select(index) for member in self.members])
+        # Rows of the already averaged CTC posteriors: no second average, no second length check.
+        base = super().index_select(index)
+        members = [member.index_select(index) for member in self.members]
+        return EnsembleEncoderOutput(base.out, base.mask, base.lengths, base.ctc_log_probs, members)
 
 
 def _combine(members: list[EncoderOutput]) -> EnsembleEncoderOutput:
