@@ -4,6 +4,7 @@
     python -m asr.evaluate --checkpoint exp/librispeech100/best_epoch30.pt --data /data/LibriSpeech/test-clean --beam 10
     python -m asr.evaluate --checkpoint exp/demo/last.pt --split test
     python -m asr.evaluate --checkpoint exp/a/avg_last5.pt exp/b/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05
+    python -m asr.evaluate --checkpoint exp/a/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05 --adapt-rounds 2
 
 ``--split dev`` or ``--split test`` reads that split as the recipe stored in
 the checkpoint defines it (its ``data.dev``/``data.test`` folders and any
@@ -24,7 +25,11 @@ next-token distributions; they must share tokenizer and features), and
 ``--vtln-warps`` adds test-time VTLN: each speaker is decoded under every
 candidate warp and keeps the one the model scores highest, without reading
 any transcript (see :mod:`asr.inference`). The chosen warps and every
-candidate's mean score go into ``wer.json``.
+candidate's mean score go into ``wer.json``. ``--adapt-rounds N`` adapts
+the models to each speaker without transcripts (:mod:`asr.adapt`: fine-tune
+on the model's own transcripts, decode again, N times) and records the WER
+before adaptation and after every round in ``wer.json``; the time it takes
+counts in the real-time factor.
 
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training).
@@ -42,6 +47,7 @@ import sys
 import time
 from pathlib import Path
 
+from asr.adapt import AdaptationSettings, adapt_and_transcribe
 from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data import report as reasons
@@ -76,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="test-time VTLN: candidate warps, a comma list (0.9,1.0,1.1) or LOW:HIGH:STEP (0.8:1.2:0.05), "
         "one chosen per speaker by the model's own score",
     )
+    adapt = parser.add_argument_group("unsupervised speaker adaptation (asr.adapt)")
+    adapt.add_argument(
+        "--adapt-rounds",
+        type=int,
+        default=0,
+        help="fine-tune on each speaker's own transcripts and decode again, this many times (0 = off)",
+    )
+    adapt.add_argument("--adapt-epochs", type=int, default=AdaptationSettings.epochs, help="passes per round")
+    adapt.add_argument("--adapt-lr", type=float, default=AdaptationSettings.lr, help="Adam learning rate")
     parser.add_argument(
         "--out",
         help="output folder (default: <first checkpoint's folder>/eval_<data folder name or split>, "
@@ -94,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     if not 0.0 <= args.ctc_weight <= 1.0:
         parser.error(f"--ctc-weight must be in [0, 1], got {args.ctc_weight}")
+    adaptation = None
+    if args.adapt_rounds:
+        try:
+            adaptation = AdaptationSettings(rounds=args.adapt_rounds, epochs=args.adapt_epochs, lr=args.adapt_lr)
+        except ValueError as err:
+            parser.error(f"--adapt-rounds/--adapt-epochs/--adapt-lr: {err}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     checkpoints = [Path(c) for c in args.checkpoint]
@@ -144,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     # With --beam 1 and no CTC weight, decode() runs greedy search and ignores the length penalty.
     options = {"ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty}
     start = time.perf_counter()
+    decode = dict(beam_size=args.beam, batch_size=args.batch_size, warps=args.vtln_warps, **options)
     try:
-        texts = recogniser.transcribe_utterances(
-            by_length, beam_size=args.beam, batch_size=args.batch_size, warps=args.vtln_warps, **options
-        )
+        if adaptation:
+            adapted = adapt_and_transcribe(recogniser, by_length, adaptation, **decode)
+            texts = adapted.texts
+        else:
+            texts = recogniser.transcribe_utterances(by_length, **decode)
     except (AudioError, DataError) as err:  # the header was readable but the samples are not
         parser.error(str(err))
     elapsed = time.perf_counter() - start
@@ -180,12 +204,27 @@ def main(argv: list[str] | None = None) -> int:
         summary["vtln_scores"] = {
             speaker: {f"{w:g}": score for w, score in scores.items()} for speaker, scores in recogniser.warp_scores.items()
         }
+    if adaptation:
+        # The references score each round here; adaptation itself never reads them.
+        rounds = [dict(zip((u.id for u in by_length), round_texts)) for round_texts in adapted.texts_per_round]
+        summary["adaptation"] = {
+            "rounds": adaptation.rounds,
+            "epochs": adaptation.epochs,
+            "lr": adaptation.lr,
+            "wer_per_round": [error_rates(refs, [r[i] for i in ids], ids)["wer"] for r in rounds],
+            "warps": adapted.warps,
+            "untranscribed": adapted.untranscribed,
+            "nonfinite_steps": adapted.nonfinite_steps,
+        }
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"WER {100 * rates['wer']:.2f}% (S={rates['substitutions']} D={rates['deletions']} "
         f"I={rates['insertions']} N={rates['ref_words']}) CER {100 * rates['cer']:.2f}% "
         f"on {len(usable)} utterances of {where}" + (f" ({len(report)} skipped)" if len(report) else "")
     )
+    if adaptation:
+        per_round = " -> ".join(f"{100 * w:.2f}%" for w in summary["adaptation"]["wer_per_round"])
+        print(f"WER before adaptation and after each round: {per_round}")
     rtf = f"{summary['rtf']:.4f}" if summary["rtf"] is not None else "n/a"
     print(f"real-time factor {rtf} ({elapsed:.1f} s for {audio_seconds:.1f} s of audio); results in {out}")
     return 0

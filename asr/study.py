@@ -19,7 +19,10 @@ the evaluated model is instead the average of the run's last N epoch
 checkpoints (``asr.average --last N``, written as ``avg_lastN.pt``; its
 evaluations go to ``eval_avg_lastN_<split>``). With ``--vtln-warps`` every
 model is also scored with test-time VTLN (``asr.evaluate --vtln-warps``,
-into ``..._<split>_vtln``), beside the plain score. With ``--ensemble KEY``
+into ``..._<split>_vtln``), beside the plain score, and with
+``--adapt-rounds N`` adapted to each speaker without transcripts as well
+(``asr.evaluate --adapt-rounds N``, after VTLN when it is on; into
+``..._<split>[_vtln]_adapt``). With ``--ensemble KEY``
 (a grid key, typically the seed) the runs that differ only in KEY are also
 decoded together as one ensemble, into ``--out``/``ensembles/<other values>``.
 The study then writes into ``--out``:
@@ -206,19 +209,23 @@ def average_run(run: Run, last: int) -> Path:
 
 @dataclass(frozen=True)
 class Scoring:
-    """One way of scoring each model: a split, plain or with test-time VTLN over ``warps``."""
+    """One way of scoring each model: a split, plain or with test-time VTLN over ``warps``,
+    then adapted to each speaker for ``adapt_rounds`` rounds (none when 0)."""
 
     split: str
     warps: str | None = None  # asr.evaluate's --vtln-warps value
+    adapt_rounds: int = 0     # asr.evaluate's --adapt-rounds value
 
     @property
     def name(self) -> str:
         """Key in results.json and suffix of the evaluation folder."""
-        return f"{self.split}_vtln" if self.warps else self.split
+        return self.split + ("_vtln" if self.warps else "") + ("_adapt" if self.adapt_rounds else "")
 
     @property
     def label(self) -> str:
-        return f"{self.split} WER %" + (" (VTLN)" if self.warps else "")
+        rounds = f"{self.adapt_rounds} round" + ("s" if self.adapt_rounds > 1 else "")
+        how = (["VTLN"] if self.warps else []) + ([f"adapted, {rounds}"] if self.adapt_rounds else [])
+        return f"{self.split} WER %" + (f" ({', '.join(how)})" if how else "")
 
 
 def evaluate_run(
@@ -227,7 +234,8 @@ def evaluate_run(
     """``wer.json`` of ``checkpoints`` (several: an ensemble) scored as ``scoring`` says, in ``folder``.
 
     The evaluation goes to ``folder/eval_<split>`` for a ``last.pt``, else
-    ``folder/eval_<checkpoint name>_<split>`` (``_vtln`` added with VTLN), and
+    ``folder/eval_<checkpoint name>_<split>`` (``_vtln`` added with VTLN, then
+    ``_adapt`` with speaker adaptation), and
     is reused when its ``wer.json`` is newer than every checkpoint.
     """
     stem = checkpoints[0].stem
@@ -242,6 +250,8 @@ def evaluate_run(
     ]
     if scoring.warps:
         command += ["--vtln-warps", scoring.warps]
+    if scoring.adapt_rounds:
+        command += ["--adapt-rounds", str(scoring.adapt_rounds)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     logger.info("evaluating %s on %s", name, scoring.name)
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -373,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--ensemble", metavar="KEY",
         help="grid key (e.g. train.seed) whose runs are also decoded together as one ensemble",
     )
+    parser.add_argument(
+        "--adapt-rounds", type=int, default=0, metavar="N",
+        help="also score every model adapted to each speaker without transcripts, N rounds "
+        "(asr.evaluate --adapt-rounds; after test-time VTLN when --vtln-warps is given)",
+    )
     return parser
 
 
@@ -382,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.adapt_rounds < 0:
+        parser.error(f"--adapt-rounds must be 0 (off) or more, got {args.adapt_rounds}")
     if not args.recipe.is_file():
         parser.error(f"recipe not found: {args.recipe}")
     out = args.out or Path("exp") / f"study_{args.recipe.stem}"
@@ -417,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     scorings = [Scoring(split) for split in splits]
     if args.vtln_warps:
         scorings += [Scoring(split, args.vtln_warps) for split in splits]
+    if args.adapt_rounds:
+        scorings += [Scoring(split, args.vtln_warps, args.adapt_rounds) for split in splits]
     tags = args.tags or ["valid/loss"]
     models = {}  # run name -> the checkpoint evaluated
 
@@ -467,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     report += [f"WER of each run's model ({evaluated}), {search}", ""]
     if args.vtln_warps:
         report += [f"VTLN: test-time warp chosen per speaker from {args.vtln_warps} by the model's own score", ""]
+    if args.adapt_rounds:
+        report += [
+            f"Adapted: fine-tuned on each speaker's own transcripts and decoded again, {args.adapt_rounds} rounds "
+            "(asr.adapt; no reference is read)", "",
+        ]
     report.append(results_table(runs, grid, scorings))
     if args.pool:
         report += [pooled_table(runs, grid, args.pool, scorings)]

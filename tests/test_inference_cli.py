@@ -301,6 +301,25 @@ def test_evaluate_with_vtln_writes_the_chosen_warps(trained, tmp_path):
     assert result["vtln_warps"]["9000"] == float(max(scores, key=scores.get))
 
 
+def test_evaluate_with_speaker_adaptation_scores_every_round(trained, tmp_path, capsys):
+    exp, valid = trained
+    base = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid)]
+    assert evaluate.main(base + ["--out", str(tmp_path / "plain")]) == 0
+    assert evaluate.main(base + ["--out", str(tmp_path / "adapted"), "--adapt-rounds", "2", "--adapt-epochs", "1"]) == 0
+    plain = json.loads((tmp_path / "plain" / "wer.json").read_text())
+    result = json.loads((tmp_path / "adapted" / "wer.json").read_text())
+    adaptation = result["adaptation"]
+    assert (adaptation["rounds"], adaptation["epochs"]) == (2, 1) and adaptation["warps"] == {"9000": 1.0}
+    # Round 0 is plain decoding; the last round is what the hypotheses and the WER are.
+    assert len(adaptation["wer_per_round"]) == 3
+    assert adaptation["wer_per_round"][0] == plain["wer"] and adaptation["wer_per_round"][2] == result["wer"]
+    assert "WER before adaptation and after each round" in capsys.readouterr().out
+    for bad in (["--adapt-rounds", "1", "--adapt-epochs", "0"], ["--adapt-rounds", "1", "--adapt-lr", "-1"]):
+        with pytest.raises(SystemExit) as exit:
+            evaluate.main(base + bad)
+        assert exit.value.code == 2 and "--adapt-rounds/--adapt-epochs/--adapt-lr" in capsys.readouterr().err
+
+
 def test_vtln_warp_lists_are_parsed_and_checked(untrained, librivox_mini, capsys):
     assert warp_list("0.8:1.2:0.1") == [0.8, 0.9, 1.0, 1.1, 1.2]
     assert warp_list("1.1,0.9,1.1") == [0.9, 1.1]

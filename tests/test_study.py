@@ -125,26 +125,32 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tmp_path, capsys):
         (["--ensemble", "train.seeds"], "not a grid key"),
         (["--ensemble", "data.digits.held_out_speaker"], "same key"),
         (["--ensemble", "train.seed", "--vtln-warps", "1.2:0.8:0.1"], "--vtln-warps"),
+        (["--adapt-rounds", "-1"], "--adapt-rounds"),
     ]:
         with pytest.raises(SystemExit):
             study.main([*argv, *extra])
         assert message in capsys.readouterr().err
     assert not (out / "runs").exists()
 
-    assert study.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0"]) == 0
+    assert study.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0", "--adapt-rounds", "1"]) == 0
     results = {r["name"]: r for r in json.loads((out / "results.json").read_text())}
     runs = ["held_out_speaker=george,seed=0", "held_out_speaker=george,seed=1"]
     ensemble = results["ensemble held_out_speaker=george"]
     assert ensemble["ensemble"] == runs and ensemble["values"] == {"data.digits.held_out_speaker": "george"}
     folders = [out / "runs" / f"held_out_speaker-george_seed-{s}" for s in (0, 1)]
     for row in [results[r] for r in runs] + [ensemble]:
-        for scoring in ("dev", "test", "dev_vtln", "test_vtln"):
+        for scoring in ("dev", "test", "dev_vtln", "test_vtln", "dev_vtln_adapt", "test_vtln_adapt"):
             assert row[scoring]["utterances"] == 4, scoring
-        assert "vtln_warps" not in row["test"]
+        assert "vtln_warps" not in row["test"] and "adaptation" not in row["test_vtln"]
         assert set(row["test_vtln"]["vtln_warps"]) == {"george"}  # the held-out speaker gets one warp
         assert row["test_vtln"]["vtln_warps"]["george"] in (0.9, 1.0)
+        # Adaptation starts from the same VTLN decoding, then fine-tunes one round.
+        adaptation = row["test_vtln_adapt"]["adaptation"]
+        assert adaptation["rounds"] == 1 and adaptation["warps"] == row["test_vtln"]["vtln_warps"]
+        assert adaptation["wer_per_round"][0] == row["test_vtln"]["wer"]
+        assert adaptation["wer_per_round"][1] == row["test_vtln_adapt"]["wer"]
     assert ensemble["test"]["checkpoint"] == [str(f / "last.pt") for f in folders]
     assert (out / "ensembles" / "held_out_speaker-george" / "eval_test_vtln" / "wer.json").exists()
     table = (out / "results.md").read_text()
-    assert "test WER % (VTLN)" in table and "Ensembles: the mean next-token distribution of 2 runs" in table
+    assert "test WER % (VTLN)" in table and "test WER % (VTLN, adapted, 1 round)" in table and "Ensembles: the mean next-token distribution of 2 runs" in table
     assert f"| george | {100 * ensemble['dev']['wer']:.2f} | {100 * ensemble['test']['wer']:.2f} |" in table

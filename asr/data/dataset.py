@@ -87,6 +87,8 @@ class SpeechDataset(Dataset):
            workers there are; call :meth:`set_epoch` (or :func:`set_loader_epoch`)
            before each epoch for fresh draws. With ``persistent_workers=True``
            the workers would keep the epoch they started with, so do not use it.
+    warp:  a fixed VTLN factor for every item instead of VTLP's draw (speaker
+           adaptation at the speaker's test-time warp, see :mod:`asr.adapt`).
     """
 
     def __init__(
@@ -96,12 +98,14 @@ class SpeechDataset(Dataset):
         tokenizer: Tokenizer,
         train: bool = False,
         seed: int = 0,
+        warp: float | None = None,
     ):
         self.utterances = list(utterances)
         self.pipeline = pipeline
         self.tokenizer = tokenizer
         self.train = train
         self.seed = seed
+        self.warp = warp
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -122,7 +126,9 @@ class SpeechDataset(Dataset):
         utt = self.utterances[index]
         generator = self.generator(index) if self.train else None
         waveform, sample_rate = load_utterance_audio(utt)
-        features = self.pipeline.from_waveform(waveform, sample_rate, train=self.train, generator=generator)
+        features = self.pipeline.from_waveform(
+            waveform, sample_rate, train=self.train, generator=generator, warp=self.warp
+        )
         try:
             tokens = self.tokenizer.encode(utt.text)
         except UnknownCharactersError as err:
