@@ -368,6 +368,24 @@ def sequence_log_probs(
     return total
 
 
+def ctc_best_path(encoder: EncoderOutput, blank_id: int) -> list[list[int]]:
+    """The CTC head's best path for each of the B utterances: the most probable
+    token per encoder frame (``encoder.ctc_log_probs`` (B, T', V) within
+    ``encoder.lengths``), repeats merged, blanks removed. No decoder is run, so
+    it is an independent second opinion on the attention decoder's output."""
+    if encoder.ctc_log_probs is None:
+        raise ValueError("CTC best path needs a model with a CTC head (encoder.ctc_log_probs is None)")
+    paths = []
+    for frames, length in zip(encoder.ctc_log_probs.argmax(-1).tolist(), encoder.lengths.tolist()):
+        tokens, previous = [], None
+        for token in frames[:length]:
+            if token != previous and token != blank_id:
+                tokens.append(token)
+            previous = token
+        paths.append(tokens)
+    return paths
+
+
 _SEARCH_OPTIONS = {
     "length_penalty",
     "length_normalization",

@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     adapt.add_argument("--adapt-epochs", type=int, default=AdaptationSettings.epochs, help="passes per round")
     adapt.add_argument("--adapt-lr", type=float, default=AdaptationSettings.lr, help="Adam learning rate")
+    adapt.add_argument(
+        "--adapt-all-transcripts",
+        action="store_true",
+        help="fine-tune on every non-empty transcript, also those the CTC best path disagrees with",
+    )
     parser.add_argument(
         "--out",
         help="output folder (default: <first checkpoint's folder>/eval_<data folder name or split>, "
@@ -112,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     adaptation = None
     if args.adapt_rounds:
         try:
-            adaptation = AdaptationSettings(rounds=args.adapt_rounds, epochs=args.adapt_epochs, lr=args.adapt_lr)
+            adaptation = AdaptationSettings(
+                rounds=args.adapt_rounds,
+                epochs=args.adapt_epochs,
+                lr=args.adapt_lr,
+                ctc_agreement=not args.adapt_all_transcripts,
+            )
         except ValueError as err:
             parser.error(f"--adapt-rounds/--adapt-epochs/--adapt-lr: {err}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -211,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": adaptation.rounds,
             "epochs": adaptation.epochs,
             "lr": adaptation.lr,
+            "ctc_agreement": adaptation.ctc_agreement,
             "wer_per_round": [error_rates(refs, [r[i] for i in ids], ids)["wer"] for r in rounds],
             "warps": adapted.warps,
             "untranscribed": adapted.untranscribed,
+            "disagreed": adapted.disagreed,
             "nonfinite_steps": adapted.nonfinite_steps,
         }
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -37,7 +37,7 @@ from asr.data.batching import collate
 from asr.data.dataset import load_utterance_audio
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import Utterance
-from asr.decoding import search, sequence_log_probs
+from asr.decoding import ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, build_model, experiment_config_from_dict
 from asr.models.ensemble import Ensemble
 from features.audio import AudioError
@@ -87,6 +87,24 @@ class Recogniser:
             return texts, None
         scores = sequence_log_probs(self.model, encoder, hyps, ctc_weight=options.get("ctc_weight", 0.0))
         return texts, scores.tolist()
+
+    @torch.no_grad()
+    def ctc_transcribe_utterances(
+        self, utterances: list[Utterance], batch_size: int = 16, warp: float | None = None
+    ) -> list[str] | None:
+        """The CTC head's best-path transcript of each utterance (:func:`asr.decoding.ctc_best_path`),
+        at mel warp ``warp``; None when the model has no CTC head."""
+        texts: list[str] = []
+        for start in range(0, len(utterances), batch_size):
+            chunk = [self._utterance_features(u, warp) for u in utterances[start : start + batch_size]]
+            batch = collate(
+                [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(chunk)]
+            ).to(self.device)
+            encoder = self.model.encode(batch.features, batch.feature_lengths)
+            if encoder.ctc_log_probs is None:
+                return None
+            texts += [self.tokenizer.decode(path) for path in ctc_best_path(encoder, self.model.pad_id)]
+        return texts
 
     def transcribe_files(
         self,

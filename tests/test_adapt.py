@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 
+import asr.adapt
 from asr.adapt import AdaptationSettings, adapt_and_transcribe, fine_tune
 from asr.data.batching import collate
 from asr.data.dataset import SpeechDataset
@@ -100,7 +101,7 @@ def test_a_non_finite_loss_never_reaches_the_weights(utterances):
 def test_adaptation_is_per_speaker_and_leaves_the_recogniser_unchanged(utterances, taught):
     rec = taught
     weights = copy.deepcopy(rec.model.state_dict())
-    settings = AdaptationSettings(rounds=2, epochs=2, lr=3e-3)
+    settings = AdaptationSettings(rounds=2, epochs=2, lr=3e-3, ctc_agreement=False)  # the filter: test below
     warps = [0.9, 1.0, 1.1]
     result = adapt_and_transcribe(rec, utterances, settings, warps=warps)
     assert len(result.texts_per_round) == 3 and result.texts == result.texts_per_round[-1]
@@ -126,9 +127,35 @@ def test_empty_transcripts_are_left_out_and_counted(utterances, monkeypatch):
         return ["" if u is utterances[0] else u.text for u in utts]
 
     monkeypatch.setattr(Recogniser, "transcribe_utterances", first_is_empty)
-    result = adapt_and_transcribe(rec, utterances, AdaptationSettings(rounds=2, epochs=1))
+    result = adapt_and_transcribe(rec, utterances, AdaptationSettings(rounds=2, epochs=1, ctc_agreement=False))
     assert result.untranscribed == 2  # once per round
     assert result.warps == {"george": 1.0, "jackson": 1.0}  # no VTLN: no warp
+
+
+@pytest.mark.parametrize("ctc_agreement", [True, False])
+def test_targets_are_the_transcripts_the_ctc_best_path_agrees_with(utterances, monkeypatch, ctc_agreement):
+    rec = recogniser(utterances)
+    # The decoder writes the references; the CTC head agrees on every other utterance.
+    monkeypatch.setattr(Recogniser, "transcribe_utterances", lambda self, utts, **options: [u.text for u in utts])
+    monkeypatch.setattr(
+        Recogniser, "ctc_transcribe_utterances",
+        lambda self, utts, batch_size, warp: [u.text if u.id[-1] in "02468" else "ONE" for u in utts],
+    )
+    trained_on = []
+
+    def record(model, targets, recogniser, warp, settings, seed):
+        trained_on.append([t.id for t in targets])
+        return 0
+
+    monkeypatch.setattr(asr.adapt, "fine_tune", record)
+    settings = AdaptationSettings(rounds=2, epochs=1, ctc_agreement=ctc_agreement)
+    result = adapt_and_transcribe(rec, utterances, settings)
+    agreed = [[u.id for u in utterances[:3] if u.id[-1] in "02468"], [u.id for u in utterances[3:] if u.id[-1] in "02468"]]
+    everything = [[u.id for u in utterances[:3]], [u.id for u in utterances[3:]]]
+    expected = agreed if ctc_agreement else everything
+    # One model, two rounds per speaker, george first.
+    assert trained_on == [expected[0], expected[0], expected[1], expected[1]]
+    assert result.disagreed == (2 * 2 if ctc_agreement else 0)  # one of three per speaker, per round
 
 
 @pytest.mark.parametrize("bad", [dict(rounds=0), dict(epochs=0), dict(lr=0.0)])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from asr.decoding import beam_search, decode, greedy_search, max_steps, sequence_log_probs
+from asr.decoding import beam_search, ctc_best_path, decode, greedy_search, max_steps, sequence_log_probs
 from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.ctc import CTCPrefixScorer
@@ -155,6 +155,20 @@ def test_ctc_prefix_scorer_ignores_padding_and_may_skip_early_frames():
 
 
 # ----------------------------------------------------------------------------- greedy and beam search
+
+
+def test_ctc_best_path_merges_repeats_drops_blanks_and_respects_lengths():
+    blank = 0
+    best = torch.tensor([[0, 3, 3, 0, 3, 4, 4], [5, 5, 0, 5, 2, 2, 2]])  # the argmax per frame
+    log_probs = torch.nn.functional.one_hot(best, 6).float().log_softmax(-1)
+    encoder = EncoderOutput(
+        out=torch.zeros(2, 7, 1), mask=torch.ones(2, 7, dtype=torch.bool), lengths=torch.tensor([6, 3]),
+        ctc_log_probs=log_probs,
+    )
+    # A blank between two 3s keeps both; frames past an utterance's length are not read.
+    assert ctc_best_path(encoder, blank) == [[3, 3, 4], [5]]
+    with pytest.raises(ValueError, match="CTC head"):
+        ctc_best_path(EncoderOutput(encoder.out, encoder.mask, encoder.lengths, None), blank)
 
 
 def test_greedy_picks_the_argmax_and_respects_lengths():
