@@ -19,11 +19,15 @@ recogniser's own training augmentation (speed perturbation, dither,
 SpecAugment: the first checkpoint's settings for an ensemble) with the mel
 warp fixed at the speaker's, plain Adam at ``lr`` and the gradient clipping
 of the training recipe. Utterances decoded as empty, or with the unknown
-token, are left out of that round's fine-tuning and counted, and so are, for
-a model with a CTC head (``ctc_agreement``), those whose CTC best path (the
-most probable token per frame, no decoder) differs from the decoder's
-transcript: where the two halves of the model disagree, the transcript is
-more often wrong, and training on a wrong one teaches the error. A step whose loss is not finite is
+token, are left out of that round's fine-tuning and counted. With
+``ctc_agreement`` (off by default, see :class:`AdaptationSettings`), so are
+those whose CTC best path (the most probable token per frame, no decoder)
+differs from the decoder's transcript.
+
+Self-training can amplify a confusion instead of fixing it: when the first
+pass writes THREE for many of a speaker's EIGHTs, fine-tuning on those
+transcripts teaches it further. The WER after every round is in ``wer.json``
+(``asr.evaluate``) to show when that happens. A step whose loss is not finite is
 skipped and logged with its utterances, so the weights never see it.
 
 Every speaker starts from the unadapted models, so the result for one
@@ -59,9 +63,11 @@ class AdaptationSettings:
     epochs: int = 4        # passes over the speaker's utterances per round
     lr: float = 3e-4
     seed: int = 0          # dropout, augmentation and batch order
-    # Train only on the transcripts the CTC head's best path agrees with (models with a CTC
-    # head): it drops about 40% of the wrong targets and 10% of the right ones on FSDD.
-    ctc_agreement: bool = True
+    # Train only on the transcripts the CTC head's best path agrees with. Off: on FSDD it
+    # made adaptation worse (5.9% against 4.0% pooled, docs/results.md). Where the CTC head
+    # shares the decoder's confusion for a speaker, it keeps the wrong transcripts of that
+    # word and drops the right ones, and the rounds then amplify the confusion.
+    ctc_agreement: bool = False
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.epochs < 1:

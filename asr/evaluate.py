@@ -92,9 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--adapt-epochs", type=int, default=AdaptationSettings.epochs, help="passes per round")
     adapt.add_argument("--adapt-lr", type=float, default=AdaptationSettings.lr, help="Adam learning rate")
     adapt.add_argument(
-        "--adapt-all-transcripts",
+        "--adapt-seed", type=int, default=AdaptationSettings.seed, help="seed of dropout, augmentation and batch order"
+    )
+    adapt.add_argument(
+        "--adapt-ctc-agreement",
         action="store_true",
-        help="fine-tune on every non-empty transcript, also those the CTC best path disagrees with",
+        help="fine-tune only on the transcripts the CTC best path agrees with (worse on FSDD; see asr.adapt)",
     )
     parser.add_argument(
         "--out",
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 rounds=args.adapt_rounds,
                 epochs=args.adapt_epochs,
                 lr=args.adapt_lr,
-                ctc_agreement=not args.adapt_all_transcripts,
+                seed=args.adapt_seed,
+                ctc_agreement=args.adapt_ctc_agreement,
             )
         except ValueError as err:
             parser.error(f"--adapt-rounds/--adapt-epochs/--adapt-lr: {err}")
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": adaptation.rounds,
             "epochs": adaptation.epochs,
             "lr": adaptation.lr,
+            "seed": adaptation.seed,
             "ctc_agreement": adaptation.ctc_agreement,
             "wer_per_round": [error_rates(refs, [r[i] for i in ids], ids)["wer"] for r in rounds],
             "warps": adapted.warps,

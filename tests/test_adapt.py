@@ -101,7 +101,7 @@ def test_a_non_finite_loss_never_reaches_the_weights(utterances):
 def test_adaptation_is_per_speaker_and_leaves_the_recogniser_unchanged(utterances, taught):
     rec = taught
     weights = copy.deepcopy(rec.model.state_dict())
-    settings = AdaptationSettings(rounds=2, epochs=2, lr=3e-3, ctc_agreement=False)  # the filter: test below
+    settings = AdaptationSettings(rounds=2, epochs=2, lr=3e-3)
     warps = [0.9, 1.0, 1.1]
     result = adapt_and_transcribe(rec, utterances, settings, warps=warps)
     assert len(result.texts_per_round) == 3 and result.texts == result.texts_per_round[-1]
@@ -127,7 +127,7 @@ def test_empty_transcripts_are_left_out_and_counted(utterances, monkeypatch):
         return ["" if u is utterances[0] else u.text for u in utts]
 
     monkeypatch.setattr(Recogniser, "transcribe_utterances", first_is_empty)
-    result = adapt_and_transcribe(rec, utterances, AdaptationSettings(rounds=2, epochs=1, ctc_agreement=False))
+    result = adapt_and_transcribe(rec, utterances, AdaptationSettings(rounds=2, epochs=1))
     assert result.untranscribed == 2  # once per round
     assert result.warps == {"george": 1.0, "jackson": 1.0}  # no VTLN: no warp
 

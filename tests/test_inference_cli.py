@@ -310,6 +310,8 @@ def test_evaluate_with_speaker_adaptation_scores_every_round(trained, tmp_path, 
     result = json.loads((tmp_path / "adapted" / "wer.json").read_text())
     adaptation = result["adaptation"]
     assert (adaptation["rounds"], adaptation["epochs"]) == (2, 1) and adaptation["warps"] == {"9000": 1.0}
+    assert adaptation["ctc_agreement"] is False and adaptation["disagreed"] == 0  # the filter is off by default
+    assert adaptation["seed"] == 0
     # Round 0 is plain decoding; the last round is what the hypotheses and the WER are.
     assert len(adaptation["wer_per_round"]) == 3
     assert adaptation["wer_per_round"][0] == plain["wer"] and adaptation["wer_per_round"][2] == result["wer"]
