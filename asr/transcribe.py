@@ -2,12 +2,15 @@
 
     python -m asr.transcribe exp/fsdd_las/last.pt a.wav b.flac [--beam 4]
     python -m asr.transcribe exp/a/avg_last5.pt --with exp/b/avg_last5.pt --vtln-warps 0.8:1.2:0.05 one_speaker/*.wav
+    python -m asr.transcribe exp/a/avg_last5.pt --vtln-warps 0.8:1.2:0.05 --adapt-rounds 3 one_speaker/*.wav
 
 Prints one ``<path>\\t<transcript>`` line per file, in the order given.
 ``--with`` adds checkpoints decoded together with the first as an ensemble;
 ``--vtln-warps`` takes the files as one speaker's and chooses their test-time
 VTLN warp by the model's own score (see :mod:`asr.inference`), printed on
-stderr. Any
+stderr; ``--adapt-rounds N`` also takes them as one speaker's and adapts
+the models to it without transcripts before the final decoding (see
+:mod:`asr.adapt`). Any
 sample rate works (audio is resampled to the model's rate); wav and flac are
 read with soundfile. A file that cannot be read is reported on stderr by name,
 the others are still transcribed, and the exit status is 1.
@@ -17,11 +20,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from asr.adapt import AdaptationSettings, adapt_and_transcribe
 from asr.checkpoint import CheckpointError
+from asr.data.utterance import Utterance
 from asr.inference import load_recogniser, warp_list
-from features.audio import AudioError
+from features.audio import AudioError, load_audio
 from features.filterbank import check_mel_filters
+
+SPEAKER = "files"  # what the files are taken as in VTLN and adaptation: one speaker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,12 +44,23 @@ def main(argv: list[str] | None = None) -> int:
         "--vtln-warps", type=warp_list,
         help="test-time VTLN over these warps (0.9,1.0,1.1 or LOW:HIGH:STEP); the files are one speaker's",
     )
+    parser.add_argument(
+        "--adapt-rounds", type=int, default=0,
+        help="adapt to the speaker of the files (asr.adapt: fine-tune on their own transcripts, decode again), "
+        "this many rounds (0 = off)",
+    )
     parser.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
     parser.add_argument("--ctc-weight", type=float, default=0.0, help="CTC prefix score weight in beam search")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     args = parser.parse_args(argv)
     if args.beam < 1:
         parser.error(f"--beam must be at least 1, got {args.beam}")
+    settings = None
+    if args.adapt_rounds:
+        try:
+            settings = AdaptationSettings(rounds=args.adapt_rounds)
+        except ValueError as err:
+            parser.error(f"--adapt-rounds: {err}")
     try:
         recogniser = load_recogniser([args.checkpoint, *args.others] if args.others else args.checkpoint, args.device)
     except CheckpointError as err:
@@ -53,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--vtln-warps: {err}")
     if args.ctc_weight > 0 and getattr(recogniser.config.model, "ctc_weight", 0.0) == 0:
         parser.error(f"--ctc-weight {args.ctc_weight}: {args.checkpoint} was trained without a CTC head")
-    if args.vtln_warps:
-        return _transcribe_one_speaker(recogniser, args)
+    if args.vtln_warps or settings:
+        return _transcribe_one_speaker(recogniser, args, settings)
     failed = 0
     for path in args.audio:
         # One file at a time: output appears as it is ready, and one bad file costs nothing else.
@@ -70,25 +89,33 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _transcribe_one_speaker(recogniser, args) -> int:
-    """All files at once under the warp chosen for them together; unreadable files are named and left out."""
+def _transcribe_one_speaker(recogniser, args, settings: AdaptationSettings | None) -> int:
+    """All files at once, as one speaker's: under the warp chosen for them together and, with
+    ``settings``, by the models adapted to them. Unreadable files are named and left out."""
     usable, failed = [], 0
     for path in args.audio:
         try:
-            recogniser.pipeline.from_file(path)
+            waveform, rate = load_audio(path)
+            recogniser.pipeline.from_waveform(waveform, rate)  # too short for the features is an error here
         except (AudioError, ValueError) as err:
             message = str(err) if path in str(err) else f"{path}: {err}"
             print(f"error: {message}", file=sys.stderr)
             failed += 1
         else:
-            usable.append(path)
+            usable.append(Utterance(path, Path(path), "", waveform.shape[-1] / rate, SPEAKER))
     if usable:
-        texts = recogniser.transcribe_files(
-            usable, beam_size=args.beam, warps=args.vtln_warps, ctc_weight=args.ctc_weight
-        )
-        for path, text in zip(usable, texts):
-            print(f"{path}\t{text}", flush=True)
-        print(f"VTLN warp {recogniser.chosen_warps['files']:g} for these {len(usable)} files", file=sys.stderr)
+        options = dict(beam_size=args.beam, warps=args.vtln_warps, ctc_weight=args.ctc_weight)
+        if settings:
+            adapted = adapt_and_transcribe(recogniser, usable, settings, **options)
+            texts, warp = adapted.texts, adapted.warps[SPEAKER]
+        else:
+            texts = recogniser.transcribe_utterances(usable, **options)
+            warp = recogniser.chosen_warps[SPEAKER]
+        for utt, text in zip(usable, texts):
+            print(f"{utt.id}\t{text}", flush=True)
+        done = [f"VTLN warp {warp:g}"] if args.vtln_warps else []
+        done += [f"adapted in {settings.rounds} round{'s' if settings.rounds > 1 else ''}"] if settings else []
+        print(f"{', '.join(done)} for these {len(usable)} files", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -17,9 +17,11 @@ from conftest import PROJECT_ROOT
 from test_train import TINY, tiny_valid
 
 from asr import average, evaluate, transcribe
+from asr.adapt import AdaptationSettings, adapt_and_transcribe
 from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
+from asr.data.utterance import Utterance
 from asr.experiment import ExperimentConfig, build_model, experiment_config_to_dict
 from asr.inference import load_recogniser, warp_list
 from asr.models.attention import AttentionConfig
@@ -27,6 +29,7 @@ from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
 from asr.models.speller import SpellerConfig
 from asr.train import main as train_main
+from features.audio import load_audio
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
@@ -320,6 +323,24 @@ def test_evaluate_with_speaker_adaptation_scores_every_round(trained, tmp_path, 
         with pytest.raises(SystemExit) as exit:
             evaluate.main(base + bad)
         assert exit.value.code == 2 and "--adapt-rounds/--adapt-epochs/--adapt-lr" in capsys.readouterr().err
+
+
+def test_transcribe_adapted_to_the_files_matches_the_library(trained, capsys, fsdd_recordings):
+    exp, _ = trained
+    files = [fsdd_recordings / f"{d}_jackson_{t}.wav" for d, t in [(2, 1), (8, 3), (5, 0)]]
+    assert transcribe.main([str(exp / "last.pt"), "--adapt-rounds", "2", *map(str, files)]) == 0
+    captured = capsys.readouterr()
+    printed = [line.split("\t", 1)[1] for line in captured.out.splitlines()]
+    utterances = []
+    for path in files:
+        waveform, rate = load_audio(path)
+        utterances.append(Utterance(str(path), path, "", waveform.shape[-1] / rate, "files"))
+    adapted = adapt_and_transcribe(load_recogniser(exp / "last.pt"), utterances, AdaptationSettings(rounds=2))
+    assert printed == adapted.texts
+    assert "adapted in 2 rounds for these 3 files" in captured.err
+    with pytest.raises(SystemExit):
+        transcribe.main([str(exp / "last.pt"), "--adapt-rounds", "-1", str(files[0])])
+    assert "--adapt-rounds" in capsys.readouterr().err
 
 
 def test_vtln_warp_lists_are_parsed_and_checked(untrained, librivox_mini, capsys):
