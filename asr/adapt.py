@@ -50,8 +50,14 @@ from asr.data.dataset import SpeechDataset
 from asr.data.utterance import Utterance
 from asr.inference import Recogniser
 from asr.models.ensemble import Ensemble
+from asr.models.norms import ScaleNorm
 
 logger = logging.getLogger("asr.adapt")
+
+
+ADAPTABLE = ("all", "norms")
+# The layers whose parameters "norms" adapts (FixNorm has none).
+NORM_LAYERS = (torch.nn.LayerNorm, ScaleNorm)
 
 
 @dataclass
@@ -63,6 +69,10 @@ class AdaptationSettings:
     epochs: int = 4        # passes over the speaker's utterances per round
     lr: float = 3e-4
     seed: int = 0          # dropout, augmentation and batch order
+    # What is fine-tuned: "all" parameters, or "norms": only the gains and biases of the
+    # normalisation layers (LayerNorm, ScaleNorm): a per-speaker re-normalisation that
+    # leaves every weight matrix as trained.
+    parameters: str = "all"
     # Train only on the transcripts the CTC head's best path agrees with. Off: on FSDD it
     # made adaptation worse (5.9% against 4.0% pooled, docs/results.md). Where the CTC head
     # shares the decoder's confusion for a speaker, it keeps the wrong transcripts of that
@@ -74,6 +84,8 @@ class AdaptationSettings:
             raise ValueError(f"adaptation needs at least one round and one epoch, got {self.rounds} and {self.epochs}")
         if not self.lr > 0:
             raise ValueError(f"the adaptation learning rate must be positive, got {self.lr}")
+        if self.parameters not in ADAPTABLE:
+            raise ValueError(f"adaptation parameters must be one of {', '.join(ADAPTABLE)}, got {self.parameters!r}")
 
 
 @dataclass
@@ -180,9 +192,15 @@ def fine_tune(
     config = recogniser.config
     dataset = SpeechDataset(targets, recogniser.pipeline, recogniser.tokenizer, train=True, seed=seed, warp=warp)
     sampler = BucketBatchSampler(dataset.num_frames(), config.data.max_frames_per_batch, shuffle=True, seed=seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    tuned = adapted_parameters(model, settings.parameters)
+    optimizer = torch.optim.Adam(tuned, lr=settings.lr)
     clip = config.train.grad_clip if config.train.grad_clip > 0 else float("inf")
     skipped = 0
+    # Only the tuned parameters need gradients; the flags are restored afterwards.
+    tuned_ids = {id(p) for p in tuned}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in tuned_ids]
+    for parameter in frozen:
+        parameter.requires_grad_(False)
     # Dropout draws from the global generator: seed it here without disturbing the caller's.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -200,11 +218,23 @@ def fine_tune(
                     continue
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                norm = torch.nn.utils.clip_grad_norm_(tuned, clip)
                 if not torch.isfinite(norm):
                     skipped += 1
                     logger.warning("adaptation: non-finite gradient norm; step skipped (utterances: %s)", batch.ids[0])
                     continue
                 optimizer.step()
         model.eval()
+    for parameter in frozen:
+        parameter.requires_grad_(True)
     return skipped
+
+
+def adapted_parameters(model: torch.nn.Module, which: str) -> list[torch.nn.Parameter]:
+    """The parameters ``which`` (:attr:`AdaptationSettings.parameters`) names in ``model``."""
+    if which == "all":
+        return list(model.parameters())
+    found = [p for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(recurse=False)]
+    if not found:
+        raise ValueError("adaptation parameters 'norms': the model has no normalisation layers (model.layer_norm=none?)")
+    return found

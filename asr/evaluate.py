@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from asr.adapt import AdaptationSettings, adapt_and_transcribe
+from asr.adapt import ADAPTABLE, AdaptationSettings, adapt_and_transcribe, adapted_parameters
 from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data import report as reasons
@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--adapt-epochs", type=int, default=AdaptationSettings.epochs, help="passes per round")
     adapt.add_argument("--adapt-lr", type=float, default=AdaptationSettings.lr, help="Adam learning rate")
     adapt.add_argument(
+        "--adapt-parameters", choices=ADAPTABLE, default="all",
+        help="what is fine-tuned: all parameters, or only the norms' gains and biases",
+    )
+    adapt.add_argument(
         "--adapt-seed", type=int, default=AdaptationSettings.seed, help="seed of dropout, augmentation and batch order"
     )
     adapt.add_argument(
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 epochs=args.adapt_epochs,
                 lr=args.adapt_lr,
                 seed=args.adapt_seed,
+                parameters=args.adapt_parameters,
                 ctc_agreement=args.adapt_ctc_agreement,
             )
         except ValueError as err:
@@ -171,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             check_mel_filters(recogniser.pipeline.config, args.vtln_warps)
         except ValueError as err:
             parser.error(f"--vtln-warps: {err}")
+    if adaptation:
+        try:
+            adapted_parameters(recogniser.model, adaptation.parameters)
+        except ValueError as err:
+            parser.error(f"--adapt-parameters: {err} in {checkpoint}")
     if args.ctc_weight > 0 and getattr(recogniser.config.model, "ctc_weight", 0.0) == 0:
         parser.error(f"--ctc-weight {args.ctc_weight}: {checkpoint} was trained without a CTC head (model.ctc_weight=0)")
 
@@ -226,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": adaptation.epochs,
             "lr": adaptation.lr,
             "seed": adaptation.seed,
+            "parameters": adaptation.parameters,
             "ctc_agreement": adaptation.ctc_agreement,
             "wer_per_round": [error_rates(refs, [r[i] for i in ids], ids)["wer"] for r in rounds],
             "warps": adapted.warps,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import asr.adapt
-from asr.adapt import AdaptationSettings, adapt_and_transcribe, fine_tune
+from asr.adapt import AdaptationSettings, adapt_and_transcribe, adapted_parameters, fine_tune
 from asr.data.batching import collate
 from asr.data.dataset import SpeechDataset
 from asr.data.fsdd import build_connected_digits, read_fsdd
@@ -32,7 +32,7 @@ def utterances(fsdd_recordings):
     return found
 
 
-def recogniser(utterances) -> Recogniser:
+def recogniser(utterances, layer_norm: str = "both") -> Recogniser:
     """An untrained tiny LAS with the FSDD recipe's kind of features and augmentation."""
     features = FeatureConfig(
         kind="mfcc", num_ceps=13, sample_rate=8000, num_mel_bins=23, mvn="utterance",
@@ -44,6 +44,7 @@ def recogniser(utterances) -> Recogniser:
         attention=AttentionConfig(type="location", dim=16),
         speller=SpellerConfig(embedding_dim=8, hidden_size=16, num_layers=1),
         ctc_weight=0.3,
+        layer_norm=layer_norm,
     )
     config = ExperimentConfig(exp_dir="unused", features=features, model=model_config)
     pipeline = FeaturePipeline(features)
@@ -76,6 +77,23 @@ def test_fine_tuning_learns_its_targets(utterances):
     assert skipped == 0
     assert loss_on(model, rec, utterances) < 0.8 * before
     assert not model.training  # left ready to decode
+
+
+def test_norms_only_adaptation_changes_only_the_layer_norms(utterances):
+    rec = recogniser(utterances)
+    model = copy.deepcopy(rec.model)
+    before = copy.deepcopy(model.state_dict())
+    norms = {name for name, _ in model.named_parameters() if ".ln_" in name}  # every LN of the LN-LSTMs
+    assert {id(p) for p in adapted_parameters(model, "norms")} == {id(p) for n, p in model.named_parameters() if n in norms}
+    before_loss = loss_on(model, rec, utterances)
+    fine_tune(model, utterances, rec, warp=1.0, settings=AdaptationSettings(epochs=10, lr=1e-2, parameters="norms"), seed=0)
+    changed = {name for name, tensor in model.state_dict().items() if not torch.equal(tensor, before[name])}
+    assert changed and changed <= norms
+    assert loss_on(model, rec, utterances) < before_loss  # the gains and biases alone still learn
+    assert all(p.requires_grad for p in model.parameters())  # the frozen weights are trainable again
+    # A model without norms has nothing to adapt that way.
+    with pytest.raises(ValueError, match="no normalisation layers"):
+        adapted_parameters(recogniser(utterances, layer_norm="none").model, "norms")
 
 
 def test_a_non_finite_loss_never_reaches_the_weights(utterances):
@@ -158,7 +176,7 @@ def test_targets_are_the_transcripts_the_ctc_best_path_agrees_with(utterances, m
     assert result.disagreed == (2 * 2 if ctc_agreement else 0)  # one of three per speaker, per round
 
 
-@pytest.mark.parametrize("bad", [dict(rounds=0), dict(epochs=0), dict(lr=0.0)])
+@pytest.mark.parametrize("bad", [dict(rounds=0), dict(epochs=0), dict(lr=0.0), dict(parameters="weights")])
 def test_settings_refuse_what_cannot_adapt(bad):
     with pytest.raises(ValueError, match="adaptation"):
         AdaptationSettings(**bad)
