@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     adapt.add_argument("--adapt-epochs", type=int, default=AdaptationSettings.epochs, help="passes per round")
     adapt.add_argument("--adapt-lr", type=float, default=AdaptationSettings.lr, help="Adam learning rate")
     adapt.add_argument(
-        "--adapt-parameters", choices=ADAPTABLE, default="all",
+        "--adapt-parameters", choices=ADAPTABLE, default=AdaptationSettings.parameters,
         help="what is fine-tuned: all parameters, or only the norms' gains and biases",
     )
     adapt.add_argument(
