@@ -77,10 +77,7 @@ class Recogniser:
         """Transcripts of a batch and, with ``score``, the model's log-probability of each (module docstring)."""
         if not features:
             return [], ([] if score else None)
-        batch = collate(
-            [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
-        ).to(self.device)
-        encoder = self.model.encode(batch.features, batch.feature_lengths)
+        encoder = self._encode(features)
         hyps = search(self.model, encoder, beam_size=beam_size, **options)
         texts = [self.tokenizer.decode(h) for h in hyps]
         if not score:
@@ -96,15 +93,18 @@ class Recogniser:
         at mel warp ``warp``; None when the model has no CTC head."""
         texts: list[str] = []
         for start in range(0, len(utterances), batch_size):
-            chunk = [self._utterance_features(u, warp) for u in utterances[start : start + batch_size]]
-            batch = collate(
-                [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(chunk)]
-            ).to(self.device)
-            encoder = self.model.encode(batch.features, batch.feature_lengths)
+            encoder = self._encode([self._utterance_features(u, warp) for u in utterances[start : start + batch_size]])
             if encoder.ctc_log_probs is None:
                 return None
             texts += [self.tokenizer.decode(path) for path in ctc_best_path(encoder, self.model.pad_id)]
         return texts
+
+    def _encode(self, features: list[torch.Tensor]):
+        """The encoder output of ``(T, D)`` feature matrices padded into one batch."""
+        batch = collate(
+            [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
+        ).to(self.device)
+        return self.model.encode(batch.features, batch.feature_lengths)
 
     def transcribe_files(
         self,
