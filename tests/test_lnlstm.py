@@ -321,6 +321,35 @@ def test_fallback_warns_and_uses_reference_when_build_fails(monkeypatch):
         model(x)
 
 
+def test_build_cache_key_names_the_flags_and_the_cpu():
+    """A build cache shared between machines must not hand one CPU's binary to another."""
+    avx512 = {"vendor_id": "AuthenticAMD", "model name": "AMD EPYC", "flags": "fpu sse2 avx2 fma avx512f"}
+    avx2 = {**avx512, "flags": "fpu sse2 avx2 fma"}
+    baseline = {**avx512, "flags": "fpu sse2"}
+    (native, native_flags), (portable, portable_flags) = lnlstm_ext.build_configurations(avx512)
+    assert "-march=native" in native_flags and "-march=native" not in portable_flags
+    assert "-mavx2" in portable_flags
+    assert "-mavx2" not in lnlstm_ext.build_configurations(baseline)[1][1]
+    names = {name for cpu in (avx512, avx2, baseline) for name, _ in lnlstm_ext.build_configurations(cpu)}
+    assert len(names) == 6  # per CPU and per set of flags
+    assert lnlstm_ext.build_configurations(dict(avx512)) == [(native, native_flags), (portable, portable_flags)]
+
+
+def test_build_falls_back_to_portable_flags_without_a_warning(monkeypatch):
+    compiled = []
+
+    def compile_without_native(cpp_extension, name, flags):
+        compiled.append(name)
+        if "-march=native" in flags:
+            raise RuntimeError("cc1plus: error: bad value for '-march=' switch")
+
+    monkeypatch.setattr(lnlstm_ext, "_compile", compile_without_native)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the portable build is a working fused path: no warning
+        lnlstm_ext._build()
+    assert compiled == [name for name, _ in lnlstm_ext.build_configurations()]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_uses_reference_path_and_matches_cpu():
     torch.manual_seed(5)
