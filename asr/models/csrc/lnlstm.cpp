@@ -46,6 +46,10 @@
 #include <cstring>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 // The BLAS inside libtorch (MKL on x86 wheels) exports the Fortran GEMMs. They
 // are declared weak so the module still loads where they are missing; then the
 // slower at::mm path below is used.
@@ -691,6 +695,31 @@ void for_each_direction(int64_t D, const F& fn) {
   });
 }
 
+// The tensors saved for backward come to some 150 MB per layer and step in
+// training, allocated anew by every forward. Their first touch faults in and
+// zeroes every page, which with 4 KB pages costs more than writing them; so
+// they are mapped with transparent huge pages (2 MB) where the kernel grants
+// them on request (its "madvise" mode, the default of Debian and Ubuntu).
+at::Tensor empty_saved(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t kHugePage = size_t(2) << 20;
+  int64_t numel = 1;
+  for (int64_t size : sizes) numel *= size;
+  const size_t bytes = static_cast<size_t>(numel) * opts.dtype().itemsize();
+  if (bytes >= 4 * kHugePage) {
+    const size_t length = bytes + kHugePage;  // room to start at a 2 MB boundary
+    void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) {
+      const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
+      void* data = reinterpret_cast<void*>(start);
+      madvise(data, bytes, MADV_HUGEPAGE);  // a refusal only costs speed
+      return at::from_blob(data, sizes, [base, length](void*) { munmap(base, length); }, opts);
+    }
+  }
+#endif
+  return at::empty(sizes, opts);
+}
+
 void check_input(const at::Tensor& t, const char* name, at::ScalarType dtype) {
   TORCH_CHECK(t.device().is_cpu(), "lnlstm: ", name, " must be a CPU tensor");
   TORCH_CHECK(t.scalar_type() == dtype, "lnlstm: ", name, " has dtype ", t.scalar_type(), ", expected ", dtype);
@@ -796,18 +825,18 @@ std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_
     at::Tensor h_n = at::empty({D, B, H}, opts), c_n = at::empty({D, B, H}, opts);
     at::Tensor gx, states_h, states_c, act, xhat_h, stats, xhat_c;
     if (save) {
-      gx = at::empty({D, S, B, 4 * H}, opts);
-      states_h = at::empty({D, S + 1, B, H}, opts);
-      states_c = at::empty({D, S + 1, B, H}, opts);
-      act = at::empty({D, S, B, 4 * H}, opts);
+      gx = empty_saved({D, S, B, 4 * H}, opts);
+      states_h = empty_saved({D, S + 1, B, H}, opts);
+      states_c = empty_saved({D, S + 1, B, H}, opts);
+      act = empty_saved({D, S, B, 4 * H}, opts);
       p.gx = gx.mutable_data_ptr<T>();
       p.states_h = states_h.mutable_data_ptr<T>();
       p.states_c = states_c.mutable_data_ptr<T>();
       p.act = act.mutable_data_ptr<T>();
       if (layer_norm) {
-        xhat_h = at::empty({D, S, B, 4 * H}, opts);
-        stats = at::empty({D, S, B, 4}, opts);
-        xhat_c = at::empty({D, S, B, H}, opts);
+        xhat_h = empty_saved({D, S, B, 4 * H}, opts);
+        stats = empty_saved({D, S, B, 4}, opts);
+        xhat_c = empty_saved({D, S, B, H}, opts);
         p.xhat_h = xhat_h.mutable_data_ptr<T>();
         p.stats = stats.mutable_data_ptr<T>();
         p.xhat_c = xhat_c.mutable_data_ptr<T>();
