@@ -260,8 +260,8 @@ def test_fused_path_matches_reference(layer_norm, bidirectional, dtype):
     torch.manual_seed(4)
     model = LNLSTM(7, 16, num_layers=2, bidirectional=bidirectional, layer_norm=layer_norm, forget_bias=0.5)
     perturb(model, std=0.5)
-    # 40 rows: the fused path computes W_x x in chunks of ceil(512 / 40) = 13
-    # steps, so 30 steps span three chunks, the last one partial.
+    # 40 rows: the fused path computes W_x x in chunks of ceil(128 / 40) = 4
+    # steps, so 30 steps span eight chunks, the last one partial.
     x = torch.randn(40, 30, 7)
     lengths = torch.randint(1, 31, (40,))
     lengths[3] = 30

@@ -10,8 +10,8 @@
 // * Each direction runs in its own thread (at::parallel_for over directions;
 //   BLAS calls inside run single-threaded, as nested OpenMP regions do), so
 //   two directions use two cores without any per-step synchronisation.
-// * W_x x_t does not depend on the recurrence: it is one GEMM per chunk of
-//   time steps (chunk * B rows, large enough to run at full GEMM speed),
+// * W_x x_t does not depend on the recurrence: it is one product per chunk of
+//   time steps (chunk * B rows, large enough to run at full speed),
 //   computed by the direction's thread just before the chunk is needed, so the
 //   input projections of a whole sequence are never all materialised when
 //   nothing is saved for backward.
@@ -768,9 +768,10 @@ Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor
     max_len = std::max(max_len, p.len[b]);
   }
   p.S = max_len;
-  // About 512 rows per input-projection GEMM: enough for full GEMM speed,
-  // small enough to stay in cache.
-  p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (512 + p.B - 1) / std::max<int64_t>(p.B, 1)));
+  // About 128 rows per input projection: the packed kernel needs only a few
+  // blocks of rows for full speed, and the chunk's projections then stay in
+  // the core's L2 cache until the steps read them (512 rows were slower).
+  p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (128 + p.B - 1) / std::max<int64_t>(p.B, 1)));
   p.layer_norm = layer_norm;
   p.forget_bias = static_cast<T>(forget_bias);
   p.eps = static_cast<T>(eps);
