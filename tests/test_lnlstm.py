@@ -362,10 +362,12 @@ def test_build_falls_back_to_portable_flags_without_a_warning(monkeypatch):
             raise RuntimeError("cc1plus: error: bad value for '-march=' switch")
 
     monkeypatch.setattr(lnlstm_ext, "_compile", compile_without_native)
+    monkeypatch.setattr(lnlstm_ext, "_flags", None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the portable build is a working fused path: no warning
         lnlstm_ext._build()
     assert compiled == [name for name, _ in lnlstm_ext.build_configurations()]
+    assert lnlstm_ext.build_flags() == lnlstm_ext.build_configurations()[1][1]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -34,6 +34,7 @@ _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _module = None
 _error: Exception | None = None
+_flags: list[str] | None = None  # of the loaded build
 
 
 def _cpu_description() -> dict[str, str]:
@@ -96,14 +97,17 @@ def _build():
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
             pass
+    global _flags
     (native_name, native_flags), (portable_name, portable_flags) = build_configurations()
     try:
         _compile(cpp_extension, native_name, native_flags)
+        _flags = native_flags
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         # A compiler without -march=native: the portable build is as correct,
         # only slower, so this is logged, not warned.
         _log.info("LNLSTM: native build of %s failed (%s); building it portably", SOURCE, exc)
         _compile(cpp_extension, portable_name, portable_flags)
+        _flags = portable_flags
     return torch.ops.asr_lnlstm
 
 
@@ -144,6 +148,11 @@ def load(strict: bool = False):
     if _module is None and strict:
         raise RuntimeError(f"LNLSTM: the fused C++ operator ({SOURCE}) could not be built: {_error}")
     return _module
+
+
+def build_flags() -> list[str] | None:
+    """The compiler flags of the loaded operator (None before :func:`load` or where it failed)."""
+    return list(_flags) if _flags is not None else None
 
 
 class _FusedLayer(torch.autograd.Function):
