@@ -307,6 +307,24 @@ def test_fused_path_matches_reference_at_odd_sizes(batch):
 
 
 @pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
+def test_fused_path_reusing_saved_memory_matches_reference():
+    """Saved tensors of 8 MB and more live in buffers the operator keeps from
+    step to step: a shorter step reuses a longer step's larger buffers, stale
+    contents and all, and must still match the reference path."""
+    torch.manual_seed(10)
+    model = LNLSTM(20, 64, bidirectional=True).double()
+    perturb(model)
+    x = torch.randn(32, 100, 20, dtype=torch.float64)
+    # 100 steps save 13 MB per projection-sized tensor; 70 steps, 9 MB.
+    for time in (100, 70, 100):
+        lengths = torch.randint(time // 2, time + 1, (32,))
+        lengths[0] = time
+        expected, actual = run_both_paths(model, x[:, :time], lengths)
+        for name in expected:
+            assert_close(actual[name], expected[name], tol=1e-10, name=f"{time} steps, {name}")
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
 def test_fused_path_without_input_gradient():
     """A first layer reads features that need no gradient: the fused backward skips dx."""
     torch.manual_seed(8)

@@ -40,15 +40,16 @@
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
-
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 // The BLAS inside libtorch (MKL on x86 wheels) exports the Fortran GEMMs. They
 // are declared weak so the module still loads where they are missing; then the
@@ -695,29 +696,96 @@ void for_each_direction(int64_t D, const F& fn) {
   });
 }
 
-// The tensors saved for backward come to some 150 MB per layer and step in
-// training, allocated anew by every forward. Their first touch faults in and
-// zeroes every page, which with 4 KB pages costs more than writing them; so
-// they are mapped with transparent huge pages (2 MB) where the kernel grants
-// them on request (its "madvise" mode, the default of Debian and Ubuntu).
+// ---- memory for the tensors saved for backward --------------------------
+// Training saves some 150 MB per layer and step (at the benchmark's sizes) and
+// frees it after backward. Fresh memory every step costs page faults and
+// zeroing, and in a virtual machine at times the host's faults as well
+// (docs/performance.md has the system times measured). So freed
+// buffers are kept for the next step: a later forward takes the smallest
+// cached buffer that fits (up to twice its size). The cache never makes the
+// process hold more than the most this operator had in use at once: buffers
+// in use plus cached stay under that peak, the smallest cached going first.
+// New buffers are 2 MB-aligned with transparent huge pages requested (fewer
+// faults where the kernel grants them on request, Debian's default).
+class SavedMemory {
+ public:
+  static SavedMemory& instance() {
+    static SavedMemory* memory = new SavedMemory();  // never destroyed: tensors may outlive statics
+    return *memory;
+  }
+
+  // A buffer of at least `bytes` (a multiple of kHugePage) and its length, or
+  // {nullptr, 0} where the system refuses.
+  std::pair<void*, size_t> take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto fit = cached_.lower_bound(bytes);
+    if (fit != cached_.end() && fit->first <= 2 * bytes) {
+      const auto [length, buffer] = *fit;
+      cached_.erase(fit);
+      cached_bytes_ -= length;
+      used_bytes_ += length;
+      return {buffer, length};
+    }
+    void* buffer = map(bytes);
+    if (buffer == nullptr) return {nullptr, 0};
+    used_bytes_ += bytes;
+    peak_bytes_ = std::max(peak_bytes_, used_bytes_);
+    evict();
+    return {buffer, bytes};
+  }
+
+  void give(void* buffer, size_t length) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    used_bytes_ -= length;
+    cached_.emplace(length, buffer);
+    cached_bytes_ += length;
+    evict();
+  }
+
+  static constexpr size_t kHugePage = size_t(2) << 20;
+
+ private:
+  // Smallest first: sizes grow with the longest utterance of a batch.
+  void evict() {
+    while (!cached_.empty() && used_bytes_ + cached_bytes_ > peak_bytes_) {
+      auto smallest = cached_.begin();
+      munmap(smallest->second, smallest->first);
+      cached_bytes_ -= smallest->first;
+      cached_.erase(smallest);
+    }
+  }
+
+  // A mapping of `length` bytes starting at a 2 MB boundary.
+  static void* map(size_t length) {
+    const size_t padded = length + kHugePage;
+    void* base = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return nullptr;
+    const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
+    const size_t head = start - reinterpret_cast<uintptr_t>(base);
+    if (head > 0) munmap(base, head);
+    if (padded - head > length) munmap(reinterpret_cast<char*>(start) + length, padded - head - length);
+    void* buffer = reinterpret_cast<void*>(start);
+#ifdef MADV_HUGEPAGE
+    madvise(buffer, length, MADV_HUGEPAGE);  // a refusal only costs speed
+#endif
+    return buffer;
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> cached_;  // length -> buffer
+  size_t cached_bytes_ = 0, used_bytes_ = 0, peak_bytes_ = 0;
+};
+
 at::Tensor empty_saved(at::IntArrayRef sizes, const at::TensorOptions& opts) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr size_t kHugePage = size_t(2) << 20;
+  constexpr size_t kHugePage = SavedMemory::kHugePage;
   int64_t numel = 1;
   for (int64_t size : sizes) numel *= size;
   const size_t bytes = static_cast<size_t>(numel) * opts.dtype().itemsize();
-  if (bytes >= 4 * kHugePage) {
-    const size_t length = bytes + kHugePage;  // room to start at a 2 MB boundary
-    void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base != MAP_FAILED) {
-      const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
-      void* data = reinterpret_cast<void*>(start);
-      madvise(data, bytes, MADV_HUGEPAGE);  // a refusal only costs speed
-      return at::from_blob(data, sizes, [base, length](void*) { munmap(base, length); }, opts);
-    }
-  }
-#endif
-  return at::empty(sizes, opts);
+  if (bytes < 4 * kHugePage) return at::empty(sizes, opts);  // small: the allocator does well
+  const auto [buffer, length] = SavedMemory::instance().take((bytes + kHugePage - 1) / kHugePage * kHugePage);
+  if (buffer == nullptr) return at::empty(sizes, opts);
+  return at::from_blob(buffer, sizes, [length = length](void* data) { SavedMemory::instance().give(data, length); },
+                       opts);
 }
 
 void check_input(const at::Tensor& t, const char* name, at::ScalarType dtype) {
