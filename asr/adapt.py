@@ -47,6 +47,7 @@ import torch
 
 from asr.data.batching import BucketBatchSampler, collate
 from asr.data.dataset import SpeechDataset
+from asr.data.report import SkipReport
 from asr.data.utterance import Utterance
 from asr.inference import Recogniser
 from asr.models.ensemble import Ensemble
@@ -90,9 +91,10 @@ class AdaptationSettings:
 
 @dataclass
 class AdaptationResult:
-    """Transcripts per round (round 0: before adaptation), aligned with the utterances given."""
+    """Transcripts per round (round 0: before adaptation), aligned with the utterances given;
+    None for an utterance whose audio could not be read."""
 
-    texts_per_round: list[list[str]]
+    texts_per_round: list[list[str | None]]
     warps: dict[str, float] = field(default_factory=dict)  # speaker -> the warp adapted and decoded at
     untranscribed: int = 0       # (utterance, round) pairs left out of fine-tuning: empty, or the unknown token
     disagreed: int = 0           # (utterance, round) pairs left out: the CTC best path wrote something else
@@ -100,7 +102,7 @@ class AdaptationResult:
     seconds: float = 0.0         # fine-tuning and decoding, all speakers and rounds
 
     @property
-    def texts(self) -> list[str]:
+    def texts(self) -> list[str | None]:
         """The final transcripts."""
         return self.texts_per_round[-1]
 
@@ -112,24 +114,29 @@ def adapt_and_transcribe(
     warps: list[float] | None = None,
     beam_size: int = 1,
     batch_size: int = 16,
+    report: SkipReport | None = None,
     **options,
 ) -> AdaptationResult:
     """Transcribe ``utterances`` with the models adapted to each ``Utterance.speaker`` (module docstring).
 
-    ``warps``, ``beam_size``, ``batch_size`` and ``options`` (``ctc_weight``,
-    ``length_penalty``, ...) are those of
+    ``warps``, ``beam_size``, ``batch_size``, ``report`` and ``options``
+    (``ctc_weight``, ``length_penalty``, ...) are those of
     :meth:`asr.inference.Recogniser.transcribe_utterances` and apply to every
-    decoding pass. ``recogniser`` is left unchanged.
+    decoding pass. An utterance whose audio cannot be read is recorded in
+    ``report`` once, gets None in every round, and takes no further part.
+    ``recogniser`` is left unchanged.
     """
     start = time.perf_counter()
     by_speaker: dict[str, list[int]] = defaultdict(list)
     for i, utt in enumerate(utterances):
         by_speaker[utt.speaker].append(i)
-    result = AdaptationResult([[""] * len(utterances) for _ in range(settings.rounds + 1)])
+    result = AdaptationResult([[None] * len(utterances) for _ in range(settings.rounds + 1)])
     decode = dict(beam_size=beam_size, batch_size=batch_size, **options)
     for speaker, indices in by_speaker.items():
+        texts = recogniser.transcribe_utterances([utterances[i] for i in indices], warps=warps, report=report, **decode)
+        readable = [k for k, text in enumerate(texts) if text is not None]
+        indices, texts = [indices[k] for k in readable], [texts[k] for k in readable]
         own = [utterances[i] for i in indices]
-        texts = recogniser.transcribe_utterances(own, warps=warps, **decode)
         warp = recogniser.chosen_warps[speaker] if warps else 1.0
         result.warps[speaker] = warp
         rounds = [texts]
@@ -210,6 +217,8 @@ def fine_tune(
             dataset.set_epoch(epoch)
             for indices in sampler:
                 batch = collate([dataset[i] for i in indices]).to(recogniser.device)
+                if len(batch) == 0:  # every item's audio failed to read (they were read before, so rarely)
+                    continue
                 loss = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths).loss
                 if not torch.isfinite(loss):
                     skipped += 1

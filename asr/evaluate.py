@@ -33,9 +33,11 @@ counts in the real-time factor.
 
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training).
-Utterances the reader cannot use (missing or unreadable audio, an empty
-transcript) are left out with a logged reason and counted in ``wer.json``
-as ``skipped``, never dropped silently.
+Utterances that cannot be used (missing audio, audio whose header or samples
+cannot be read, NaN samples, an empty transcript) are left out with a logged
+reason and counted in ``wer.json``: ``skipped`` (how many) and ``skips``
+(counts by reason, and each one's message naming the file), never dropped
+silently. One bad file never stops the evaluation.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ from asr.data.report import DataError, SkipReport
 from asr.experiment import experiment_config_from_dict
 from asr.inference import load_recogniser, warp_list
 from asr.metrics import alignment_report, error_rates
-from features.audio import AudioError
 from features.filterbank import check_mel_filters
 
 
@@ -189,18 +190,19 @@ def main(argv: list[str] | None = None) -> int:
     # With --beam 1 and no CTC weight, decode() runs greedy search and ignores the length penalty.
     options = {"ctc_weight": args.ctc_weight, "length_penalty": args.length_penalty}
     start = time.perf_counter()
-    decode = dict(beam_size=args.beam, batch_size=args.batch_size, warps=args.vtln_warps, **options)
-    try:
-        if adaptation:
-            adapted = adapt_and_transcribe(recogniser, by_length, adaptation, **decode)
-            texts = adapted.texts
-        else:
-            texts = recogniser.transcribe_utterances(by_length, **decode)
-    except (AudioError, DataError) as err:  # the header was readable but the samples are not
-        parser.error(str(err))
+    decode = dict(beam_size=args.beam, batch_size=args.batch_size, warps=args.vtln_warps, report=report, **options)
+    if adaptation:
+        adapted = adapt_and_transcribe(recogniser, by_length, adaptation, **decode)
+        texts = adapted.texts
+    else:
+        texts = recogniser.transcribe_utterances(by_length, **decode)
     elapsed = time.perf_counter() - start
-    hyp_by_id = {u.id: text for u, text in zip(by_length, texts)}
-    usable.sort(key=lambda u: u.id)
+    # Audio that failed where it was read has no transcript; the report names it.
+    hyp_by_id = {u.id: text for u, text in zip(by_length, texts) if text is not None}
+    usable = sorted((u for u in usable if u.id in hyp_by_id), key=lambda u: u.id)
+    if not usable:
+        print(f"error: {where}: no utterance could be read\n{report.summary()}", file=sys.stderr)
+        return 2
     ids = [u.id for u in usable]
     refs = [u.text for u in usable]
     hyps = [hyp_by_id[i] for i in ids]
@@ -215,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         **rates,
         "utterances": len(usable),
         "skipped": len(report),
+        "skips": report.as_dict(),
         "audio_seconds": audio_seconds,
         "decode_seconds": elapsed,
         "rtf": elapsed / audio_seconds if audio_seconds > 0 else None,
@@ -245,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
             "nonfinite_steps": adapted.nonfinite_steps,
         }
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if len(texts) != sum(t is not None for t in texts):
+        report.log(f"{where} (after decoding)")
     print(
         f"WER {100 * rates['wer']:.2f}% (S={rates['substitutions']} D={rates['deletions']} "
         f"I={rates['insertions']} N={rates['ref_words']}) CER {100 * rates['cer']:.2f}% "
-        f"on {len(usable)} utterances of {where}" + (f" ({len(report)} skipped)" if len(report) else "")
+        f"on {len(usable)} utterances of {where}" + (f" ({report.counts_text()} skipped)" if len(report) else "")
     )
     if adaptation:
         per_round = " -> ".join(f"{100 * w:.2f}%" for w in summary["adaptation"]["wer_per_round"])

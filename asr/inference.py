@@ -34,13 +34,14 @@ import torch
 from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data.batching import collate
-from asr.data.dataset import load_utterance_audio
+from asr.data.dataset import audio_skip, utterance_features
+from asr.data.report import Skip, SkipReport
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import Utterance
 from asr.decoding import ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, build_model, experiment_config_from_dict
 from asr.models.ensemble import Ensemble
-from features.audio import AudioError
+from features.audio import AudioError, NonFiniteAudioError
 from features.filterbank import check_mel_filters
 from features.pipeline import FeaturePipeline
 
@@ -113,14 +114,17 @@ class Recogniser:
         batch_size: int = 16,
         warps: list[float] | None = None,
         speaker: str = "files",
+        report: SkipReport | None = None,
         **options,
-    ) -> list[str]:
+    ) -> list[str | None]:
         """Transcribe audio files (any sample rate, wav or flac), ``batch_size`` at a time.
 
         With ``warps`` (test-time VTLN), the files are taken as one speaker's,
-        named ``speaker`` in :attr:`chosen_warps`.
+        named ``speaker`` in :attr:`chosen_warps`. A file whose audio fails to
+        read gets None and is recorded in ``report`` (see :meth:`transcribe_utterances`).
         """
-        return self._transcribe(paths, [speaker] * len(paths), self._file_features, beam_size, batch_size, warps, **options)
+        speakers = [speaker] * len(paths)
+        return self._transcribe(paths, speakers, self._file_features, beam_size, batch_size, warps, report, **options)
 
     def transcribe_utterances(
         self,
@@ -128,31 +132,48 @@ class Recogniser:
         beam_size: int = 1,
         batch_size: int = 16,
         warps: list[float] | None = None,
+        report: SkipReport | None = None,
         **options,
-    ) -> list[str]:
+    ) -> list[str | None]:
         """Transcribe corpus utterances (files or in-memory audio), ``batch_size`` at a time.
 
         ``warps``: candidate VTLN factors for test-time VTLN (module docstring),
         chosen per ``Utterance.speaker``; the choices are left in
         :attr:`chosen_warps` and the mean score of every candidate in
         :attr:`warp_scores`. ``None`` decodes without a warp.
+        An utterance whose audio fails where it is read (damaged past its
+        header, NaN samples, too short) costs nothing else: its transcript is
+        None, and it is recorded once in ``report`` (a :class:`DataError` if the
+        report is strict).
         """
         speakers = [u.speaker for u in utterances]
-        return self._transcribe(utterances, speakers, self._utterance_features, beam_size, batch_size, warps, **options)
+        return self._transcribe(
+            utterances, speakers, self._utterance_features, beam_size, batch_size, warps, report, **options
+        )
 
     def _transcribe(
-        self, items: list, speakers: list[str], featurise, beam_size: int, batch_size: int, warps, **options
-    ) -> list[str]:
-        """Transcripts of ``items`` (``featurise(item, warp)`` gives features), with test-time VTLN
-        per speaker when ``warps`` lists candidates."""
+        self, items: list, speakers: list[str], featurise, beam_size: int, batch_size: int, warps, report, **options
+    ) -> list[str | None]:
+        """Transcripts of ``items`` (``featurise(item, warp)`` gives features; None where it fails),
+        with test-time VTLN per speaker when ``warps`` lists candidates."""
+        failed: dict[int, Skip] = {}
+        texts = self._transcribe_all(items, speakers, featurise, beam_size, batch_size, warps, failed, **options)
+        if report is not None:
+            for index in sorted(failed):
+                report.add(failed[index])
+        return texts
+
+    def _transcribe_all(
+        self, items, speakers, featurise, beam_size, batch_size, warps, failed: dict[int, Skip], **options
+    ) -> list[str | None]:
         if not warps:
-            texts, _ = self._in_batches(items, featurise, beam_size, batch_size, False, **options)
+            texts, _ = self._in_batches(items, featurise, beam_size, batch_size, False, failed, **options)
             return texts
         check_mel_filters(self.pipeline.config, warps)
         by_speaker: dict[str, list[int]] = defaultdict(list)
         for i, speaker in enumerate(speakers):
             by_speaker[speaker].append(i)
-        texts = [""] * len(items)
+        texts: list[str | None] = [None] * len(items)
         for speaker, indices in by_speaker.items():
             own = [items[i] for i in indices]
             best = None
@@ -160,8 +181,11 @@ class Recogniser:
             # Nearest to no warp first, so that a tie keeps the smaller change.
             for warp in sorted(set(warps), key=lambda w: (abs(w - 1.0), w)):
                 warped = functools.partial(featurise, warp=warp)
-                found, logp = self._in_batches(own, warped, beam_size, batch_size, True, **options)
-                scores[warp] = sum(logp) / len(logp)
+                own_failed: dict[int, Skip] = {}
+                found, logp = self._in_batches(own, warped, beam_size, batch_size, True, own_failed, **options)
+                failed.update({indices[i]: skip for i, skip in own_failed.items()})
+                read = [score for score in logp if score is not None]
+                scores[warp] = sum(read) / len(read) if read else float("-inf")
                 if best is None or scores[warp] > scores[best[0]]:
                     best = (warp, found)
             self.chosen_warps[speaker] = best[0]
@@ -171,27 +195,36 @@ class Recogniser:
         return texts
 
     def _file_features(self, path: str | Path, warp: float | None = None) -> torch.Tensor:
-        return self.pipeline.from_file(path, warp=warp)
+        features = self.pipeline.from_file(path, warp=warp)
+        if not bool(torch.isfinite(features).all()):
+            raise NonFiniteAudioError(f"{path}: the features hold NaN or infinite values")
+        return features
 
     def _utterance_features(self, utt: Utterance, warp: float | None = None) -> torch.Tensor:
-        waveform, rate = load_utterance_audio(utt)
-        try:
-            return self.pipeline.from_waveform(waveform, rate, warp=warp)
-        except AudioError as err:
-            raise AudioError(f"{utt.source} (utterance {utt.id}): {err}") from err
+        return utterance_features(utt, self.pipeline, warp=warp)
 
     def _in_batches(
-        self, items: list, featurise, beam_size: int, batch_size: int, score: bool, **options
-    ) -> tuple[list[str], list[float]]:
+        self, items: list, featurise, beam_size: int, batch_size: int, score: bool, failed: dict[int, Skip], **options
+    ) -> tuple[list[str | None], list[float | None]]:
         """``featurise`` each item and decode ``batch_size`` of them at a time: a transcript per item,
-        and with ``score`` its log-probability (else the list is empty)."""
-        texts: list[str] = []
-        scores: list[float] = []
+        and with ``score`` its log-probability (else the list is empty). An item whose features
+        cannot be made gets None for both and its :class:`Skip` in ``failed`` (by index)."""
+        texts: list[str | None] = []
+        scores: list[float | None] = []
         for start in range(0, len(items), batch_size):
-            chunk = [featurise(item) for item in items[start : start + batch_size]]
-            found, logp = self._decode(chunk, beam_size, score, **options)
-            texts += found
-            scores += logp or []
+            chunk: dict[int, torch.Tensor] = {}
+            for index in range(start, min(start + batch_size, len(items))):
+                try:
+                    chunk[index] = featurise(items[index])
+                except AudioError as err:
+                    failed[index] = audio_skip(err)
+            found, logp = self._decode(list(chunk.values()), beam_size, score, **options)
+            decoded = dict(zip(chunk, zip(found, logp or [None] * len(found))))
+            for index in range(start, min(start + batch_size, len(items))):
+                text, logp_one = decoded.get(index, (None, None))
+                texts.append(text)
+                if score:
+                    scores.append(logp_one)
         return texts, scores
 
 

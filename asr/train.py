@@ -34,12 +34,12 @@ import yaml
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from asr.checkpoint import load_checkpoint, save_checkpoint
+from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from asr.config import ConfigError
 from asr.data.corpus import build_tokenizer, load_split
 from asr.data.batching import BucketBatchSampler, collate
 from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_utterances
-from asr.data.report import DataError
+from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import tokenizer_from_state_dict
 from asr.decoding import decode
 from asr.experiment import ExperimentConfig, build_model, experiment_config_to_dict, load_experiment_config
@@ -64,6 +64,7 @@ class Progress:
     nonfinite_in_a_row: int = 0
     epochs_without_improvement: int = 0
     best: list = field(default_factory=list)  # [(metric, epoch)], best first, at most keep_best
+    skipped_in_epoch: dict = field(default_factory=dict)  # reason -> training items skipped so far this epoch
 
 
 # ---------------------------------------------------------------------------- distributed
@@ -186,13 +187,19 @@ class Trainer:
             self.pipeline = FeaturePipeline(self.config.features)
             if self.config.features.mvn == "global":
                 logger.info("accumulating global MVN statistics over %d training utterances", len(train_utts))
-                compute_global_stats(train_utts, self.pipeline, data_cfg.num_workers)
+                stats_report = SkipReport(strict=data_cfg.strict)
+                compute_global_stats(train_utts, self.pipeline, data_cfg.num_workers, stats_report)
+                stats_report.log("global MVN statistics")
         valid_utts, valid_report = load_split(data_cfg, "dev")
         valid_utts, _ = prepare_utterances(
             valid_utts, data_cfg, self.tokenizer, valid_report, limit_duration=False, name="dev"
         )
-        self.train_set = SpeechDataset(train_utts, self.pipeline, self.tokenizer, train=True, seed=data_cfg.seed)
-        self.valid_set = SpeechDataset(valid_utts, self.pipeline, self.tokenizer, train=False, seed=data_cfg.seed)
+        self.train_set = SpeechDataset(
+            train_utts, self.pipeline, self.tokenizer, train=True, seed=data_cfg.seed, strict=data_cfg.strict
+        )
+        self.valid_set = SpeechDataset(
+            valid_utts, self.pipeline, self.tokenizer, train=False, seed=data_cfg.seed, strict=data_cfg.strict
+        )
         self.sampler = BucketBatchSampler(
             self.train_set.num_frames(),
             data_cfg.max_frames_per_batch,
@@ -253,6 +260,7 @@ class Trainer:
         for batch in loader:
             self.progress.batch_in_epoch += 1
             accumulated += 1
+            self._count_skips(batch)
             loss_value = self._forward_backward(batch, scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if loss_value is None:
@@ -289,8 +297,21 @@ class Trainer:
         stop = self._end_of_epoch(epoch, metrics)
         return stop
 
+    def _count_skips(self, batch) -> None:
+        """Log each training item whose audio failed where it was read, and count it by reason for the epoch."""
+        counts = self.progress.skipped_in_epoch
+        for skip in batch.skipped:
+            logger.warning("training item skipped at epoch %d: %s [%s]", self.progress.epoch, skip.message, skip.reason)
+            counts[skip.reason] = counts.get(skip.reason, 0) + 1
+
     def _forward_backward(self, batch, scale: float) -> float | None:
-        """Loss and gradients of one batch; None when the loss is not finite (batch skipped)."""
+        """Loss and gradients of one batch; None when the loss is not finite or no item is left (batch skipped)."""
+        usable = torch.tensor(float(len(batch) > 0), device=self.device)
+        if self.dist.enabled:
+            dist.all_reduce(usable, op=dist.ReduceOp.MIN)  # every rank skips together, or none does
+        if usable.item() == 0:
+            logger.warning("batch %d of epoch %d lost all its utterances; skipped", self.progress.batch_in_epoch, self.progress.epoch)
+            return None
         batch = batch.to(self.device)
         with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.use_amp):
             output = self.model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
@@ -348,7 +369,12 @@ class Trainer:
             total, tokens = 0.0, 0
             refs, hyps = [], []
             limit = self.train_cfg.valid_max_utterances
+            skipped = SkipReport()
             for batch in self._loader(self.valid_batches, self.valid_set, 0):
+                for skip in batch.skipped:
+                    skipped.add(skip)
+                if len(batch) == 0:
+                    continue
                 batch = batch.to(self.device)
                 output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
                 total += float(output.loss) * output.num_tokens
@@ -360,6 +386,8 @@ class Trainer:
             metrics["valid_loss"] = total / max(tokens, 1)
             rates = error_rates(refs, hyps)
             metrics["valid_wer"], metrics["valid_cer"] = rates["wer"], rates["cer"]
+            if skipped:
+                skipped.log("validation")
             model.train()
         if self.dist.enabled:
             shared = [metrics]
@@ -371,11 +399,18 @@ class Trainer:
         cfg = self.train_cfg
         progress = self.progress
         improved = False
+        skipped = sum(progress.skipped_in_epoch.values())
+        skipped_text = f"{skipped} training utterance(s) skipped" + (
+            " (" + ", ".join(f"{n} {reason}" for reason, n in sorted(progress.skipped_in_epoch.items())) + ")"
+            if skipped else ""
+        )
+        if self.writer is not None:
+            self.writer.add_scalar("train/skipped_utterances", skipped, epoch + 1)
         if metrics:
             value = metrics[cfg.best_metric]
             logger.info(
-                "epoch %d: valid loss %.4f, WER %.2f%%, CER %.2f%%",
-                epoch, metrics["valid_loss"], 100 * metrics["valid_wer"], 100 * metrics["valid_cer"],
+                "epoch %d: valid loss %.4f, WER %.2f%%, CER %.2f%%; %s",
+                epoch, metrics["valid_loss"], 100 * metrics["valid_wer"], 100 * metrics["valid_cer"], skipped_text,
             )
             if self.writer is not None:
                 for name, v in metrics.items():
@@ -396,6 +431,9 @@ class Trainer:
             for path in self.exp_dir.glob("best_epoch*.pt"):
                 if int(path.stem.removeprefix("best_epoch")) not in kept:
                     path.unlink()
+        if not metrics:
+            logger.info("epoch %d done; %s", epoch, skipped_text)
+        progress.skipped_in_epoch = {}
         self._save_last()
         patience = cfg.early_stopping_patience
         if patience is not None and progress.epochs_without_improvement >= patience:
@@ -458,19 +496,36 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
+    """Every RNG the run draws from, as tensors and plain numbers (checkpoints hold nothing else)."""
     import numpy as np
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` saved."""
     import numpy as np
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    numpy = state["numpy"]
+    keys = numpy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((numpy["kind"], keys, numpy["position"], numpy["has_gauss"], numpy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -503,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_experiment_config(args.recipe, args.overrides)
         trainer = Trainer(config, resume=args.resume)
         trainer.fit()
-    except (ConfigError, DataError, TrainingError) as err:
+    except (CheckpointError, ConfigError, DataError, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -12,8 +12,10 @@ stderr; ``--adapt-rounds N`` also takes them as one speaker's and adapts
 the models to it without transcripts before the final decoding (see
 :mod:`asr.adapt`). Any
 sample rate works (audio is resampled to the model's rate); wav and flac are
-read with soundfile. A file that cannot be read is reported on stderr by name,
-the others are still transcribed, and the exit status is 1.
+read with soundfile. A file that cannot be used (unreadable, damaged past its
+header, NaN samples, too short) is reported on stderr by name and reason, the
+others are still transcribed, a count by reason ends the output, and the exit
+status is 1.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 
 from asr.adapt import AdaptationSettings, adapt_and_transcribe
 from asr.checkpoint import CheckpointError
+from asr.data.dataset import audio_skip
+from asr.data.report import SkipReport
 from asr.data.utterance import Utterance
 from asr.inference import load_recogniser, warp_list
 from features.audio import AudioError, load_audio
@@ -72,35 +76,37 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--vtln-warps: {err}")
     if args.ctc_weight > 0 and getattr(recogniser.config.model, "ctc_weight", 0.0) == 0:
         parser.error(f"--ctc-weight {args.ctc_weight}: {args.checkpoint} was trained without a CTC head")
+    report = SkipReport()
     if args.vtln_warps or settings:
-        return _transcribe_one_speaker(recogniser, args, settings)
-    failed = 0
-    for path in args.audio:
-        # One file at a time: output appears as it is ready, and one bad file costs nothing else.
-        try:
-            features = recogniser.pipeline.from_file(path)
-            (text,) = recogniser.transcribe_features([features], beam_size=args.beam, ctc_weight=args.ctc_weight)
-        except (AudioError, ValueError) as err:  # unreadable, empty, or too short for the model
-            message = str(err) if path in str(err) else f"{path}: {err}"
-            print(f"error: {message}", file=sys.stderr)
-            failed += 1
-            continue
-        print(f"{path}\t{text}", flush=True)
-    return 1 if failed else 0
+        _transcribe_one_speaker(recogniser, args, settings, report)
+    else:
+        for path in args.audio:
+            # One file at a time: output appears as it is ready, and one bad file costs nothing else.
+            (text,) = recogniser.transcribe_files([path], beam_size=args.beam, report=report, ctc_weight=args.ctc_weight)
+            if text is None:
+                _print_skip(report.skips[-1])
+            else:
+                print(f"{path}\t{text}", flush=True)
+    if report:
+        print(f"{report.counts_text()} of {len(args.audio)} files skipped", file=sys.stderr)
+    return 1 if report else 0
 
 
-def _transcribe_one_speaker(recogniser, args, settings: AdaptationSettings | None) -> int:
+def _print_skip(skip) -> None:
+    print(f"error: {skip.message} [{skip.reason}]", file=sys.stderr)
+
+
+def _transcribe_one_speaker(recogniser, args, settings: AdaptationSettings | None, report: SkipReport) -> None:
     """All files at once, as one speaker's: under the warp chosen for them together and, with
-    ``settings``, by the models adapted to them. Unreadable files are named and left out."""
-    usable, failed = [], 0
+    ``settings``, by the models adapted to them. Files that cannot be used are named and left out."""
+    usable = []
     for path in args.audio:
         try:
             waveform, rate = load_audio(path)
             recogniser.pipeline.from_waveform(waveform, rate)  # too short for the features is an error here
-        except (AudioError, ValueError) as err:
-            message = str(err) if path in str(err) else f"{path}: {err}"
-            print(f"error: {message}", file=sys.stderr)
-            failed += 1
+        except AudioError as err:
+            report.add(audio_skip(err))
+            _print_skip(report.skips[-1])
         else:
             usable.append(Utterance(path, Path(path), "", waveform.shape[-1] / rate, SPEAKER))
     if usable:
@@ -116,7 +122,6 @@ def _transcribe_one_speaker(recogniser, args, settings: AdaptationSettings | Non
         done = [f"VTLN warp {warp:g}"] if args.vtln_warps else []
         done += [f"adapted in {settings.rounds} round{'s' if settings.rounds > 1 else ''}"] if settings else []
         print(f"{', '.join(done)} for these {len(usable)} files", file=sys.stderr)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

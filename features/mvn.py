@@ -56,12 +56,15 @@ class GlobalStats:
         self.sum_squares = torch.zeros(dim, dtype=torch.float64)
 
     def update(self, feats: Tensor) -> None:
-        """Add the frames of one utterance, ``feats (T, D)``."""
+        """Add the frames of one utterance, ``feats (T, D)``; non-finite values are refused (ValueError)."""
         if feats.dim() != 2 or feats.shape[1] != self.dim:
             raise ValueError(
                 f"GlobalStats.update: expected features of shape (T, {self.dim}), got {tuple(feats.shape)}"
             )
         x = feats.detach().to("cpu", torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            # One NaN frame would make every later normalised feature NaN: refuse it here.
+            raise ValueError("GlobalStats.update: the features hold NaN or infinite values")
         self.count += x.shape[0]
         self.sum += x.sum(dim=0)
         self.sum_squares += (x * x).sum(dim=0)

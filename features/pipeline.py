@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from features.audio import AudioError, load_audio, resample, to_mono
+from features.audio import AudioError, check_finite, load_audio, resample, to_mono
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.deltas import add_deltas
 from features.filterbank import check_mel_filters, extract
@@ -154,6 +154,7 @@ class FeaturePipeline:
         """Downmix -> resample -> (speed perturbation, dither, VTLP) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
+        check_finite(waveform, "waveform")
         rate = self.config.sample_rate
         mono = resample(to_mono(waveform), sample_rate, rate)
         if train and self.config.speed_perturb:

@@ -1,5 +1,6 @@
 """Shared test fixtures: the real speech in ``../shared/data`` (see its README)."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -36,6 +37,35 @@ def librivox_mini() -> Path:
 def fsdd_dev() -> Path:
     """Connected-digit dev set in LibriSpeech layout (subset folder)."""
     return _require(SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev")
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")} if folder.exists() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_data_is_never_written():
+    """No test may write into the shared data (whoever runs the suite: as root, its read-only
+    modes stop nothing). Checked after the whole session: anything added, removed or changed fails."""
+    before = _snapshot(SHARED_DATA)
+    yield
+    after = _snapshot(SHARED_DATA)
+    changed = sorted(set(before) ^ set(after) | {p for p in before.keys() & after.keys() if before[p] != after[p]})
+    if changed:
+        pytest.fail(f"tests wrote into {SHARED_DATA}: {changed[:5]}")
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_is_restored():
+    """An entry point's logging.basicConfig binds a handler to the stream of the test that called it;
+    left in place, it would write into a closed stream in every later test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

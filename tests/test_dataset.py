@@ -131,8 +131,12 @@ def test_dataset_errors_name_the_utterance(mini, tmp_path):
     garbage = tmp_path / "9999-1-0009.flac"
     garbage.write_bytes(b"fLaC but not really")
     broken = dataclasses.replace(mini[0], id="9999-1-0009", audio=garbage)
+    # Audio that fails where it is read is a skip naming the file (an error in strict mode).
+    item = SpeechDataset([broken], pipeline, CharTokenizer.train([mini[0].text]))[0]
+    assert item["id"] == "9999-1-0009" and "9999-1-0009.flac" in item["skip"].message
+    assert item["skip"].reason == reasons.UNDECODABLE_AUDIO
     with pytest.raises(DataError, match="9999-1-0009.flac"):
-        SpeechDataset([broken], pipeline, CharTokenizer.train([mini[0].text]))[0]
+        SpeechDataset([broken], pipeline, CharTokenizer.train([mini[0].text]), strict=True)[0]
 
 
 @pytest.fixture

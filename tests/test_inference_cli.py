@@ -143,7 +143,9 @@ def test_transcribe_names_unreadable_and_missing_files_and_goes_on(untrained, tm
     assert transcribe.main([str(untrained), str(bad), str(good), str(missing)]) == 1
     captured = capsys.readouterr()
     err_lines = captured.err.splitlines()
-    assert len(err_lines) == 2 and str(bad) in err_lines[0] and str(missing) in err_lines[1]
+    assert len(err_lines) == 3 and str(bad) in err_lines[0] and str(missing) in err_lines[1]
+    assert "[missing audio file]" in err_lines[1]
+    assert err_lines[2] == "2 (1 audio that fails to decode, 1 missing audio file) of 3 files skipped"
     assert captured.out.splitlines()[0].startswith(f"{good}\t")
     assert len(captured.out.splitlines()) == 1
 

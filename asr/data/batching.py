@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import Sampler
 
+from asr.data.report import Skip
 from asr.data.tokenizer import PAD_ID
 
 
@@ -121,6 +122,8 @@ class Batch:
     feature_lengths: (B,) long, valid frames per row (mask: ``lengths_to_mask``, True = valid).
     tokens:          (B, L) long, padded with the PAD id (0); no <sos>/<eos>.
     token_lengths:   (B,) long.
+    skipped:         the items of this batch left out because their audio failed where it
+                     was read; when every item failed, B is 0.
     """
 
     ids: list[str]
@@ -128,34 +131,37 @@ class Batch:
     feature_lengths: torch.Tensor
     tokens: torch.Tensor
     token_lengths: torch.Tensor
+    skipped: list[Skip] = field(default_factory=list)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(
-            self.ids,
-            self.features.to(device, non_blocking=non_blocking),
-            self.feature_lengths.to(device, non_blocking=non_blocking),
-            self.tokens.to(device, non_blocking=non_blocking),
-            self.token_lengths.to(device, non_blocking=non_blocking),
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
         """Called by ``DataLoader(pin_memory=True)`` for faster host-to-GPU copies."""
-        return Batch(
-            self.ids,
-            self.features.pin_memory(),
-            self.feature_lengths.pin_memory(),
-            self.tokens.pin_memory(),
-            self.token_lengths.pin_memory(),
-        )
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, move) -> "Batch":
+        tensors = (self.features, self.feature_lengths, self.tokens, self.token_lengths)
+        return Batch(self.ids, *(move(t) for t in tensors), skipped=self.skipped)
 
     def __len__(self) -> int:
         return len(self.ids)
 
 
 def collate(items: Sequence[dict]) -> Batch:
-    """Pad dataset items (``{"id", "features" (T, D), "tokens" (L,)}``) into a :class:`Batch`, order kept."""
+    """Pad dataset items (``{"id", "features" (T, D), "tokens" (L,)}``) into a :class:`Batch`, order kept.
+
+    Items ``{"id", "skip": Skip}`` (audio that failed to read, see
+    :class:`asr.data.dataset.SpeechDataset`) are left out and listed in ``Batch.skipped``.
+    """
     if not items:
         raise ValueError("cannot collate an empty batch")
+    skipped = [item["skip"] for item in items if "skip" in item]
+    items = [item for item in items if "skip" not in item]
+    if not items:
+        no_lengths = torch.zeros(0, dtype=torch.long)
+        no_tokens = torch.zeros(0, 0, dtype=torch.long)
+        return Batch([], torch.zeros(0, 0, 0), no_lengths, no_tokens, no_lengths.clone(), skipped=skipped)
     dims = {item["features"].shape[1] for item in items}
     if len(dims) != 1:
         raise ValueError(f"feature dimensions differ within a batch: {sorted(dims)}")
@@ -166,4 +172,4 @@ def collate(items: Sequence[dict]) -> Batch:
     for row, item in enumerate(items):
         features[row, : feature_lengths[row]] = item["features"]
         tokens[row, : token_lengths[row]] = item["tokens"]
-    return Batch([item["id"] for item in items], features, feature_lengths, tokens, token_lengths)
+    return Batch([item["id"] for item in items], features, feature_lengths, tokens, token_lengths, skipped=skipped)
