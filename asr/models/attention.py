@@ -150,7 +150,7 @@ class Attention(nn.Module):
         # activation, matrix-vector products), since this is where decoding
         # spends most of its time. For the same reason the additive energies use
         # tanh(x) = 2 sigmoid(2x) - 1, i.e. v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v):
-        # torch's float sigmoid is ~3x faster than its tanh, the factor 2 rides
+        # torch's float sigmoid is much faster than its tanh on CPU, the factor 2 rides
         # on the multiply-adds, and the result differs from the tanh form only
         # by float rounding (~1e-6 on the energies).
         if self.type == "dot":

@@ -72,6 +72,11 @@ class Ensemble(nn.Module):
         self.models = nn.ModuleList(models)
         self.sos_id, self.eos_id, self.pad_id = ids[0]
 
+    @property
+    def has_ctc(self) -> bool:
+        """True when every member has a CTC head (their posteriors are averaged)."""
+        return all(model.has_ctc for model in self.models)
+
     def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EnsembleEncoderOutput:
         return _combine([model.encode(features, feature_lengths) for model in self.models])
 

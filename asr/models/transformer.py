@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
-from asr.models.interface import EncoderOutput, ModelOutput, reorder_nested
+from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
 from asr.models.norms import NORM_TYPES, FixNorm, make_norm
 
 LAYER_NORM_PLACEMENTS = ("pre", "post")
@@ -73,8 +73,9 @@ class DecoderConfig:
 
 
 @dataclass
-class TransformerConfig:
-    """A Transformer recogniser (``model:`` with ``type: transformer``)."""
+class TransformerConfig(ModelConfig):
+    """A Transformer recogniser (``model:`` with ``type: transformer``; ``ctc_weight`` and
+    ``label_smoothing``: :class:`ModelConfig`, on the attention cross-entropy as in Vaswani et al.)."""
 
     type: Literal["transformer"] = "transformer"
     d_model: int = 256             # width of both stacks; cross-attention needs them equal
@@ -87,13 +88,16 @@ class TransformerConfig:
     fixnorm: bool = False
     scale_embedding: bool = True   # token embedding * sqrt(d_model), so it is not drowned by the positions
     tie_embeddings: bool = True    # output projection = decoder input embedding (one Parameter)
-    ctc_weight: float = 0.3        # loss = (1 - w) * attention CE + w * CTC; 0 builds no CTC head (ESPnet uses 0.3)
-    label_smoothing: float = 0.1   # on the attention cross-entropy only, as in Vaswani et al.
     eps: float = 1e-5              # added inside every LayerNorm / lower bound of the ScaleNorm/FixNorm length
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
 
+    @property
+    def schedule_dim(self) -> int:
+        return self.d_model
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.type != "transformer":
             raise ValueError(f"type must be 'transformer', got {self.type!r}")
         if self.d_model < 2 or self.d_model % 2:
@@ -101,12 +105,9 @@ class TransformerConfig:
             raise ValueError(f"d_model must be a positive even number, got {self.d_model}")
         if self.heads < 1 or self.d_model % self.heads:
             raise ValueError(f"heads must divide d_model={self.d_model}, got {self.heads}")
-        for name in ("dropout", "attention_dropout", "label_smoothing"):
+        for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0.0 <= self.ctc_weight < 1.0:
-            # 1.0 would leave the decoder untrained while decoding still needs it.
-            raise ValueError(f"ctc_weight must be in [0, 1), got {self.ctc_weight}")
         if self.norm_type not in NORM_TYPES:
             raise ValueError(f"norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}")
         if self.eps <= 0:
@@ -494,6 +495,10 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(config, input_dim)
         self.decoder = TransformerDecoder(config, vocab_size)
         self.ctc = CTCHead(config.d_model, vocab_size, blank_id=pad_id) if config.ctc_weight > 0 else None
+
+    @property
+    def has_ctc(self) -> bool:
+        return self.ctc is not None
 
     def encode(self, features: Tensor, feature_lengths: Tensor) -> EncoderOutput:
         """features (B, T, F), feature_lengths (B,) -> EncoderOutput with T' = T/4 frames."""
