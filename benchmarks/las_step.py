@@ -152,7 +152,8 @@ def benchmark_recipe(recipe: str, args, device) -> None:
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    step_time = measure(step_case(model, optimizer, config.train.grad_clip, batch), device, amp, args.warmup, args.repeats)
+    step = step_case(model, optimizer, config.train.grad_clip, batch)
+    step_time = measure(step, device, amp, args.warmup, args.repeats)
     if device.type == "cuda":
         peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated"
     else:

@@ -215,7 +215,8 @@ def cuda_main(args) -> None:
                     torch.cuda.synchronize(device)
                     if round_index >= args.warmup:
                         times[key].append(time.perf_counter() - start)
-            print(f"\nB={batch}, T={time_steps}, input {input_size}, hidden {hidden}, one bidirectional layer, {precision}")
+            print(f"\nB={batch}, T={time_steps}, input {input_size}, hidden {hidden}, one bidirectional layer, "
+                  f"{precision}")
             print(f"{'variant':<36} {'train ms':>9} {'x nn.LSTM':>9} {'infer ms':>9} {'x nn.LSTM':>9}")
             base = {mode: statistics.median(times[("nn.LSTM (cuDNN)", mode)]) for mode in ("train", "infer")}
             for name in variants:

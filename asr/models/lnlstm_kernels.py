@@ -157,7 +157,7 @@ def lstm_forward_step(
     state = (d * state_sd + b * state_sb)[:, None] + cols[None, :]
     c_prev = tl.load(c_in_ptr + state, mask=ok2, other=0.0).to(tl.float32)
 
-    i, j, f, o, c, tanh_c, h, gh_hat, rstd_h, c_hat, rstd_c = _cell_forward(
+    _, _, _, _, c, _, h, _, _, _, _ = _cell_forward(
         gx, gh, c_prev, d, gates, units, cols, tile_ok, col_ok,
         lnh_w_ptr, lnh_b_ptr, lnc_w_ptr, lnc_b_ptr, forget_bias, eps, H, BLOCK_H, ROWS, LAYER_NORM,
     )
@@ -215,7 +215,7 @@ def lstm_backward_step(
     gh = tl.load(gh_ptr + gh_row[:, None, None] + gates * H + units, mask=tile_ok, other=0.0).to(tl.float32)
     c_prev = tl.load(c_in_ptr + (d * c_sd + b * c_sb)[:, None] + cols[None, :], mask=ok2, other=0.0)
     c_prev = c_prev.to(tl.float32)
-    i, j, f, o, c, tanh_c, h, gh_hat, rstd_h, c_hat, rstd_c = _cell_forward(
+    i, j, f, o, _, tanh_c, _, gh_hat, rstd_h, c_hat, rstd_c = _cell_forward(
         gx, gh, c_prev, d, gates, units, cols, tile_ok, col_ok,
         lnh_w_ptr, lnh_b_ptr, lnc_w_ptr, lnc_b_ptr, forget_bias, eps, H, BLOCK_H, ROWS, LAYER_NORM,
     )
@@ -237,7 +237,8 @@ def lstm_backward_step(
         d_hat_c = d_norm_c * weight_c
         mean_d = tl.sum(d_hat_c, axis=1) / H
         mean_dx = tl.sum(d_hat_c * c_hat, axis=1) / H
-        dc = dc_next + tl.where(col_ok2, rstd_c[:, None] * (d_hat_c - mean_d[:, None] - c_hat * mean_dx[:, None]), 0.0)
+        d_c = rstd_c[:, None] * (d_hat_c - mean_d[:, None] - c_hat * mean_dx[:, None])
+        dc = dc_next + tl.where(col_ok2, d_c, 0.0)
         dlnc_w = tl.where(keep, d_norm_c * c_hat, 0.0)
         dlnc_b = tl.where(keep, d_norm_c, 0.0)
         rows_c = (d * batch + b)[:, None] * H + cols[None, :]

@@ -62,9 +62,9 @@ import math
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -101,7 +101,7 @@ def load(strict: bool = False):
                 from asr.models import lnlstm_kernels
 
                 _kernels = lnlstm_kernels
-            except Exception as exc:  # ImportError, or whatever a broken triton install raises
+            except Exception as exc:  # noqa: BLE001 -- ImportError, or whatever a broken triton install raises
                 _load_error = exc
                 if not strict:
                     warnings.warn(
@@ -152,7 +152,7 @@ def usable(device: torch.device, strict: bool = False) -> bool:
                 try:
                     _probe(torch.device(name))
                     _device_errors[name] = None
-                except Exception as exc:  # a compile error, out of resources, a driver error
+                except Exception as exc:  # noqa: BLE001 -- a compile error, out of resources, a driver error
                     _device_errors[name] = exc
                     if not strict:
                         warnings.warn(
@@ -168,23 +168,28 @@ def usable(device: torch.device, strict: bool = False) -> bool:
 
 
 def _probe(device: torch.device) -> None:
-    """Compile and run the layer and cell kernels (forward and backward) on a tiny problem."""
+    """Compile and run the kernels (forward and backward, layer and cell) on a tiny problem,
+    in the variants training uses most: with and without layer norm, float32 and bf16 GEMMs."""
     generator = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator).to(device)
 
-    config = _Config(hidden=4, layer_norm=True, forget_bias=1.0, eps=1e-5, gemm_dtype=torch.float32)
-    params = (rand(2, 16, 4), rand(2, 16), rand(2, 16), rand(2, 4), rand(2, 4))
     lengths = torch.tensor([3, 1], dtype=torch.int32, device=device)
     with torch.autocast(device.type, enabled=False):
-        gx = rand(2, 3, 2, 16)
-        out = _forward(gx, params, rand(2, 2, 4), rand(2, 2, 4), lengths, config, save=True, static=False)
-        _backward(gx, params, lengths, out.h_saved, out.c_saved, rand(2, 3, 2, 4), rand(2, 2, 4), rand(2, 2, 4),
-                  config, torch.float32, static=False)
-        h, c = _cell_forward(rand(3, 16), rand(3, 16), rand(3, 4), params[1:], config)
-        _cell_backward(rand(3, 16), rand(3, 16), rand(3, 4), params[1:], rand(3, 4), rand(3, 4), config)
-    torch.cuda.synchronize(device)
+        for layer_norm, gemm_dtype in ((True, torch.float32), (False, torch.float32), (True, torch.bfloat16)):
+            config = _Config(hidden=4, layer_norm=layer_norm, forget_bias=1.0, eps=1e-5, gemm_dtype=gemm_dtype)
+            params = (rand(2, 16, 4), rand(2, 16), rand(2, 16), rand(2, 4), rand(2, 4))[: 5 if layer_norm else 1]
+            gx = rand(2, 3, 2, 16)
+            out = _forward(gx, params, rand(2, 2, 4), rand(2, 2, 4), lengths, config, save=True, static=False)
+            _backward(gx, params, lengths, out.h_saved, out.c_saved, rand(2, 3, 2, 4), rand(2, 2, 4),
+                      rand(2, 2, 4), config, torch.float32, static=False)
+            ln_params = params[1:] if layer_norm else (None,) * 4
+            gh = rand(3, 16).to(gemm_dtype)
+            _cell_forward(rand(3, 16), gh, rand(3, 4), ln_params, config)
+            _cell_backward(rand(3, 16), gh, rand(3, 4), ln_params, rand(3, 4), rand(3, 4), config)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # a kernel that faults reports it here
 
 
 # --- shapes, launch sizes ----------------------------------------------------------
@@ -324,11 +329,13 @@ def _run_recorded(cache: _GraphCache, key, specs: dict, fill: Callable, launch: 
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             launch(buffers)
         cache.set_graph(key, device, graph)
-    except Exception as exc:  # capture is not possible here: keep the eager loop (already run)
+    except Exception as exc:  # noqa: BLE001 -- capture is not possible here: keep the eager loop (already run)
         _use_cuda_graphs = False
         if not _graph_failure_warned:
             _graph_failure_warned = True
-            warnings.warn(f"LNLSTM: CUDA graph capture failed ({exc}); running the time loops eagerly", RuntimeWarning)
+            warnings.warn(
+                f"LNLSTM: CUDA graph capture failed ({exc}); running the time loops eagerly", RuntimeWarning
+            )
     return buffers
 
 
@@ -439,7 +446,7 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
         key = ("forward", device, directions, padded_batch, padded_time, config, save)
         buffers = _run_recorded(_FORWARD_LOOPS, key, specs, fill, launch, device)
     else:
-        bound = dict(gx=gx, lengths=lengths, w_h=w_h.to(config.gemm_dtype))
+        bound = {"gx": gx, "lengths": lengths, "w_h": w_h.to(config.gemm_dtype)}
         if config.layer_norm:
             bound.update(zip(("lnh_w", "lnh_b", "lnc_w", "lnc_b"), ln))
         buffers = _fresh(specs, device, **bound)
@@ -563,8 +570,8 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
         key = ("backward", device, directions, padded_batch, padded_time, config)
         buffers = _run_recorded(_BACKWARD_LOOPS, key, specs, fill, launch, device)
     else:
-        bound = dict(gx=gx, lengths=lengths, w_h=w_h.to(config.gemm_dtype), h=h_saved, c=c_saved,
-                     dy=dy.contiguous())
+        bound = {"gx": gx, "lengths": lengths, "w_h": w_h.to(config.gemm_dtype), "h": h_saved, "c": c_saved,
+                 "dy": dy.contiguous()}
         if config.layer_norm:
             bound.update(zip(("lnh_w", "lnh_b", "lnc_w", "lnc_b"), ln))
         buffers = _fresh(specs, device, **bound)
@@ -658,8 +665,8 @@ def fused_layer(cells, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.
 def _cell_launch_common(rows: int, config: _Config, device):
     rows_per_program, block_h, warps = _launch_sizes(rows, config.hidden, device)
     grid = (triton_cdiv(rows, rows_per_program),)
-    meta = dict(H=config.hidden, BLOCK_H=block_h, ROWS=rows_per_program, LAYER_NORM=config.layer_norm,
-                SEQUENCE=False, num_warps=warps)
+    meta = {"H": config.hidden, "BLOCK_H": block_h, "ROWS": rows_per_program, "LAYER_NORM": config.layer_norm,
+            "SEQUENCE": False, "num_warps": warps}
     return grid, meta
 
 
@@ -691,7 +698,8 @@ def _cell_backward(gx, gh, c, ln_params, dh, dc, config: _Config):
     dgh = torch.empty_like(gh)
     dc_prev = torch.empty_like(c)
     if config.layer_norm:
-        per_row = [torch.empty(rows, n, dtype=torch.float32, device=c.device) for n in (4 * hidden,) * 2 + (hidden,) * 2]
+        widths = (4 * hidden, 4 * hidden, hidden, hidden)
+        per_row = [torch.empty(rows, n, dtype=torch.float32, device=c.device) for n in widths]
         lnh = ln_params
     else:
         per_row = [dc_prev] * 4  # never written
