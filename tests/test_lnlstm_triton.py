@@ -188,13 +188,15 @@ def test_single_direction_without_lengths(implementation, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_bf16_autocast_is_as_close_to_float32_as_the_reference(implementation, device):
-    """Under bf16 autocast the recurrent GEMMs round their operands (as the reference
-    path's F.linear does). Each output's and gradient's distance from the float32
-    reference (relative to its largest magnitude) must be at most twice the
-    reference path's own bf16 distance plus 1e-2. On this test the reference
-    path's bf16 distances are 0.3-2.1e-2 and the Triton path's 0.4-1.4x those
-    (at most 1.3e-2); a wrong gradient would be off by O(1)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_is_as_close_to_float32_as_the_reference(implementation, device, dtype):
+    """Under bf16 or fp16 autocast the recurrent GEMMs round their operands (as the
+    reference path's F.linear does). Each output's and gradient's distance from the
+    float32 reference (relative to its largest magnitude) must be at most twice the
+    reference path's own distance under the same autocast plus 1e-2. On this test
+    the reference path's bf16 distances are 0.3-2.1e-2 and the Triton path's
+    0.4-1.4x those (at most 1.3e-2); in fp16 both stay below 5e-3. A wrong
+    gradient would be off by O(1)."""
     torch.manual_seed(0)
     model = LNLSTM(5, 16, num_layers=2, bidirectional=True, layer_norm=True).to(device)
     perturb(model)
@@ -203,14 +205,14 @@ def test_bf16_autocast_is_as_close_to_float32_as_the_reference(implementation, d
     lengths = torch.tensor([time, 4, time - 3])
     state = (torch.randn(4, 3, 16), torch.randn(4, 3, 16))
     exact = run_with_grads(model, x, lengths, state, "python")
-    reference = run_with_grads(model, x, lengths, state, "python", autocast=torch.bfloat16)
-    actual = run_with_grads(model, x, lengths, state, "triton", autocast=torch.bfloat16)
+    reference = run_with_grads(model, x, lengths, state, "python", autocast=dtype)
+    actual = run_with_grads(model, x, lengths, state, "triton", autocast=dtype)
     for name in exact:
         assert actual[name].dtype == reference[name].dtype, name
         error = relative_error(actual[name], exact[name])
         reference_error = relative_error(reference[name], exact[name])
         assert error <= 2 * reference_error + 1e-2, (
-            f"{name}: bf16 error {error:.2e}, the reference path's {reference_error:.2e}"
+            f"{name}: {dtype} error {error:.2e}, the reference path's {reference_error:.2e}"
         )
 
 

@@ -266,8 +266,10 @@ class _GraphCache:
         if arena is None or arena.numel() < needed:
             entries.clear()
             self.arenas[device] = None  # free the old arena before allocating the new one
-            # zeros: every buffer starts finite (padding regions are multiplied by zero gradients)
-            arena = self.arenas[device] = torch.zeros(needed, dtype=torch.uint8, device=device)
+            # zeros: every buffer starts finite (padding regions are multiplied by zero gradients).
+            # Never an inference tensor, which could not be written to outside inference mode later.
+            with torch.inference_mode(False):
+                arena = self.arenas[device] = torch.zeros(needed, dtype=torch.uint8, device=device)
         entries[key] = (_carve(arena, specs), None)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
