@@ -279,7 +279,7 @@ cases = [
     (8, 8, True, True, "fp32"),
 ]
 for hidden, rows, layer_norm, sequence, gemm in cases:
-    rows_per_program, block_h, warps = lnlstm_triton._launch_sizes(rows, hidden, torch.device("cuda"))
+    _, rows_per_program, block_h, warps = lnlstm_triton._launch_sizes(rows, hidden, torch.device("cuda"))
     for kernel in (lnlstm_kernels.lstm_forward_step, lnlstm_kernels.lstm_backward_step):
         constexprs = dict(H=hidden, BLOCK_H=block_h, ROWS=rows_per_program, LAYER_NORM=layer_norm, SEQUENCE=sequence)
         if "ACCUMULATE" in kernel.arg_names:

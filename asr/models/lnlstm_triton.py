@@ -217,17 +217,19 @@ def _padded_batch(batch: int) -> int:
     return -(-batch // 8) * 8
 
 
-def _launch_sizes(rows: int, hidden: int, device: torch.device) -> tuple[int, int, int]:
-    """(rows per program, BLOCK_H, warps). Under the interpreter one program takes every row:
-    its cost is per operation, not per element."""
+def _launch_sizes(rows: int, hidden: int, device: torch.device) -> tuple[tuple[int], int, int, int]:
+    """(grid, rows per program, BLOCK_H, warps) for ``rows`` (direction, batch) rows.
+    Under the interpreter one program takes every row: its cost is per operation,
+    not per element."""
     import triton
 
     block_h = triton.next_power_of_2(hidden)
     if device.type == "cpu":
-        return triton.next_power_of_2(rows), block_h, 4
-    rows_per_program = max(1, min(triton.next_power_of_2(rows), 1024 // (4 * block_h)))
-    warps = 4 if 4 * rows_per_program * block_h <= 2048 else 8
-    return rows_per_program, block_h, warps
+        rows_per_program, warps = triton.next_power_of_2(rows), 4
+    else:
+        rows_per_program = max(1, min(triton.next_power_of_2(rows), 1024 // (4 * block_h)))
+        warps = 4 if 4 * rows_per_program * block_h <= 2048 else 8
+    return (triton.cdiv(rows, rows_per_program),), rows_per_program, block_h, warps
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype:
@@ -384,8 +386,7 @@ def _ln_args(buffers, config: _Config) -> tuple:
 def _forward_launches(buffers, config: _Config, directions: int, batch: int, time: int, save: bool) -> None:
     kernels = load(strict=True)
     rows = directions * batch
-    rows_per_program, block_h, warps = _launch_sizes(rows, config.hidden, buffers.gx.device)
-    grid = (triton_cdiv(rows, rows_per_program),)
+    grid, rows_per_program, block_h, warps = _launch_sizes(rows, config.hidden, buffers.gx.device)
     w_h_t = buffers.w_h.transpose(1, 2)
     gx, gh, y = buffers.gx, buffers.gh, buffers.y
     slots = buffers.h.size(1)
@@ -406,10 +407,6 @@ def _forward_launches(buffers, config: _Config, directions: int, batch: int, tim
             H=config.hidden, BLOCK_H=block_h, ROWS=rows_per_program,
             LAYER_NORM=config.layer_norm, SEQUENCE=True, num_warps=warps,
         )
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: bool) -> SimpleNamespace:
@@ -504,8 +501,7 @@ def _backward_launches(buffers, config: _Config, directions: int, batch: int, ti
     kernels = load(strict=True)
     hidden = config.hidden
     rows = directions * batch
-    rows_per_program, block_h, warps = _launch_sizes(rows, hidden, buffers.gx.device)
-    grid = (triton_cdiv(rows, rows_per_program),)
+    grid, rows_per_program, block_h, warps = _launch_sizes(rows, hidden, buffers.gx.device)
     # The states before each step, (D, T * B, H): h is (D, T + 1, B, H), its last slot is h_n.
     h_steps = buffers.h.view(directions, (time + 1) * batch, hidden)[:, : time * batch]
     torch.bmm(h_steps, buffers.w_h.transpose(1, 2), out=buffers.gh.view(directions, time * batch, 4 * hidden))
@@ -665,8 +661,7 @@ def fused_layer(cells, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.
 
 
 def _cell_launch_common(rows: int, config: _Config, device):
-    rows_per_program, block_h, warps = _launch_sizes(rows, config.hidden, device)
-    grid = (triton_cdiv(rows, rows_per_program),)
+    grid, rows_per_program, block_h, warps = _launch_sizes(rows, config.hidden, device)
     meta = {"H": config.hidden, "BLOCK_H": block_h, "ROWS": rows_per_program, "LAYER_NORM": config.layer_norm,
             "SEQUENCE": False, "num_warps": warps}
     return grid, meta
@@ -756,6 +751,8 @@ def cell_step(cell, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[
     gates, the cell update, LN_c and the output are one kernel, with one
     kernel for their backward.
     """
+    if x.size(0) == 0:  # no rows, nothing to launch
+        return cell.recurrent_step(cell.input_gates(x), h, c)
     config = _Config(cell.hidden_size, cell.layer_norm, cell.forget_bias, cell.eps, _autocast_dtype(x.device))
     gx = cell.input_gates(x).float().contiguous()
     gh = F.linear(h, cell.weight_h).contiguous()
