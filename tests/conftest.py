@@ -9,6 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# triton.jit reads TRITON_INTERPRET when a kernel is defined, i.e. when
+# asr/models/lnlstm_kernels.py is first imported. Without a GPU, set it here,
+# before any test module is imported, so that the Triton LN-LSTM kernels run on
+# CPU tensors under Triton's interpreter (tests/test_lnlstm_triton.py).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("ASR_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
