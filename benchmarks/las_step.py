@@ -40,11 +40,12 @@ from types import SimpleNamespace
 
 import torch
 
-from asr.experiment import build_model, load_experiment_config
+from asr.experiment import load_experiment_config
+from asr.models.registry import build_model
 from asr.models import lnlstm
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.interface import EncoderOutput
-from asr.train import build_optimizer
+from asr.training.trainer import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("librispeech100.yaml", "librispeech100_transformer.yaml")

@@ -307,6 +307,7 @@ for hidden, rows, layer_norm, sequence, gemm in cases:
 """
 
 
+@pytest.mark.slow  # a subprocess compiles for the GPU
 @needs_triton
 @pytest.mark.parametrize("arch", [90])
 def test_kernels_compile_for_a_gpu_without_spills(tmp_path, arch):

@@ -178,6 +178,55 @@ def lstm_forward_step(
     tl.store(c_out_ptr + state, c_new, mask=ok2)
 
 
+@triton.jit
+def _ln_c_backward(
+    d_norm_c, c_hat, rstd_c, d, b, batch, cols, col_ok2, ok2, keep,
+    lnc_w_ptr, dlnc_w_ptr, dlnc_b_ptr, H: tl.constexpr, ACCUMULATE: tl.constexpr,
+):
+    """Backward of c_norm = LN_c(c) over the H cell units: dL/dc (ROWS, BLOCK_H), and the rows'
+    gradients of LN_c's gain and bias stored (added, with ACCUMULATE) where valid."""
+    param_c = d[:, None] * H + cols[None, :]
+    weight_c = tl.load(lnc_w_ptr + param_c, mask=col_ok2, other=0.0)
+    d_hat_c = d_norm_c * weight_c
+    mean_d = tl.sum(d_hat_c, axis=1) / H
+    mean_dx = tl.sum(d_hat_c * c_hat, axis=1) / H
+    d_c = rstd_c[:, None] * (d_hat_c - mean_d[:, None] - c_hat * mean_dx[:, None])
+    dlnc_w = tl.where(keep, d_norm_c * c_hat, 0.0)
+    dlnc_b = tl.where(keep, d_norm_c, 0.0)
+    rows_c = (d * batch + b)[:, None] * H + cols[None, :]
+    if ACCUMULATE:
+        dlnc_w += tl.load(dlnc_w_ptr + rows_c, mask=ok2, other=0.0)
+        dlnc_b += tl.load(dlnc_b_ptr + rows_c, mask=ok2, other=0.0)
+    tl.store(dlnc_w_ptr + rows_c, dlnc_w, mask=ok2)
+    tl.store(dlnc_b_ptr + rows_c, dlnc_b, mask=ok2)
+    return tl.where(col_ok2, d_c, 0.0)
+
+
+@triton.jit
+def _ln_h_backward(
+    dz, gh_hat, rstd_h, d, b, batch, gates, units, tile_ok,
+    lnh_w_ptr, dlnh_w_ptr, dlnh_b_ptr,
+    H: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, ACCUMULATE: tl.constexpr,
+):
+    """Backward of LN_h over the whole 4H gate vector: dL/d(W_h h) (ROWS, BLOCK_H, 4), and the rows'
+    gradients of LN_h's gain and bias stored (added, with ACCUMULATE)."""
+    param = d[:, None, None] * (4 * H) + gates * H + units
+    weight = tl.load(lnh_w_ptr + param, mask=tile_ok, other=0.0)
+    d_hat = dz * weight
+    mean_d = tl.sum(tl.reshape(d_hat, (ROWS, 4 * BLOCK_H)), axis=1) / (4 * H)
+    mean_dx = tl.sum(tl.reshape(d_hat * gh_hat, (ROWS, 4 * BLOCK_H)), axis=1) / (4 * H)
+    dgh = rstd_h[:, None, None] * (d_hat - mean_d[:, None, None] - gh_hat * mean_dx[:, None, None])
+    dlnh_w = dz * gh_hat
+    dlnh_b = dz
+    rows_h = (d * batch + b)[:, None, None] * (4 * H) + gates * H + units
+    if ACCUMULATE:
+        dlnh_w += tl.load(dlnh_w_ptr + rows_h, mask=tile_ok, other=0.0)
+        dlnh_b += tl.load(dlnh_b_ptr + rows_h, mask=tile_ok, other=0.0)
+    tl.store(dlnh_w_ptr + rows_h, dlnh_w, mask=tile_ok)
+    tl.store(dlnh_b_ptr + rows_h, dlnh_b, mask=tile_ok)
+    return tl.where(tile_ok, dgh, 0.0)
+
+
 @triton.jit(do_not_specialize=["step"])
 def lstm_backward_step(
     gx_ptr, gx_sb, gx_st, gx_sd,            # as in the forward
@@ -232,21 +281,10 @@ def lstm_backward_step(
     d_o = dh * tanh_c * o * (1.0 - o)
     d_norm_c = dh * o * (1.0 - tanh_c * tanh_c)
     if LAYER_NORM:
-        param_c = d[:, None] * H + cols[None, :]
-        weight_c = tl.load(lnc_w_ptr + param_c, mask=col_ok2, other=0.0)
-        d_hat_c = d_norm_c * weight_c
-        mean_d = tl.sum(d_hat_c, axis=1) / H
-        mean_dx = tl.sum(d_hat_c * c_hat, axis=1) / H
-        d_c = rstd_c[:, None] * (d_hat_c - mean_d[:, None] - c_hat * mean_dx[:, None])
-        dc = dc_next + tl.where(col_ok2, d_c, 0.0)
-        dlnc_w = tl.where(keep, d_norm_c * c_hat, 0.0)
-        dlnc_b = tl.where(keep, d_norm_c, 0.0)
-        rows_c = (d * batch + b)[:, None] * H + cols[None, :]
-        if ACCUMULATE:
-            dlnc_w += tl.load(dlnc_w_ptr + rows_c, mask=ok2, other=0.0)
-            dlnc_b += tl.load(dlnc_b_ptr + rows_c, mask=ok2, other=0.0)
-        tl.store(dlnc_w_ptr + rows_c, dlnc_w, mask=ok2)
-        tl.store(dlnc_b_ptr + rows_c, dlnc_b, mask=ok2)
+        dc = dc_next + _ln_c_backward(
+            d_norm_c, c_hat, rstd_c, d, b, batch, cols, col_ok2, ok2, keep,
+            lnc_w_ptr, dlnc_w_ptr, dlnc_b_ptr, H, ACCUMULATE,
+        )
     else:
         dc = dc_next + d_norm_c
     # c = c_prev * f + i * j
@@ -257,21 +295,10 @@ def lstm_backward_step(
     dz = tl.reshape(tl.join(tl.join(d_i, d_f), tl.join(d_j, d_o)), (ROWS, BLOCK_H, 4))
     dz = tl.where(read_ok, dz, 0.0)
     if LAYER_NORM:
-        param = d[:, None, None] * (4 * H) + gates * H + units
-        weight = tl.load(lnh_w_ptr + param, mask=tile_ok, other=0.0)
-        d_hat = dz * weight
-        mean_d = tl.sum(tl.reshape(d_hat, (ROWS, 4 * BLOCK_H)), axis=1) / (4 * H)
-        mean_dx = tl.sum(tl.reshape(d_hat * gh_hat, (ROWS, 4 * BLOCK_H)), axis=1) / (4 * H)
-        dgh = rstd_h[:, None, None] * (d_hat - mean_d[:, None, None] - gh_hat * mean_dx[:, None, None])
-        dgh = tl.where(tile_ok, dgh, 0.0)
-        dlnh_w = dz * gh_hat
-        dlnh_b = dz
-        rows_h = (d * batch + b)[:, None, None] * (4 * H) + gates * H + units
-        if ACCUMULATE:
-            dlnh_w += tl.load(dlnh_w_ptr + rows_h, mask=tile_ok, other=0.0)
-            dlnh_b += tl.load(dlnh_b_ptr + rows_h, mask=tile_ok, other=0.0)
-        tl.store(dlnh_w_ptr + rows_h, dlnh_w, mask=tile_ok)
-        tl.store(dlnh_b_ptr + rows_h, dlnh_b, mask=tile_ok)
+        dgh = _ln_h_backward(
+            dz, gh_hat, rstd_h, d, b, batch, gates, units, tile_ok,
+            lnh_w_ptr, dlnh_w_ptr, dlnh_b_ptr, H, BLOCK_H, ROWS, ACCUMULATE,
+        )
     else:
         dgh = dz
     # Every (row, frame) of dgx is written once over the steps: zeros past a row's end.
