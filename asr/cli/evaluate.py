@@ -16,8 +16,10 @@ Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or s
 ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
 ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
-"utterances": ...}`` plus the counts, timing and the settings). Prints the WER
-line and the real-time factor: wall time of feature extraction plus search
+"utterances": ...}`` plus the counts, timing and the settings, and
+``by_length``: WER and S/D/I per bin of reference length in words, one bin per
+length up to 10 words, else 1-5, 6-10, 11-20, 21-40, 41-80, 81+). Prints the
+WER line, the by-length table and the real-time factor: wall time of feature extraction plus search
 (and adaptation), divided by the audio duration.
 
 Several checkpoints are decoded as one ensemble (the mean of their
@@ -55,7 +57,7 @@ from asr.data.report import DataError, SkipReport
 from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
-from asr.metrics import alignment_report, error_rates
+from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,12 +162,14 @@ def write_results(out: Path, scored: list[tuple[Utterance, str]], result: Corpus
     hyps = [text for _, text in scored]
     audio_seconds = sum(u.duration for u, _ in scored)
     rates = error_rates(refs, hyps, ids)
+    by_length = error_rates_by_length(refs, hyps, ids)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hyp.txt").write_text("".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
     (out / "ref.txt").write_text("".join(f"{i} {r}\n" for i, r in zip(ids, refs)))
     (out / "alignment.txt").write_text(alignment_report(refs, hyps, ids))
     return {
         **rates,
+        "by_length": by_length,
         "utterances": len(scored),
         "skipped": len(report),
         "skips": report.as_dict(),
@@ -206,6 +210,8 @@ def print_summary(summary: dict, where: str, report: SkipReport, out: Path) -> N
         f"I={summary['insertions']} N={summary['ref_words']}) CER {100 * summary['cer']:.2f}% "
         f"on {summary['utterances']} utterances of {where}" + (f" ({report.counts_text()} skipped)" if len(report) else "")
     )
+    if len(summary["by_length"]) > 1:
+        print("by reference length:\n" + length_table(summary["by_length"]))
     if "adaptation" in summary:
         per_round = " -> ".join(f"{100 * w:.2f}%" for w in summary["adaptation"]["wer_per_round"])
         print(f"WER before adaptation and after each round: {per_round}")

@@ -24,6 +24,10 @@ _SEARCH = {
     "length_penalty": "length_penalty",
     "length_normalization": "length_normalization",
     "max_len_ratio": "max_len_ratio",
+    "coverage_weight": "coverage_weight",
+    "coverage_threshold": "coverage_threshold",
+    "eos_threshold": "eos_threshold",
+    "ctc_greedy": "ctc_greedy",
 }
 # option -> field of AdaptationSettings
 _ADAPT = {
@@ -46,6 +50,13 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument("--length-normalization", action="store_true", default=None,
                         help="rank finished hypotheses by log-probability per token")
     search.add_argument("--max-len-ratio", type=float, help="at most this many output tokens per encoder frame (default 1)")
+    search.add_argument("--coverage-weight", type=float, help="beam search bonus per encoder frame covered (default 0)")
+    search.add_argument("--coverage-threshold", type=float,
+                        help="summed attention a frame needs to count as covered (default 0.5)")
+    search.add_argument("--eos-threshold", type=float,
+                        help="<eos> only at least this times as probable as the best other token (default 0: off)")
+    search.add_argument("--ctc-greedy", action="store_true", default=None,
+                        help="decode with the CTC head's best path alone (no decoder)")
     search.add_argument("--batch-size", type=int, help="utterances decoded together (default 16)")
     strategy = parser.add_argument_group("test-time strategies")
     strategy.add_argument(

@@ -70,6 +70,7 @@ from asr.studies import (
     ensemble_table,
     evaluate_run,
     has_split,
+    length_table,
     parse_grid,
     plan_ensembles,
     plan_runs,
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ensemble", metavar="KEY",
         help="grid key (e.g. train.seed) whose runs are also decoded together as one ensemble",
     )
+    parser.add_argument("--by-length", action="store_true", help="add each run's WER by reference length to the report")
     add_decode_arguments(parser)
     return parser
 
@@ -227,6 +229,8 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
             "rounds (asr.inference.adaptation; no reference is read)", "",
         ]
     report.append(results_table(runs, grid, scorings))
+    if args.by_length:
+        report += ["WER % by reference length in words", "", length_table(runs, scorings)]
     if args.pool:
         report += [pooled_table(runs, grid, args.pool, scorings)]
     if ensembles:

@@ -54,8 +54,9 @@ class DecodeSettings:
 
     def check_for(self, recogniser: Recogniser, name: str) -> None:
         """Refuse settings ``recogniser`` (from checkpoint ``name``) cannot serve; ValueError names the setting."""
-        if self.decoding.ctc_weight > 0 and not recogniser.model.has_ctc:
-            raise ValueError(f"ctc_weight {self.decoding.ctc_weight}: {name} was trained without a CTC head (model.ctc_weight=0)")
+        if (self.decoding.ctc_weight > 0 or self.decoding.ctc_greedy) and not recogniser.model.has_ctc:
+            what = "ctc_greedy" if self.decoding.ctc_greedy else f"ctc_weight {self.decoding.ctc_weight}"
+            raise ValueError(f"{what}: {name} was trained without a CTC head (model.ctc_weight=0)")
         if self.vtln_warps:
             try:
                 check_mel_filters(recogniser.pipeline.config, list(self.vtln_warps))

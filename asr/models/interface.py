@@ -104,6 +104,11 @@ class SpeechModel(Protocol):
 
     def reorder_decoder_state(self, state: Any, index: torch.Tensor) -> Any: ...
 
+    def decoder_attention(self, state: Any) -> torch.Tensor | None:
+        """The attention over the encoder frames of the step that made ``state``, (N, T') summing to 1
+        over valid frames (averaged over heads), or None for a decoder that does not expose one."""
+        ...
+
 
 @dataclass
 class EncoderOutput:

@@ -565,5 +565,9 @@ class Transformer(nn.Module):
         logits, state = self.decoder.step(tokens, state, encoder.mask)
         return F.log_softmax(logits, dim=-1), state
 
+    def decoder_attention(self, state: dict[str, list[Tensor]]) -> None:
+        """None: the cross-attention of the decoder's layers and heads is not reduced to one alignment."""
+        return None
+
     def reorder_decoder_state(self, state: dict[str, list[Tensor]], index: Tensor) -> dict[str, list[Tensor]]:
         return reorder_nested(state, index)
