@@ -216,6 +216,8 @@ def error_rates_by_length(refs: list[str], hyps: list[str], ids: list[str] | Non
     result = []
     for low, high in length_bins(lengths):
         chosen = [i for i, n in enumerate(lengths) if low <= n <= high]
+        if not chosen:
+            continue
         rates = error_rates([refs[i] for i in chosen], [hyps[i] for i in chosen], [ids[i] for i in chosen])
         result.append({"words": [low, high], "utterances": len(chosen), **rates})
     return result

@@ -119,3 +119,6 @@ def test_error_rates_by_length_partition_the_corpus():
     total = error_rates(refs, hyps)
     for key in ("substitutions", "deletions", "insertions", "ref_words"):
         assert sum(b[key] for b in bins) == total[key]
+    # Lengths no reference has are no bins.
+    gaps = error_rates_by_length(["ONE", "ONE TWO THREE FOUR"], ["ONE", "ONE TWO"])
+    assert [b["words"] for b in gaps] == [[1, 1], [4, 4]]
