@@ -16,9 +16,12 @@ Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or s
 ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
 ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
-"utterances": ...}`` plus the counts, timing and the settings). Prints the WER
-line and the real-time factor: wall time of feature extraction plus search
-(and adaptation), divided by the audio duration.
+"utterances": ...}`` plus the counts, timing, the settings and the model's
+``parameters``). Prints the WER line and the real-time factor: wall time of
+feature extraction plus search (and adaptation), divided by the audio duration.
+With ``--prune-layers`` (LayerDrop pruning, :mod:`asr.models.pruning`) it also
+prints each pruned model's layers and parameters, and ``wer.json`` records
+them under ``pruning``.
 
 Several checkpoints are decoded as one ensemble (the mean of their
 next-token distributions; they must share tokenizer and features). The
@@ -90,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     report = SkipReport()
     utterances, where = read_utterances(parser, args, checkpoints[0], report)
     try:
-        recogniser = load_recogniser(checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device)
+        recogniser = load_recogniser(
+            checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device, prune=settings.prune_layers
+        )
         settings.check_for(recogniser, str(checkpoints[0]))
     except (CheckpointError, ValueError) as err:
         parser.error(str(err))
@@ -113,10 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         settings=settings.to_dict(), beam=settings.decoding.beam_size, ctc_weight=settings.decoding.ctc_weight,
         length_penalty=settings.decoding.length_penalty, data=where,
         checkpoint=str(checkpoints[0]) if len(checkpoints) == 1 else [str(c) for c in checkpoints],
+        parameters=recogniser.parameters,
     )
+    if recogniser.pruned:
+        summary["pruning"] = [{"checkpoint": str(c), **p.to_dict()} for c, p in zip(checkpoints, recogniser.pruned)]
     summary.update(strategy_summary(result, settings, by_length, {u.id for u, _ in scored}))
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, where, report, out)
+    for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
+        print(f"model {checkpoint} {pruned.describe()}")
     return 0
 
 

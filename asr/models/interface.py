@@ -124,6 +124,27 @@ class ScheduledRegularisation(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class LayerStack:
+    """A stack of layers inference may cut (LayerDrop pruning, :mod:`asr.models.pruning`)."""
+
+    num_layers: int
+    layerdrop: float  # the LayerDrop rate it was trained with; 0 means it never learnt to lose layers
+
+
+@runtime_checkable
+class PrunableLayers(Protocol):
+    """A model whose layer stacks can be pruned after training (the Transformer's encoder and decoder)."""
+
+    def layer_stacks(self) -> dict[str, LayerStack]:
+        """The stacks by name (``"encoder"``, ``"decoder"``)."""
+        ...
+
+    def keep_layers(self, keep: dict[str, list[int]]) -> None:
+        """Keep only layers ``keep[stack]`` (increasing indices) of each named stack, in place."""
+        ...
+
+
 @dataclass
 class EncoderOutput:
     """What the encoder hands the decoder.

@@ -16,7 +16,8 @@ Norm placement, per stack (``model.encoder.layer_norm``, ``model.decoder.layer_n
   the stack, because the residual stream itself is never normalised.
 
 Regularisers besides dropout, per stack: LayerDrop (``layerdrop``, Fan et al.
-2019) skips a whole layer per training batch; DropHead
+2019) skips a whole layer per training batch, and the layers of a model trained
+with it can be pruned at inference (:mod:`asr.models.pruning`); DropHead
 (``drophead``, Zhou et al. 2020, :mod:`asr.models.drophead`) drops whole
 attention heads per example, on a schedule the trainer drives through
 :meth:`Transformer.set_regularisation_progress`.
@@ -34,6 +35,7 @@ may attend / valid. They go straight into
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,7 +47,7 @@ from torch import Tensor, nn
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
 from asr.models.drophead import DROPHEAD_SCHEDULES, drop_heads, scheduled_rate
-from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
+from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
 from asr.models.norms import NORM_TYPES, FixNorm, make_norm
 
 LAYER_NORM_PLACEMENTS = ("pre", "post")
@@ -525,7 +527,7 @@ class Transformer(nn.Module):
     def has_ctc(self) -> bool:
         return self.ctc is not None
 
-    # Optional capability (asr.models.interface): scheduled DropHead.
+    # Optional capabilities (asr.models.interface): scheduled DropHead and LayerDrop pruning.
 
     def set_regularisation_progress(self, step: int, total_steps: int, warmup_steps: int) -> dict[str, float]:
         """Move every attention module's DropHead rate to ``model.drophead_schedule``'s value after
@@ -544,6 +546,32 @@ class Transformer(nn.Module):
                     module.drophead = rate
             rates[f"drophead_{name}"] = rate
         return rates
+
+    def layer_stacks(self) -> dict[str, LayerStack]:
+        return {
+            "encoder": LayerStack(len(self.encoder.layers), self.config.encoder.layerdrop),
+            "decoder": LayerStack(len(self.decoder.layers), self.config.decoder.layerdrop),
+        }
+
+    def keep_layers(self, keep: dict[str, list[int]]) -> None:
+        """Keep only the layers ``keep["encoder"]`` / ``keep["decoder"]`` (increasing indices) of those stacks.
+
+        The kept layers are the very modules (weights shared, not copied); ``self.config``
+        is replaced by one whose ``num_layers`` describe the pruned model.
+        """
+        config = self.config
+        for name, indices in keep.items():
+            if name not in ("encoder", "decoder"):
+                raise ValueError(f"the Transformer has no layer stack {name!r} (it has 'encoder' and 'decoder')")
+            stack = self.encoder if name == "encoder" else self.decoder
+            count = len(stack.layers)
+            indices = list(indices)
+            if not indices or indices != sorted(set(indices)) or indices[0] < 0 or indices[-1] >= count:
+                raise ValueError(f"{name} layers to keep must be increasing indices in 0..{count - 1}, got {indices}")
+            stack.layers = nn.ModuleList(stack.layers[i] for i in indices)
+            stack_config = dataclasses.replace(getattr(config, name), num_layers=len(indices))
+            config = dataclasses.replace(config, **{name: stack_config})
+        self.config = config
 
     def encode(self, features: Tensor, feature_lengths: Tensor) -> EncoderOutput:
         """features (B, T, F), feature_lengths (B,) -> EncoderOutput with T' = T/4 frames."""
