@@ -16,12 +16,9 @@ Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or s
 ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
 ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
-"utterances": ...}`` plus the counts, timing, the settings and the model's
-``parameters``). Prints the WER line and the real-time factor: wall time of
-feature extraction plus search (and adaptation), divided by the audio duration.
-With ``--prune-layers`` (LayerDrop pruning, :mod:`asr.models.pruning`) it also
-prints each pruned model's layers and parameters, and ``wer.json`` records
-them under ``pruning``.
+"utterances": ...}`` plus the counts, timing and the settings). Prints the WER
+line and the real-time factor: wall time of feature extraction plus search
+(and adaptation), divided by the audio duration.
 
 Several checkpoints are decoded as one ensemble (the mean of their
 next-token distributions; they must share tokenizer and features). The
@@ -29,6 +26,11 @@ search and the test-time strategies (VTLN, speaker adaptation) are the shared
 options of :mod:`asr.cli.options`; with VTLN, ``wer.json`` gets the chosen
 warp and every candidate's mean score per speaker, and with adaptation the
 WER before adaptation and after every round.
+
+``wer.json`` also records the model's ``parameters``. With ``--prune-layers``
+(LayerDrop pruning, :mod:`asr.models.pruning`) each model is decoded with some
+of its layers; the layers kept and the parameters before and after are
+printed and recorded under ``pruning``.
 
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training).
