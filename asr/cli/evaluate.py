@@ -29,6 +29,11 @@ options of :mod:`asr.cli.options`; with VTLN, ``wer.json`` gets the chosen
 warp and every candidate's mean score per speaker, and with adaptation the
 WER before adaptation and after every round.
 
+``wer.json`` also records the model's ``parameters``. With ``--prune-layers``
+(LayerDrop pruning, :mod:`asr.models.pruning`) each model is decoded with some
+of its layers; the layers kept and the parameters before and after are
+printed and recorded under ``pruning``.
+
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training).
 Utterances that cannot be used (missing audio, audio whose header or samples
@@ -92,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     report = SkipReport()
     utterances, where = read_utterances(parser, args, checkpoints[0], report)
     try:
-        recogniser = load_recogniser(checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device)
+        recogniser = load_recogniser(
+            checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device, prune=settings.prune_layers
+        )
         settings.check_for(recogniser, str(checkpoints[0]))
     except (CheckpointError, ValueError) as err:
         parser.error(str(err))
@@ -115,10 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         settings=settings.to_dict(), beam=settings.decoding.beam_size, ctc_weight=settings.decoding.ctc_weight,
         length_penalty=settings.decoding.length_penalty, data=where,
         checkpoint=str(checkpoints[0]) if len(checkpoints) == 1 else [str(c) for c in checkpoints],
+        parameters=recogniser.parameters,
     )
+    if recogniser.pruned:
+        summary["pruning"] = [{"checkpoint": str(c), **p.to_dict()} for c, p in zip(checkpoints, recogniser.pruned)]
     summary.update(strategy_summary(result, settings, by_length, {u.id for u, _ in scored}))
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, where, report, out)
+    for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
+        print(f"model {checkpoint} {pruned.describe()}")
     return 0
 
 

@@ -3,7 +3,8 @@
 ``asr.evaluate``, ``asr.transcribe`` and ``asr.study`` call :func:`add_decode_arguments`
 and :func:`decode_settings`, so they offer the same options with the same meaning:
 search (``--beam``, ``--ctc-weight``, ...), test-time VTLN (``--vtln-warps``),
-speaker adaptation (``--adapt-*``), or all of it from a YAML file
+speaker adaptation (``--adapt-*``), LayerDrop pruning of the model
+(``--prune-layers``), or all of it from a YAML file
 (``--decode-config``, see :mod:`asr.inference.settings`), which the options given
 on the command line override.
 """
@@ -16,6 +17,7 @@ import dataclasses
 from asr.config import ConfigError
 from asr.inference.adaptation import ADAPTABLE, AdaptationSettings
 from asr.inference.settings import DecodeSettings, load_settings, parse_warps
+from asr.models.pruning import parse_pruning
 
 # option -> field of DecodingOptions
 _SEARCH = {
@@ -76,6 +78,12 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     strategy.add_argument("--adapt-seed", type=int, help="seed of dropout, augmentation and batch order")
     strategy.add_argument("--adapt-ctc-agreement", action="store_true", default=None,
                           help="fine-tune only on the transcripts the CTC best path agrees with")
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--prune-layers", nargs="+", metavar="SPEC",
+        help="LayerDrop pruning of a Transformer (asr.models.pruning): every_other keeps layers 0,2,4,... "
+        "of both stacks; enc:0,2,4 dec:0,2 (or enc:every_other) keeps those layers; a stack not named keeps all",
+    )
 
 
 def decode_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DecodeSettings:
@@ -99,6 +107,11 @@ def decode_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                 raise ValueError(f"--vtln-warps: {err}") from None
         if args.batch_size is not None:
             changes["batch_size"] = args.batch_size
+        if args.prune_layers is not None:
+            try:
+                changes["prune_layers"] = parse_pruning(args.prune_layers)
+            except ValueError as err:
+                raise ValueError(f"--prune-layers: {err}") from None
         return dataclasses.replace(base, **changes)
     except (ConfigError, ValueError) as err:
         parser.error(str(err))

@@ -2,7 +2,8 @@
 
 The experiment directory (``exp_dir``) receives the resolved ``config.yaml``,
 ``train.log``, TensorBoard event files (``train/loss``, ``train/lr``,
-``train/grad_norm`` per optimizer step; ``valid/loss``, ``valid/wer``,
+``train/grad_norm`` per optimizer step, and for a model with scheduled
+regularisers their rates, e.g. ``train/drophead_encoder``; ``valid/loss``, ``valid/wer``,
 ``valid/cer``, ``train/skipped_utterances`` per epoch; for models that expose
 their attention, ``alignment/<utterance>`` images of a few dev utterances),
 ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
@@ -14,6 +15,7 @@ feature pipeline, so any of them can be used for inference.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,8 +27,9 @@ from tqdm import tqdm
 from asr.checkpoint import load_checkpoint, save_checkpoint, save_epoch_checkpoints
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
+from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
-from asr.schedulers import build_scheduler
+from asr.schedulers import build_scheduler, warmup_updates
 from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import device_kind, init_distributed, resolve_device
 from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
@@ -132,6 +135,7 @@ class Trainer:
             progress.batch_in_epoch += 1
             accumulated += 1
             self._count_skips(batch)
+            rates = regularisation_progress(self.raw_model, self.train_cfg, len(sampler), progress.step)
             outcome = self.step.backward(batch.to(self.device), scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if outcome.loss is None:
@@ -151,7 +155,7 @@ class Trainer:
             progress.nonfinite_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
-            self._log_step(outcome.loss, update.grad_norm, epoch)
+            self._log_step(outcome.loss, update.grad_norm, epoch, rates)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self._reached_max_steps():
@@ -165,7 +169,7 @@ class Trainer:
         progress.batch_in_epoch = 0
         return self._end_of_epoch(epoch, metrics)
 
-    def _log_step(self, loss: float, grad_norm: float, epoch: int) -> None:
+    def _log_step(self, loss: float, grad_norm: float, epoch: int, rates: dict[str, float]) -> None:
         step = self.progress.step
         if self.writer is None or not (step % self.train_cfg.log_every_steps == 0 or step == 1):
             return
@@ -173,6 +177,8 @@ class Trainer:
         self.writer.add_scalar("train/loss", loss, step)
         self.writer.add_scalar("train/lr", lr, step)
         self.writer.add_scalar("train/grad_norm", grad_norm, step)
+        for name, rate in rates.items():  # the scheduled regularisers' rates this update was made with
+            self.writer.add_scalar(f"train/{name}", rate, step)
         logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
 
     def _count_skips(self, batch) -> None:
@@ -286,6 +292,21 @@ class Trainer:
         self.progress.best = [tuple(b) for b in self.progress.best]
         set_rng_state(training["rng"])
         logger.info("resumed at epoch %d, batch %d, step %d", self.progress.epoch, self.progress.batch_in_epoch, self.progress.step)
+
+
+def regularisation_progress(model: torch.nn.Module, cfg, batches_per_epoch: int, step: int) -> dict[str, float]:
+    """Tell a model with scheduled regularisers (DropHead) where training stands, before a batch of the
+    update after ``step`` completed ones; returns their rates now (empty for other models)."""
+    if not isinstance(model, ScheduledRegularisation):
+        return {}
+    return model.set_regularisation_progress(step, planned_updates(cfg, batches_per_epoch), warmup_updates(cfg.scheduler))
+
+
+def planned_updates(cfg, batches_per_epoch: int) -> int:
+    """Optimizer steps the run is planned to take: ``max_epochs`` epochs (each ends with its partial
+    accumulation applied), or ``max_steps`` when that comes first. Early stopping may end it sooner."""
+    total = cfg.max_epochs * math.ceil(batches_per_epoch / cfg.accum_grad)
+    return total if cfg.max_steps is None else min(total, cfg.max_steps)
 
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
