@@ -16,18 +16,44 @@ from torch import Tensor
 
 
 class AudioError(ValueError):
-    """Audio that cannot be used: missing, unreadable, empty or too short. Names the file when there is one."""
+    """Audio that cannot be used: missing, unreadable, damaged, empty or too short. Names the file when there is one.
+
+    ``reason`` is a short phrase that says which, for the skip reports of
+    :mod:`asr.data.report`; the subclasses below set their own.
+    """
+
+    reason = "audio that fails to decode"
+
+
+class MissingAudioError(AudioError):
+    """No file at the path given."""
+
+    reason = "missing audio file"
+
+
+class NonFiniteAudioError(AudioError):
+    """Samples that are NaN or infinite: one such file would turn every statistic computed over it into NaN."""
+
+    reason = "non-finite samples"
+
+
+class ShortAudioError(AudioError):
+    """Too few samples for even one analysis frame."""
+
+    reason = "shorter than one frame"
 
 
 def load_audio(path: str | Path) -> tuple[Tensor, int]:
     """Read an audio file as it is stored (no downmix, no resampling).
 
     Returns ``(waveform (C, N) float32 in [-1, 1], sample_rate)``. A missing,
-    unreadable or zero-length file raises :class:`AudioError` naming ``path``.
+    unreadable, damaged or zero-length file raises :class:`AudioError` naming
+    ``path``; one with NaN or infinite samples (a float WAV can hold them)
+    raises :class:`NonFiniteAudioError`.
     """
     path = Path(path)
     if not path.is_file():
-        raise AudioError(f"audio file not found: {path}")
+        raise MissingAudioError(f"audio file not found: {path}")
     try:
         # always_2d gives (N, C) even for mono, so the layout never depends on the file.
         data, sample_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
@@ -35,7 +61,17 @@ def load_audio(path: str | Path) -> tuple[Tensor, int]:
         raise AudioError(f"cannot read audio file {path}: {err}") from err
     if data.shape[0] == 0:
         raise AudioError(f"audio file {path} contains no samples")
-    return torch.from_numpy(data.T.copy()), int(sample_rate)
+    waveform = torch.from_numpy(data.T.copy())
+    check_finite(waveform, str(path))
+    return waveform, int(sample_rate)
+
+
+def check_finite(waveform: Tensor, where: str) -> None:
+    """Raise :class:`NonFiniteAudioError` naming ``where`` if any sample of ``waveform`` is NaN or infinite."""
+    finite = torch.isfinite(waveform)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        raise NonFiniteAudioError(f"{where}: {bad} of {waveform.numel()} samples are NaN or infinite")
 
 
 def to_mono(waveform: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torchaudio.compliance import kaldi
 
-from features.audio import AudioError
+from features.audio import AudioError, ShortAudioError
 from features.config import FeatureConfig
 
 INT16_SCALE = 32768.0
@@ -121,7 +121,7 @@ def extract(
     if waveform.dim() != 1:
         raise AudioError(f"expected a mono waveform of shape (N,), got {tuple(waveform.shape)}")
     if waveform.shape[0] < window:
-        raise AudioError(
+        raise ShortAudioError(
             f"waveform of {waveform.shape[0]} samples is shorter than one {config.frame_length_ms:g} ms frame "
             f"({window} samples at {config.sample_rate} Hz)"
         )

@@ -56,12 +56,15 @@ class GlobalStats:
         self.sum_squares = torch.zeros(dim, dtype=torch.float64)
 
     def update(self, feats: Tensor) -> None:
-        """Add the frames of one utterance, ``feats (T, D)``."""
+        """Add the frames of one utterance, ``feats (T, D)``; non-finite values are refused (ValueError)."""
         if feats.dim() != 2 or feats.shape[1] != self.dim:
             raise ValueError(
                 f"GlobalStats.update: expected features of shape (T, {self.dim}), got {tuple(feats.shape)}"
             )
         x = feats.detach().to("cpu", torch.float64)
+        if not bool(torch.isfinite(x).all()):
+            # One NaN frame would make every later normalised feature NaN: refuse it here.
+            raise ValueError("GlobalStats.update: the features hold NaN or infinite values")
         self.count += x.shape[0]
         self.sum += x.sum(dim=0)
         self.sum_squares += (x * x).sum(dim=0)
@@ -151,7 +154,7 @@ def apply_mvn(feats: Tensor, mode: str, stats: GlobalStats | None = None) -> Ten
         if stats is None:
             raise ValueError(
                 "mvn: global needs global statistics, but none were given: accumulate them over the training set "
-                "with FeaturePipeline.compute_global_stats(paths), or load them from the model checkpoint"
+                "(asr.data.dataset.compute_global_stats), or load them from the model checkpoint"
             )
         return stats.normalize(feats)
     raise ValueError(f"mvn must be one of none, utterance, global; got {mode!r}")

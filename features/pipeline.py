@@ -19,13 +19,12 @@ D = :attr:`FeaturePipeline.feature_dim`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from features.audio import AudioError, load_audio, resample, to_mono
+from features.audio import AudioError, check_finite, load_audio, resample, to_mono
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.deltas import add_deltas
 from features.filterbank import check_mel_filters, extract
@@ -37,7 +36,8 @@ class FeaturePipeline:
     """Audio -> normalised ``(T, D)`` features, configured by a :class:`FeatureConfig`.
 
     ``stats`` are the global MVN statistics (needed only for ``mvn: global``);
-    they can also be set later by :meth:`compute_global_stats`.
+    they can also be set later (``pipeline.stats = ...``; training accumulates them
+    with :func:`asr.data.dataset.compute_global_stats`).
     """
 
     def __init__(self, config: FeatureConfig, stats: GlobalStats | None = None):
@@ -108,25 +108,6 @@ class FeaturePipeline:
         """Features ``(T, D)`` before MVN and SpecAugment, without dither: what global stats are accumulated on."""
         return self._base_features(waveform, sample_rate, train=False, generator=None)
 
-    def compute_global_stats(self, paths: Iterable[str | Path]) -> GlobalStats:
-        """Accumulate global MVN statistics over the raw features of ``paths`` (the training set).
-
-        Dither is left out: with the usual 1-LSB dither its effect on the
-        statistics is negligible, and the result does not depend on an RNG.
-        Also sets ``self.stats``.
-        """
-        stats = GlobalStats(self.feature_dim)
-        for path in paths:
-            waveform, sample_rate = load_audio(path)
-            try:
-                stats.update(self.raw_features(waveform, sample_rate))
-            except AudioError as err:
-                raise AudioError(f"{path}: {err}") from err
-        if stats.count == 0:
-            raise ValueError("compute_global_stats: no audio files were given")
-        self.stats = stats
-        return stats
-
     def state_dict(self) -> dict:
         """``{"config": plain dict, "stats": GlobalStats state or None}``, for the model checkpoint."""
         return {
@@ -154,6 +135,7 @@ class FeaturePipeline:
         """Downmix -> resample -> (speed perturbation, dither, VTLP) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
+        check_finite(waveform, "waveform")
         rate = self.config.sample_rate
         mono = resample(to_mono(waveform), sample_rate, rate)
         if train and self.config.speed_perturb:

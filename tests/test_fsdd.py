@@ -5,6 +5,7 @@ import shutil
 import numpy as np
 import pytest
 import soundfile
+import torch
 
 from asr.data import report as reasons
 from asr.data.config import DataConfig, DigitsConfig
@@ -128,9 +129,14 @@ def test_unreadable_take_is_reported_and_never_used(fsdd_recordings, tmp_path):
         shutil.copy(fsdd_recordings / name, folder)
     (folder / "3_george_5.wav").write_bytes(b"RIFF not really a wave file")
     (folder / "4_george_5.wav").write_bytes(b"")
+    audio, rate = soundfile.read(str(fsdd_recordings / "5_george_5.wav"), dtype="float32")
+    audio[100:110] = float("nan")
+    soundfile.write(str(folder / "5_george_5.wav"), audio, rate, subtype="FLOAT")
     report = SkipReport()
     utterances = build_connected_digits(read_fsdd(folder), 20, seed=1, report=report)
-    assert report.counts() == {reasons.UNREADABLE_AUDIO: 1, reasons.EMPTY_AUDIO: 1}
+    assert report.counts() == {reasons.UNREADABLE_AUDIO: 1, reasons.EMPTY_AUDIO: 1, reasons.NONFINITE_AUDIO: 1}
+    assert "5_george_5.wav" in report.messages(reasons.NONFINITE_AUDIO)[0]
+    assert all(torch.isfinite(u.audio.waveform).all() for u in utterances)
     assert "3_george_5.wav" in report.messages(reasons.UNREADABLE_AUDIO)[0]
     assert "4_george_5.wav" in report.messages(reasons.EMPTY_AUDIO)[0]
     assert set(" ".join(u.text for u in utterances).split()) == {"ONE", "TWO"}

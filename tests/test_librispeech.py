@@ -8,7 +8,7 @@ import pytest
 import soundfile
 
 from asr.data import report as reasons
-from asr.data.librispeech import MANIFEST_NAME, manifest_path, read_librispeech, read_subset
+from asr.data.librispeech import manifest_path, read_librispeech, read_subset
 from asr.data.report import DataError, SkipReport
 from asr.data.text import normalize_text
 from features.config import FeatureConfig
@@ -29,8 +29,13 @@ def parse_transcripts(subset: Path) -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
-    """Manifests of read-only folders go to a per-test cache, never to the user's ~/.cache."""
+    """Manifests go to a per-test cache, never to the user's ~/.cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """relative path -> (size, mtime) of everything under ``folder``."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
 
 
 @pytest.fixture
@@ -62,17 +67,21 @@ def test_librivox_mini_features_are_80_dim_at_100_frames_per_second(librivox_min
         assert abs(features.shape[0] - 100 * utt.duration) <= 3
 
 
-def test_read_only_subset_keeps_its_manifest_in_the_cache_dir(librivox_mini, tmp_path):
+def test_the_manifest_is_kept_in_the_cache_dir_and_the_corpus_is_never_written(mini_copy, tmp_path):
     cache = tmp_path / "cache"
-    where = manifest_path(librivox_mini, cache)
-    assert cache in where.parents  # the shared corpus's folder is read-only (mode r-x)
-    read_subset(librivox_mini, cache_dir=cache)
-    assert where.is_file() and not (librivox_mini / MANIFEST_NAME).exists()
+    before = listing(mini_copy)  # a writable copy: nothing but the toolkit's own rule keeps it unchanged
+    read_subset(mini_copy, cache_dir=cache)
+    assert manifest_path(mini_copy, cache).is_file()
+    assert listing(mini_copy) == before
+    # The default cache is $XDG_CACHE_HOME/lnasr (set per test by private_cache).
+    read_subset(mini_copy)
+    assert manifest_path(mini_copy).is_file()
+    assert Path(os.environ["XDG_CACHE_HOME"]) in manifest_path(mini_copy).parents
 
 
 def test_second_run_uses_manifest_and_rereads_only_changed_files(mini_copy, monkeypatch):
     first = read_subset(mini_copy)
-    assert (mini_copy / MANIFEST_NAME).is_file()  # writable folder: the manifest lives beside the data
+    assert manifest_path(mini_copy).is_file()
 
     calls = []
     real_info = soundfile.info
@@ -100,14 +109,43 @@ def test_manifest_notices_a_replaced_file(mini_copy):
     assert durations["9999-1-0001"] == pytest.approx(durations["9999-1-0000"])
 
 
-def test_read_only_copy_falls_back_to_cache(mini_copy, tmp_path):
-    mini_copy.chmod(0o555)
-    try:
-        read_subset(mini_copy, cache_dir=tmp_path / "cache")
-        assert not (mini_copy / MANIFEST_NAME).exists()
-        assert manifest_path(mini_copy, tmp_path / "cache").is_file()
-    finally:
-        mini_copy.chmod(0o755)
+def test_a_cache_that_cannot_be_written_costs_only_a_rescan(mini_copy, monkeypatch, caplog):
+    # The failed write is simulated, not made with file modes: root may write anywhere.
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied (simulated)")
+
+    counted = []
+    real_info = soundfile.info
+    monkeypatch.setattr(soundfile, "info", lambda path, *a, **k: counted.append(path) or real_info(path, *a, **k))
+    with monkeypatch.context() as patch:
+        patch.setattr("asr.data.librispeech.tempfile.mkstemp", refuse)
+        first = read_subset(mini_copy)
+    assert len(first) == 5 and not manifest_path(mini_copy).exists()
+    assert "could not write duration manifest" in caplog.text
+    assert read_subset(mini_copy) == first  # read again from the headers, then cached
+    assert len(counted) == 10
+    assert read_subset(mini_copy) == first
+    assert len(counted) == 10
+
+
+def test_an_undecodable_transcript_line_loses_that_line_alone(mini_copy):
+    trans = mini_copy / TRANS
+    lines = trans.read_bytes().splitlines()
+    lines[2] = lines[2][:12] + b"\xff\xfe BROKEN " + lines[2][12:]
+    trans.write_bytes(b"\n".join(lines) + b"\n")
+    report = SkipReport()
+    utterances = read_subset(mini_copy, report)
+    broken = lines[2].split()[0].decode()
+    assert sorted(u.id for u in utterances) == sorted(i for i in parse_transcripts_ids(lines) if i != broken)
+    assert report.counts() == {reasons.MALFORMED_TRANSCRIPT: 1, reasons.MISSING_TRANSCRIPT: 1}
+    (line_message,) = report.messages(reasons.MALFORMED_TRANSCRIPT)
+    assert f"{trans}:3" in line_message
+    with pytest.raises(DataError, match=r"trans\.txt:3"):
+        read_subset(mini_copy, SkipReport(strict=True))
+
+
+def parse_transcripts_ids(lines: list[bytes]) -> list[str]:
+    return [line.split()[0].decode() for line in lines if line.strip()]
 
 
 def test_several_subsets_are_concatenated(librivox_mini, fsdd_dev, tmp_path):

@@ -501,6 +501,7 @@ class DigitClassifier(nn.Module):
         return self.out(y.sum(1) / lengths.unsqueeze(1))  # mean over valid frames: padding is zero
 
 
+@pytest.mark.slow
 def test_learns_spoken_digits(fsdd_recordings):
     torch.manual_seed(0)
     x_train, len_train, y_train = fbank_utterances(fsdd_recordings, "jackson", range(5, 50))

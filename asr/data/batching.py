@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import Sampler
 
+from asr.data.report import Skip
 from asr.data.tokenizer import PAD_ID
 
 
@@ -32,6 +33,9 @@ class BucketBatchSampler(Sampler[list[int]]):
                           one, differently each epoch; the draw depends only on ``seed + epoch``
                           (call :meth:`set_epoch` before each epoch). Without shuffling, batches
                           come shortest first.
+    shortest_first_epochs: a length curriculum (SortaGrad, Amodei et al. 2016): in the first N
+                          epochs the batches come shortest first (ties still drawn per epoch), so
+                          the model learns to align on short utterances before it meets long ones.
     num_replicas, rank:   distributed training: rank ``r`` gets batches ``r, r + R, r + 2R, ...``
                           of the epoch's list, a disjoint share. So that every rank takes the same
                           number of steps (a rank that stops early would hang the others' gradient
@@ -50,6 +54,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         drop_last: bool = False,
+        shortest_first_epochs: int = 0,
     ):
         if max_frames_per_batch <= 0:
             raise ValueError(f"max_frames_per_batch must be positive, got {max_frames_per_batch}")
@@ -64,6 +69,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.drop_last = drop_last
+        self.shortest_first_epochs = shortest_first_epochs
         self.epoch = 0
         # Ties are the only thing the epoch changes in the packing, and packing depends
         # only on the sorted lengths, so the number of batches is the same every epoch.
@@ -80,7 +86,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             rng.shuffle(order)  # the stable sort below then breaks length ties in a random order
         order.sort(key=self.num_frames.__getitem__)
         batches = self._pack(order)
-        if self.shuffle:
+        if self.shuffle and self.epoch >= self.shortest_first_epochs:
             rng.shuffle(batches)
         return batches
 
@@ -121,6 +127,8 @@ class Batch:
     feature_lengths: (B,) long, valid frames per row (mask: ``lengths_to_mask``, True = valid).
     tokens:          (B, L) long, padded with the PAD id (0); no <sos>/<eos>.
     token_lengths:   (B,) long.
+    skipped:         the items of this batch left out because their audio failed where it
+                     was read; when every item failed, B is 0.
     """
 
     ids: list[str]
@@ -128,34 +136,37 @@ class Batch:
     feature_lengths: torch.Tensor
     tokens: torch.Tensor
     token_lengths: torch.Tensor
+    skipped: list[Skip] = field(default_factory=list)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(
-            self.ids,
-            self.features.to(device, non_blocking=non_blocking),
-            self.feature_lengths.to(device, non_blocking=non_blocking),
-            self.tokens.to(device, non_blocking=non_blocking),
-            self.token_lengths.to(device, non_blocking=non_blocking),
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
         """Called by ``DataLoader(pin_memory=True)`` for faster host-to-GPU copies."""
-        return Batch(
-            self.ids,
-            self.features.pin_memory(),
-            self.feature_lengths.pin_memory(),
-            self.tokens.pin_memory(),
-            self.token_lengths.pin_memory(),
-        )
+        return self._map(lambda t: t.pin_memory())
+
+    def _map(self, move) -> "Batch":
+        tensors = (self.features, self.feature_lengths, self.tokens, self.token_lengths)
+        return Batch(self.ids, *(move(t) for t in tensors), skipped=self.skipped)
 
     def __len__(self) -> int:
         return len(self.ids)
 
 
 def collate(items: Sequence[dict]) -> Batch:
-    """Pad dataset items (``{"id", "features" (T, D), "tokens" (L,)}``) into a :class:`Batch`, order kept."""
+    """Pad dataset items (``{"id", "features" (T, D), "tokens" (L,)}``) into a :class:`Batch`, order kept.
+
+    Items ``{"id", "skip": Skip}`` (audio that failed to read, see
+    :class:`asr.data.dataset.SpeechDataset`) are left out and listed in ``Batch.skipped``.
+    """
     if not items:
         raise ValueError("cannot collate an empty batch")
+    skipped = [item["skip"] for item in items if "skip" in item]
+    items = [item for item in items if "skip" not in item]
+    if not items:
+        no_lengths = torch.zeros(0, dtype=torch.long)
+        no_tokens = torch.zeros(0, 0, dtype=torch.long)
+        return Batch([], torch.zeros(0, 0, 0), no_lengths, no_tokens, no_lengths.clone(), skipped=skipped)
     dims = {item["features"].shape[1] for item in items}
     if len(dims) != 1:
         raise ValueError(f"feature dimensions differ within a batch: {sorted(dims)}")
@@ -166,4 +177,4 @@ def collate(items: Sequence[dict]) -> Batch:
     for row, item in enumerate(items):
         features[row, : feature_lengths[row]] = item["features"]
         tokens[row, : token_lengths[row]] = item["tokens"]
-    return Batch([item["id"] for item in items], features, feature_lengths, tokens, token_lengths)
+    return Batch([item["id"] for item in items], features, feature_lengths, tokens, token_lengths, skipped=skipped)

@@ -7,6 +7,13 @@ omission in a :class:`~asr.data.report.SkipReport` naming the file, which it
 logs summarised by reason. :class:`SpeechDataset` then featurises items
 through :class:`features.pipeline.FeaturePipeline`, the same code path
 ``transcribe`` uses, so training and inference features cannot drift apart.
+
+Audio whose header reads can still fail where its samples are read: a FLAC
+cut in the middle, a float WAV holding NaN. Such an item is not an error that
+stops a run: :class:`SpeechDataset` hands back a :class:`~asr.data.report.Skip`
+in its place, :func:`~asr.data.batching.collate` leaves it out of the batch and
+carries it in ``Batch.skipped``, and the trainer counts and logs it. With
+``data.strict`` it is a :class:`DataError` naming the file instead.
 """
 
 from __future__ import annotations
@@ -20,10 +27,10 @@ from torch.utils.data import DataLoader, Dataset
 from asr.data import report as reasons
 from asr.data.batching import BucketBatchSampler, collate
 from asr.data.config import DataConfig
-from asr.data.report import DataError, SkipReport
+from asr.data.report import DataError, Skip, SkipReport
 from asr.data.tokenizer import Tokenizer, UnknownCharactersError
 from asr.data.utterance import InMemoryAudio, Utterance
-from features.audio import AudioError, load_audio
+from features.audio import AudioError, NonFiniteAudioError, load_audio
 from features.filterbank import num_frames
 from features.mvn import GlobalStats
 from features.pipeline import FeaturePipeline
@@ -79,7 +86,8 @@ def prepare_utterances(
 
 
 class SpeechDataset(Dataset):
-    """Items ``{"id": str, "features": (T, D) float32, "tokens": (L,) long}`` for :func:`asr.data.batching.collate`.
+    """Items ``{"id": str, "features": (T, D) float32, "tokens": (L,) long}`` for :func:`asr.data.batching.collate`,
+    or ``{"id": str, "skip": Skip}`` for an utterance whose audio fails where it is read (module docstring).
 
     train: apply the pipeline's dither and SpecAugment. Their randomness comes
            from a generator seeded by ``(seed, epoch, index)``, so an item is the
@@ -89,6 +97,7 @@ class SpeechDataset(Dataset):
            the workers would keep the epoch they started with, so do not use it.
     warp:  a fixed VTLN factor for every item instead of VTLP's draw (speaker
            adaptation at the speaker's test-time warp, see :mod:`asr.adapt`).
+    strict: raise :class:`DataError` naming the file instead of handing back a skip.
     """
 
     def __init__(
@@ -99,6 +108,7 @@ class SpeechDataset(Dataset):
         train: bool = False,
         seed: int = 0,
         warp: float | None = None,
+        strict: bool = False,
     ):
         self.utterances = list(utterances)
         self.pipeline = pipeline
@@ -106,6 +116,7 @@ class SpeechDataset(Dataset):
         self.train = train
         self.seed = seed
         self.warp = warp
+        self.strict = strict
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -125,10 +136,13 @@ class SpeechDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         utt = self.utterances[index]
         generator = self.generator(index) if self.train else None
-        waveform, sample_rate = load_utterance_audio(utt)
-        features = self.pipeline.from_waveform(
-            waveform, sample_rate, train=self.train, generator=generator, warp=self.warp
-        )
+        try:
+            features = utterance_features(utt, self.pipeline, train=self.train, generator=generator, warp=self.warp)
+        except AudioError as err:
+            skip = audio_skip(err)
+            if self.strict:
+                SkipReport(strict=True).add(skip)
+            return {"id": utt.id, "skip": skip}
         try:
             tokens = self.tokenizer.encode(utt.text)
         except UnknownCharactersError as err:
@@ -142,17 +156,61 @@ class SpeechDataset(Dataset):
 
 
 def load_utterance_audio(utt: Utterance) -> tuple[torch.Tensor, int]:
-    """``(waveform (C, N), sample_rate)`` of a file or in-memory utterance; errors name the utterance."""
+    """``(waveform (C, N), sample_rate)`` of a file or in-memory utterance.
+
+    Raises :class:`~features.audio.AudioError` (of the same kind as the cause)
+    whose message names the file and the utterance.
+    """
     if isinstance(utt.audio, InMemoryAudio):
         return utt.audio.waveform, utt.audio.sample_rate
     try:
         return load_audio(utt.audio)
     except AudioError as err:
-        raise DataError(f"utterance {utt.id}: {err}") from err
+        raise type(err)(_naming(utt, err)) from err
+
+
+def utterance_features(
+    utt: Utterance,
+    pipeline: FeaturePipeline,
+    train: bool = False,
+    generator: torch.Generator | None = None,
+    warp: float | None = None,
+    raw: bool = False,
+) -> torch.Tensor:
+    """Features ``(T, D)`` of one utterance (``raw``: before MVN and SpecAugment, for statistics).
+
+    Any :class:`~features.audio.AudioError` names the file and the utterance;
+    features that come out NaN or infinite are a
+    :class:`~features.audio.NonFiniteAudioError`.
+    """
+    waveform, sample_rate = load_utterance_audio(utt)
+    try:
+        if raw:
+            features = pipeline.raw_features(waveform, sample_rate)
+        else:
+            features = pipeline.from_waveform(waveform, sample_rate, train=train, generator=generator, warp=warp)
+    except AudioError as err:
+        raise type(err)(_naming(utt, err)) from err
+    if not bool(torch.isfinite(features).all()):
+        raise NonFiniteAudioError(_naming(utt, "the features hold NaN or infinite values"))
+    return features
+
+
+def audio_skip(err: AudioError) -> Skip:
+    """The skip-report entry for audio that failed where it was read (the message names the file)."""
+    return Skip(err.reason, str(err))
+
+
+def _naming(utt: Utterance, err: Exception | str) -> str:
+    """``err``'s message naming ``utt``'s file (once) and id."""
+    text = str(err)
+    if utt.source in text:
+        return f"{text} (utterance {utt.id})"
+    return f"{utt.source} (utterance {utt.id}): {text}"
 
 
 class _RawFeatures(Dataset):
-    """Un-normalised features of each utterance, for accumulating global MVN statistics."""
+    """Un-normalised features of each utterance, for accumulating global MVN statistics (a Skip on failure)."""
 
     def __init__(self, utterances: Sequence[Utterance], pipeline: FeaturePipeline):
         self.utterances = list(utterances)
@@ -161,22 +219,37 @@ class _RawFeatures(Dataset):
     def __len__(self) -> int:
         return len(self.utterances)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.pipeline.raw_features(*load_utterance_audio(self.utterances[index]))
+    def __getitem__(self, index: int) -> torch.Tensor | Skip:
+        try:
+            return utterance_features(self.utterances[index], self.pipeline, raw=True)
+        except AudioError as err:
+            return audio_skip(err)
 
 
 def compute_global_stats(
-    utterances: Sequence[Utterance], pipeline: FeaturePipeline, num_workers: int = 0
+    utterances: Sequence[Utterance],
+    pipeline: FeaturePipeline,
+    num_workers: int = 0,
+    report: SkipReport | None = None,
 ) -> GlobalStats:
     """Accumulate global MVN statistics over ``utterances`` (no dither) and set them on ``pipeline``.
 
     The same raw features the pipeline normalises, so the statistics match
-    training and inference exactly; ``num_workers`` loader processes share the work.
+    training and inference exactly; ``num_workers`` loader processes share the
+    work. An utterance whose audio fails to decode or holds NaN or infinite
+    samples adds nothing: it is recorded in ``report`` (a :class:`DataError`
+    in strict mode), so no non-finite frame ever reaches the statistics.
     """
+    report = SkipReport() if report is None else report
     stats = GlobalStats(pipeline.feature_dim)
     loader = DataLoader(_RawFeatures(utterances, pipeline), batch_size=None, num_workers=num_workers)
     for features in loader:
+        if isinstance(features, Skip):
+            report.add(features)
+            continue
         stats.update(features)
+    if stats.count == 0:
+        raise DataError(f"global MVN statistics: no utterance could be read\n{report.summary()}")
     pipeline.stats = stats
     return stats
 

@@ -15,20 +15,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 
 from asr.data import report as reasons
+from asr.data.config import DataConfig
 from asr.data.report import DataError, SkipReport
+from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import InMemoryAudio, Utterance
-from features.audio import AudioError, load_audio, to_mono
+from features.audio import AudioError, NonFiniteAudioError, load_audio, to_mono
 
-if TYPE_CHECKING:  # a runtime import would be circular: asr.data.config -> asr.data.demo -> here
-    from asr.data.config import DataConfig
-
-# The words digits are transcribed as, already in normalize_text's form.
-DIGIT_WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
 _FILE_NAME = re.compile(r"^(?P<digit>[0-9])_(?P<speaker>[^_]+)_(?P<take>[0-9]+)\.wav$")
 
 
@@ -110,7 +105,7 @@ def build_connected_digits(
     global MVN statistics. ``gap_noise=0`` gives exact silence.
     All takes must share one sample rate (there is no resampling here); one
     that differs raises :class:`DataError` naming the file. Unreadable or empty
-    takes are recorded in ``report`` and never drawn.
+    takes, and takes with NaN or infinite samples, are recorded in ``report`` and never drawn.
     """
     report = SkipReport() if report is None else report
     takes: dict[str, list[tuple[FSDDRecording, torch.Tensor]]] = {}
@@ -120,7 +115,11 @@ def build_connected_digits(
             waveform, rate = load_audio(recording.path)
         except AudioError as err:
             empty = recording.path.is_file() and recording.path.stat().st_size == 0
-            report.skip(reasons.EMPTY_AUDIO if empty else reasons.UNREADABLE_AUDIO, str(err))
+            if isinstance(err, NonFiniteAudioError):
+                reason = reasons.NONFINITE_AUDIO
+            else:
+                reason = reasons.EMPTY_AUDIO if empty else reasons.UNREADABLE_AUDIO
+            report.skip(reason, str(err))
             continue
         if rate_source is None:
             sample_rate, rate_source = rate, recording.path

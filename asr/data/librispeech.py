@@ -10,11 +10,16 @@ Any subset (``train-clean-100``, ``dev-other``, the toolkit's own
 
 Durations come from the audio headers (no decoding) and are cached in a
 manifest, so the second run over a large subset does not open every file
-again. The manifest (``lnasr-manifest.tsv``) lives inside the subset folder
-when that folder is writable, else in the cache folder under a name derived
-from the subset's absolute path. Each entry keeps the file's size and
+again. The manifest lives in the cache folder (``data.cache_dir``, default
+``$XDG_CACHE_HOME/lnasr`` or ``~/.cache/lnasr``), under a name derived from the
+subset's absolute path: the toolkit never writes into a corpus folder, which
+is often shared or read-only. Each entry keeps the file's size and
 modification time; a file whose size or mtime changed is read again, so the
-cache never serves a stale duration.
+cache never serves a stale duration. A cache that cannot be written costs
+only a rescan next time.
+
+Transcript files are decoded line by line, so one line that is not UTF-8
+loses that line alone (reported with its file and line number).
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 AUDIO_SUFFIXES = (".flac", ".wav")
 TRANSCRIPT_SUFFIX = ".trans.txt"
-MANIFEST_NAME = "lnasr-manifest.tsv"
 _MANIFEST_HEADER = "# lnasr duration manifest v1\tpath relative to the subset\tsize bytes\tmtime ns\tseconds"
 
 
@@ -146,14 +149,23 @@ def _scan(subset: Path, report: SkipReport) -> tuple[list[Path], dict[Path, dict
 
 
 def _read_transcript(path: Path, report: SkipReport) -> list[tuple[int, str, str]]:
-    """(line number, utterance id, raw text) for each non-blank line of a ``*.trans.txt``."""
+    """(line number, utterance id, raw text) for each non-blank line of a ``*.trans.txt``.
+
+    Lines are decoded one by one, so a line that is not valid UTF-8 costs that
+    line alone: it is reported with its file and line number, the others are kept.
+    """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
+        raw_lines = path.read_bytes().splitlines()
+    except OSError as err:
         report.skip(reasons.MALFORMED_TRANSCRIPT, f"{path}: cannot read transcript file: {err}")
         return []
     entries = []
-    for line_no, line in enumerate(lines, start=1):
+    for line_no, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            report.skip(reasons.MALFORMED_TRANSCRIPT, f"{path}:{line_no}: line is not valid UTF-8 ({err.reason} at byte {err.start})")
+            continue
         if not line.strip():
             continue
         parts = line.strip().split(maxsplit=1)
@@ -174,18 +186,9 @@ def default_cache_dir() -> Path:
 
 
 def manifest_path(subset: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """Where the duration manifest of ``subset`` is kept.
-
-    Inside the subset folder when it is writable. A folder whose permission
-    bits allow no one to write is treated as read-only even when running as
-    root (who could write anyway), so a shared read-only corpus is never
-    modified; its manifest goes to ``cache_dir`` (default
-    :func:`default_cache_dir`) under a name made from its absolute path.
-    """
+    """Where the duration manifest of ``subset`` is kept: in ``cache_dir`` (default
+    :func:`default_cache_dir`), under a name made from the subset's absolute path."""
     subset = Path(subset).expanduser().resolve()
-    mode = subset.stat().st_mode
-    if os.access(subset, os.W_OK) and stat.S_IMODE(mode) & 0o222:
-        return subset / MANIFEST_NAME
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     key = hashlib.sha1(str(subset).encode()).hexdigest()[:16]
     return cache / "manifests" / f"{subset.name}-{key}.tsv"

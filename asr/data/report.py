@@ -13,14 +13,19 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
+from features.audio import AudioError, NonFiniteAudioError, ShortAudioError
+
 logger = logging.getLogger(__name__)
 
 # The reasons, in one place, so the summary groups them consistently.
 UNREADABLE_AUDIO = "unreadable audio"         # the header cannot be read (garbage bytes, unsupported format)
 EMPTY_AUDIO = "empty audio"                   # zero-length file, or a header with zero samples
+UNDECODABLE_AUDIO = AudioError.reason         # the header reads but the samples do not (a truncated FLAC)
+NONFINITE_AUDIO = NonFiniteAudioError.reason  # NaN or infinite samples
+SHORT_AUDIO = ShortAudioError.reason          # fewer samples than one analysis window
 MISSING_AUDIO = "transcript without audio"    # a trans.txt line whose audio file does not exist
 MISSING_TRANSCRIPT = "audio without transcript"
-MALFORMED_TRANSCRIPT = "malformed transcript line"
+MALFORMED_TRANSCRIPT = "malformed transcript line"  # e.g. a line that is not valid UTF-8
 EMPTY_TRANSCRIPT = "empty transcript"         # empty after normalisation
 UNKNOWN_CHARACTERS = "unknown characters"     # characters the tokenizer cannot encode
 TOO_LONG = "longer than max_duration"
@@ -37,6 +42,9 @@ class DataError(ValueError):
 class Skip:
     reason: str    # one of the constants above
     message: str   # names the file (and line) and says what is wrong
+
+    def as_dict(self) -> dict:
+        return {"reason": self.reason, "message": self.message}
 
 
 @dataclass
@@ -56,9 +64,24 @@ class SkipReport:
         self.skips.append(Skip(reason, message))
         logger.debug("skipped: %s [%s]", message, reason)
 
+    def add(self, skip: Skip) -> None:
+        """Record a skip found elsewhere (in a DataLoader worker, say); raises in strict mode like :meth:`skip`."""
+        self.skip(skip.reason, skip.message)
+
     def counts(self) -> Counter:
         """reason -> number of skipped utterances."""
         return Counter(s.reason for s in self.skips)
+
+    def counts_text(self) -> str:
+        """``"3 (2 non-finite samples, 1 audio that fails to decode)"``, or ``"0"``."""
+        if not self.skips:
+            return "0"
+        return f"{len(self.skips)} (" + ", ".join(f"{n} {reason}" for reason, n in self.counts().most_common()) + ")"
+
+    def as_dict(self) -> dict:
+        """For ``wer.json`` and the checker's report: counts by reason and every message."""
+        return {"count": len(self.skips), "by_reason": dict(self.counts().most_common()),
+                "skipped": [s.as_dict() for s in self.skips]}
 
     def messages(self, reason: str) -> list[str]:
         return [s.message for s in self.skips if s.reason == reason]
