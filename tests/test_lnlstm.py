@@ -388,8 +388,18 @@ def test_build_falls_back_to_portable_flags_without_a_warning(monkeypatch):
     assert lnlstm_ext.build_flags() == lnlstm_ext.build_configurations()[1][1]
 
 
+def test_portable_build_on_request(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(lnlstm_ext, "_compile", lambda cpp_extension, name, flags: compiled.append(name))
+    monkeypatch.setattr(lnlstm_ext, "_flags", None)
+    monkeypatch.setenv("ASR_LNLSTM_BUILD", "portable")
+    lnlstm_ext._build()
+    assert compiled == [lnlstm_ext.build_configurations()[1][0]]
+    assert "-march=native" not in lnlstm_ext.build_flags()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_uses_reference_path_and_matches_cpu():
+def test_cuda_matches_cpu():
     torch.manual_seed(5)
     model = LNLSTM(3, 4, bidirectional=True)
     x, lengths = torch.randn(2, 6, 3), torch.tensor([6, 3])

@@ -4,8 +4,8 @@ The operator is JIT-compiled with ``torch.utils.cpp_extension.load`` on first
 use and cached (under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``); later processes only load the cached library.
 It is built for the CPU it runs on (``-march=native``, or portable flags where
-the compiler lacks that), under a name that identifies the flags and the CPU
-(:func:`build_configurations`).
+the compiler lacks that, or where ``ASR_LNLSTM_BUILD=portable`` asks for them),
+under a name that identifies the flags and the CPU (:func:`build_configurations`).
 Where no compiler is available or the build fails, :func:`load` warns once and
 returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
 path instead.
@@ -99,6 +99,11 @@ def _build():
             pass
     global _flags
     (native_name, native_flags), (portable_name, portable_flags) = build_configurations()
+    if os.environ.get("ASR_LNLSTM_BUILD", "native") == "portable":
+        # For measuring what a CPU without this one's extensions gets.
+        _compile(cpp_extension, portable_name, portable_flags)
+        _flags = portable_flags
+        return torch.ops.asr_lnlstm
     try:
         _compile(cpp_extension, native_name, native_flags)
         _flags = native_flags
