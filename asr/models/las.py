@@ -81,6 +81,10 @@ class LAS(nn.Module):
         pad_id, sos_id, eos_id: the tokenizer's special ids; the CTC blank is pad_id.
     """
 
+    # Gradient norms are logged per group (asr.training.step.gradient_groups): listener,
+    # speller and ctc by their modules, and the attention apart from the speller's LSTMs.
+    gradient_groups = {"speller.attention.": "attention"}
+
     def __init__(
         self, config: LASConfig, input_dim: int, vocab_size: int, pad_id: int = 0, sos_id: int = 1, eos_id: int = 2
     ) -> None:
