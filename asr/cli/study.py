@@ -299,8 +299,11 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
     """The convergence tables (per run; with ``--seeds`` per setting, with ``valid_mean.png`` and
     ``convergence.json``) as lines of ``results.md``."""
     args, targets = study.args, study.targets
-    wanted = [f"valid loss <= {targets.loss:g}"] * (targets.loss is not None)
-    wanted += [f"valid WER <= {100 * targets.wer:g}%"] * (targets.wer is not None)
+    wanted = []
+    if targets.loss is not None:
+        wanted.append(f"valid loss <= {targets.loss:g}")
+    if targets.wer is not None:
+        wanted.append(f"valid WER <= {100 * targets.wer:g}%")
     lines = ["## Convergence", "",
              "From each run's validation curves (one point per epoch; valid WER on the first "
              "train.valid_max_utterances dev utterances). Steps to a target: optimizer steps at the first "

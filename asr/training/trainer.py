@@ -243,8 +243,10 @@ class Trainer:
             progress.best = sorted(progress.best + [(value, epoch)])[: cfg.keep_best]
         else:
             logger.info("epoch %d done; %s", epoch, skipped_text)
+        if self.writer is not None:
+            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device) if metrics else []
+            write_epoch_summaries(self.writer, self.exp_dir, epoch, progress, metrics, figures)
         if self.dist.is_main:
-            self._write_epoch_summaries(epoch, metrics)
             extra = {"metric": metrics.get(cfg.best_metric), "metric_name": cfg.best_metric, "epoch": epoch, "step": progress.step}
             save_epoch_checkpoints(self.exp_dir, epoch, self._payload(extra), cfg.keep_last, {e for _, e in progress.best})
         progress.skipped_in_epoch = {}
@@ -254,21 +256,6 @@ class Trainer:
             logger.info("early stopping: no improvement of %s for %d epochs", cfg.best_metric, patience)
             return True
         return False
-
-    def _write_epoch_summaries(self, epoch: int, metrics: dict[str, float]) -> None:
-        """TensorBoard at the end of an epoch: the validation metrics, the skip count, the attention images."""
-        if self.writer is None:
-            return
-        self.writer.add_scalar("train/skipped_utterances", sum(self.progress.skipped_in_epoch.values()), epoch + 1)
-        for name, value in metrics.items():
-            self.writer.add_scalar(name.replace("valid_", "valid/"), value, epoch + 1)
-        if metrics:
-            self.writer.add_scalar("valid/step", self.progress.step, epoch + 1)
-            self.writer.add_scalar("valid/minutes", self.progress.seconds / 60, epoch + 1)
-            for utt_id, figure in alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device):
-                figure.savefig(self.exp_dir / alignment_file_name(utt_id), dpi=100)
-                self.writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
-        self.writer.flush()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -303,6 +290,23 @@ class Trainer:
         self.progress.best = [tuple(b) for b in self.progress.best]
         set_rng_state(training["rng"])
         logger.info("resumed at epoch %d, batch %d, step %d", self.progress.epoch, self.progress.batch_in_epoch, self.progress.step)
+
+
+def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress, metrics: dict[str, float],
+                          figures) -> None:
+    """TensorBoard at the end of an epoch, at step epoch + 1: the skip count, the validation metrics
+    with the optimizer steps and minutes so far, and the attention ``figures`` ((utterance id,
+    figure) pairs), which also go to ``exp_dir/alignment_<utterance>.png``."""
+    writer.add_scalar("train/skipped_utterances", sum(progress.skipped_in_epoch.values()), epoch + 1)
+    for name, value in metrics.items():
+        writer.add_scalar(name.replace("valid_", "valid/"), value, epoch + 1)
+    if metrics:
+        writer.add_scalar("valid/step", progress.step, epoch + 1)
+        writer.add_scalar("valid/minutes", progress.seconds / 60, epoch + 1)
+    for utt_id, figure in figures:
+        figure.savefig(exp_dir / alignment_file_name(utt_id), dpi=100)
+        writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
+    writer.flush()
 
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
