@@ -37,6 +37,7 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
     accum_grad: int = 1                 # batches per optimizer step
+    curriculum_epochs: int = 0          # first N epochs present batches shortest first (SortaGrad); 0 = off
     amp: bool = False                   # mixed precision; used on CUDA only
     early_stopping_patience: int | None = None  # epochs without improvement before stopping
     best_metric: Literal["valid_loss", "valid_wer", "valid_cer"] = "valid_loss"
@@ -47,6 +48,10 @@ class TrainConfig:
     max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
     valid_beam_size: int = 1            # decoding for the per-epoch validation WER (1 = greedy)
     valid_max_utterances: int | None = None  # decode only the first N validation utterances for WER
+
+    def __post_init__(self) -> None:
+        if self.curriculum_epochs < 0:
+            raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
 
 
 @dataclass

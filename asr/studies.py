@@ -423,3 +423,16 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
         cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))
         rows.append(cells)
     return markdown_table(header, len(others), rows)
+def length_table(runs: list[Run], scorings: list[Scoring]) -> str:
+    """WER by reference length (``asr.evaluate``'s ``by_length``): one row per run and scoring, one
+    column per length bin found in any of them."""
+    bins = sorted({tuple(b["words"]) for r in runs for s in scorings for b in (r.results.get(s.name) or {}).get("by_length", [])})
+    header = ["run", "scoring"] + [
+        (f"{low} word" + ("s" if low > 1 else "")) if low == high else f"{low}-{high} words" for low, high in bins
+    ]
+    rows = []
+    for run in runs:
+        for scoring in scorings:
+            found = {tuple(b["words"]): b for b in (run.results.get(scoring.name) or {}).get("by_length", [])}
+            rows.append([run.name, scoring.name] + [_pct(found[b]["wer"]) if b in found else "n/a" for b in bins])
+    return markdown_table(header, 2, rows)

@@ -34,15 +34,25 @@ from asr.models import lnlstm, lnlstm_ext
 from asr.models.lnlstm import LNLSTM
 
 
-def cpu_model() -> str:
+def lscpu_field(name: str) -> str | None:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         for line in out.splitlines():
-            if line.startswith("Model name"):
+            if line.startswith(name + ":"):
                 return line.split(":", 1)[1].strip()
     except (OSError, subprocess.CalledProcessError):
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    return lscpu_field("Model name") or platform.processor() or "unknown"
+
+
+def vector_extensions() -> str:
+    """The SIMD entries of lscpu's flags (the fused operator is compiled for them)."""
+    flags = (lscpu_field("Flags") or "").split()
+    return " ".join(f for f in flags if f.startswith(("sse", "ssse", "avx", "fma", "amx", "asimd", "sve"))) or "unknown"
 
 
 def make_case(model: nn.Module, x: torch.Tensor, grad_y: torch.Tensor, implementation: str | None, train: bool):
@@ -123,6 +133,8 @@ def main() -> None:
                 times[key].append(elapsed)
 
     print(f"CPU: {cpu_model()}; torch {torch.__version__}; threads {args.threads}; {args.clock} clock")
+    print(f"vector extensions: {vector_extensions()}")
+    print(f"fused operator compiled with: {' '.join(lnlstm_ext.build_flags() or [])}")
     print(f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(
         f"one bidirectional layer, B={args.batch}, T={args.time}, input {args.input}, hidden {args.hidden}, "

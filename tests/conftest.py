@@ -60,6 +60,34 @@ def tiny_run(tmp_path: Path, *extra: str) -> list[str]:
     return [str(LAS_RECIPE), *TINY, f"exp_dir={tmp_path / 'exp'}", f"data.dev=[{tiny_valid(tmp_path)}]", *extra]
 
 
+TRANSFORMER_RECIPE = PROJECT_ROOT / "recipes" / "fsdd_transformer.yaml"
+
+# A tiny Transformer on the same few connected-digit utterances, from recipes/fsdd_transformer.yaml.
+TINY_TRANSFORMER = [
+    f"data.root={SHARED_DATA}",
+    "data.digits.utterances=24",
+    "data.digits.digits_per_utterance=[1,2]",
+    "data.num_workers=0",
+    "data.max_frames_per_batch=1200",
+    "data.tokenizer=char",
+    "features.num_mel_bins=23",
+    "model.d_model=16",
+    "model.heads=4",
+    "model.encoder.num_layers=3",
+    "model.encoder.ff_dim=32",
+    "model.decoder.num_layers=2",
+    "model.decoder.ff_dim=32",
+    "train.valid_max_utterances=4",
+    "train.log_every_steps=1",
+]
+
+
+def tiny_transformer_run(tmp_path: Path, *extra: str) -> list[str]:
+    """``asr.train`` arguments for the tiny Transformer in ``tmp_path/exp``, validated on :func:`tiny_valid`."""
+    return [str(TRANSFORMER_RECIPE), *TINY_TRANSFORMER, f"exp_dir={tmp_path / 'exp'}",
+            f"data.dev=[{tiny_valid(tmp_path)}]", *extra]
+
+
 def subprocess_env() -> dict:
     """The environment for an entry point run as a subprocess: this checkout importable, one thread."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT))

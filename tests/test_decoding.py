@@ -1,5 +1,6 @@
 """Greedy and beam search (asr/decoding.py) and the CTC prefix scorer (asr/models/ctc.py)."""
 
+import dataclasses
 import itertools
 import math
 
@@ -7,7 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from asr.decoding import DecodingOptions, beam_search, ctc_best_path, decode, greedy_search, max_steps, sequence_log_probs
+from asr.decoding import (
+    CoverageScorer, DecoderScorer, DecodingOptions, beam_search, ctc_best_path, decode, greedy_search, max_steps, search,
+    sequence_log_probs,
+)
 from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.ctc import CTCPrefixScorer
@@ -376,3 +380,95 @@ def test_las_beam_search_batched_equals_alone_and_beam_one_equals_greedy():
             n = int(lengths[b])
             alone = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
             assert beam_search(model, alone, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight))[0] == batched[b]
+
+
+# ----------------------------------------------------------------------------- remedies for long utterances
+
+
+class FixedModel(nn.Module):
+    """A decoder whose every step gives the same distribution and the same attention, both chosen by the test."""
+
+    def __init__(self, probs: list[float], attention: list[float] | None = None):
+        super().__init__()
+        self.pad_id, self.sos_id, self.eos_id = PAD, SOS, EOS
+        self.log_probs = torch.tensor(probs).log()
+        self.attention = None if attention is None else torch.tensor(attention)
+
+    def init_decoder_state(self, encoder):
+        return {"n": torch.zeros(encoder.out.size(0))}
+
+    def decode_step(self, tokens, state, encoder):
+        return self.log_probs.expand(tokens.size(0), -1).clone(), state
+
+    def decoder_attention(self, state):
+        return None if self.attention is None else self.attention.expand(state["n"].size(0), -1)
+
+    def reorder_decoder_state(self, state, index):
+        return reorder_nested(state, index)
+
+
+def test_the_eos_threshold_allows_eos_only_near_the_best_other_token():
+    # p(<eos>) = 0.3, best other token 0.5: allowed at a threshold of 0.5 (0.3 >= 0.25), not at 0.7 (0.3 < 0.35).
+    model = FixedModel([1e-9, 1e-9, 0.3, 0.5, 0.2 - 2e-9])
+    encoder = EncoderOutput(torch.zeros(1, 4, 2), torch.ones(1, 4, dtype=torch.bool), torch.tensor([4]))
+    tokens = torch.tensor([SOS])
+    for threshold, allowed in ((0.0, True), (0.5, True), (0.7, False)):
+        scorer = DecoderScorer(model, 1.0, eos_threshold=threshold)
+        log_probs, _ = scorer.score(tokens, scorer.start(encoder), None, step=3)
+        assert torch.isfinite(log_probs[0, EOS]).item() is allowed, threshold
+        assert log_probs[0, 3].item() == pytest.approx(math.log(0.5))  # other tokens untouched
+    # In the search: without the threshold the best hypothesis ends at once, with it later.
+    assert beam_search(model, encoder, DecodingOptions(beam_size=2, max_len=3)) == [[]]
+    assert beam_search(model, encoder, DecodingOptions(beam_size=2, max_len=3, eos_threshold=0.7)) == [[3, 3, 3]]
+
+
+def test_coverage_counts_the_frames_whose_summed_attention_passes_the_threshold():
+    # Each step attends 0.3 to frame 0, 0.6 to frame 1, 0.1 to frame 2.
+    model = FixedModel([0.1, 0.1, 0.4, 0.4], attention=[0.3, 0.6, 0.1])
+    encoder = EncoderOutput(torch.zeros(2, 3, 2), torch.ones(2, 3, dtype=torch.bool), torch.tensor([3, 3]))
+    decoder = DecoderScorer(model, 1.0)
+    coverage = CoverageScorer(decoder, weight=1.0, threshold=0.5)
+    decoder_state, state = decoder.start(encoder), coverage.start(encoder)
+    tokens = torch.tensor([SOS, SOS])
+    gains = []
+    for step in range(3):
+        _, decoder_state = decoder.score(tokens, decoder_state, None, step)
+        gain, state = coverage.score(tokens, state, None, step)
+        gains.append(gain[:, 0].tolist())
+    # Summed: (0.3, 0.6, 0.1) -> frame 1 covered; (0.6, 1.2, 0.2) -> frame 0 too; (0.9, 1.8, 0.3) -> nothing new.
+    assert gains == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+    assert coverage.select(state, torch.tensor([1]), None, None, True, encoder).shape == (1, 3)
+
+
+def test_coverage_keeps_beam_search_per_utterance_and_needs_attention():
+    config = LASConfig(
+        listener=ListenerConfig(hidden_size=8, num_layers=2, pyramid_layers=1),
+        attention=AttentionConfig(type="location", dim=8, conv_channels=2, conv_kernel=3),
+        speller=SpellerConfig(embedding_dim=4, hidden_size=8, num_layers=1),
+        ctc_weight=0.3,
+    )
+    torch.manual_seed(0)
+    model = LAS(config, input_dim=5, vocab_size=9).eval()
+    with torch.no_grad():
+        model.speller.output.weight.mul_(8.0)
+    features, lengths = torch.randn(3, 13, 5), torch.tensor([13, 8, 5])
+    encoder = model.encode(features, lengths)
+    options = DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=0.3, coverage_weight=0.5)
+    batched = beam_search(model, encoder, options, nbest=3)
+    for b in range(3):
+        alone = model.encode(features[b : b + 1, : int(lengths[b])], lengths[b : b + 1])
+        assert [h.tokens for h in beam_search(model, alone, options, nbest=3)[0]] == [h.tokens for h in batched[b]]
+    # The coverage bonus is what the ranking adds to the log-probabilities: without it the scores are those.
+    plain = beam_search(model, encoder, dataclasses.replace(options, coverage_weight=0.0), nbest=3)
+    for hyps in plain:
+        for h in hyps:
+            assert h.score == h.log_prob
+    with pytest.raises(ValueError, match="decoder_attention"):
+        beam_search(FixedModel([0.1, 0.1, 0.4, 0.4]), encoder, options)
+
+
+def test_ctc_greedy_is_the_ctc_best_path():
+    model = ToyModel(seed=3).eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    assert search(model, encoder, DecodingOptions(ctc_greedy=True)) == ctc_best_path(encoder, PAD)

@@ -222,7 +222,16 @@ def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
         s, d, i, n = (result[k] for k in ("substitutions", "deletions", "insertions", "ref_words"))
         assert result["wer"] == pytest.approx((s + d + i) / n)
         assert _alignment_totals((out / "alignment.txt").read_text()) == [s, d, i, n]
-    assert capsys.readouterr().out.count("real-time factor") == 2
+        # The by-length breakdown partitions the utterances and the errors.
+        bins = result["by_length"]
+        assert sum(b["utterances"] for b in bins) == 6
+        assert [sum(b[k] for b in bins) for k in ("substitutions", "deletions", "insertions", "ref_words")] == [s, d, i, n]
+        refs = dict(line.split(" ", 1) for line in (out / "ref.txt").read_text().splitlines())
+        for b in bins:
+            low, high = b["words"]
+            assert b["utterances"] == sum(low <= len(r.split()) <= high for r in refs.values())
+    printed = capsys.readouterr().out
+    assert printed.count("real-time factor") == 2 and "by reference length" in printed
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
     argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george,jackson"]
-    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker"]
+    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker", "--by-length"]
     assert study_cli.main(argv) == 0
 
     results = json.loads((out / "results.json").read_text())
@@ -78,6 +78,7 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp
     assert f"| {100 * errors / words:.2f} |" in table  # the pooled test WER
     assert (out / "valid_loss.png").stat().st_size > 0
     assert "--pool data.digits.held_out_speaker" in table  # the command that made it, complete
+    assert "WER % by reference length in words" in table and "| held_out_speaker=george | test |" in table
 
     # A second call trains nothing new (both runs are finished) and reuses the evaluations.
     checkpoint = out / "runs" / "held_out_speaker-george" / "last.pt"

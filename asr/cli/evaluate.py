@@ -16,8 +16,10 @@ Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or s
 ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
 ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
-"utterances": ...}`` plus the counts, timing and the settings). Prints the WER
-line and the real-time factor: wall time of feature extraction plus search
+"utterances": ...}`` plus the counts, timing and the settings, and
+``by_length``: WER and S/D/I per bin of reference length in words, one bin per
+length up to 10 words, else 1-5, 6-10, 11-20, 21-40, 41-80, 81+). Prints the
+WER line, the by-length table and the real-time factor: wall time of feature extraction plus search
 (and adaptation), divided by the audio duration.
 
 Several checkpoints are decoded as one ensemble (the mean of their
@@ -26,6 +28,11 @@ search and the test-time strategies (VTLN, speaker adaptation) are the shared
 options of :mod:`asr.cli.options`; with VTLN, ``wer.json`` gets the chosen
 warp and every candidate's mean score per speaker, and with adaptation the
 WER before adaptation and after every round.
+
+``wer.json`` also records the model's ``parameters``. With ``--prune-layers``
+(LayerDrop pruning, :mod:`asr.models.pruning`) each model is decoded with some
+of its layers; the layers kept and the parameters before and after are
+printed and recorded under ``pruning``.
 
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training).
@@ -55,7 +62,7 @@ from asr.data.report import DataError, SkipReport
 from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
-from asr.metrics import alignment_report, error_rates
+from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     report = SkipReport()
     utterances, where = read_utterances(parser, args, checkpoints[0], report)
     try:
-        recogniser = load_recogniser(checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device)
+        recogniser = load_recogniser(
+            checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device, prune=settings.prune_layers
+        )
         settings.check_for(recogniser, str(checkpoints[0]))
     except (CheckpointError, ValueError) as err:
         parser.error(str(err))
@@ -113,10 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         settings=settings.to_dict(), beam=settings.decoding.beam_size, ctc_weight=settings.decoding.ctc_weight,
         length_penalty=settings.decoding.length_penalty, data=where,
         checkpoint=str(checkpoints[0]) if len(checkpoints) == 1 else [str(c) for c in checkpoints],
+        parameters=recogniser.parameters,
     )
+    if recogniser.pruned:
+        summary["pruning"] = [{"checkpoint": str(c), **p.to_dict()} for c, p in zip(checkpoints, recogniser.pruned)]
     summary.update(strategy_summary(result, settings, by_length, {u.id for u, _ in scored}))
     (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, where, report, out)
+    for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
+        print(f"model {checkpoint} {pruned.describe()}")
     return 0
 
 
@@ -160,12 +174,14 @@ def write_results(out: Path, scored: list[tuple[Utterance, str]], result: Corpus
     hyps = [text for _, text in scored]
     audio_seconds = sum(u.duration for u, _ in scored)
     rates = error_rates(refs, hyps, ids)
+    by_length = error_rates_by_length(refs, hyps, ids)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hyp.txt").write_text("".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
     (out / "ref.txt").write_text("".join(f"{i} {r}\n" for i, r in zip(ids, refs)))
     (out / "alignment.txt").write_text(alignment_report(refs, hyps, ids))
     return {
         **rates,
+        "by_length": by_length,
         "utterances": len(scored),
         "skipped": len(report),
         "skips": report.as_dict(),
@@ -206,6 +222,8 @@ def print_summary(summary: dict, where: str, report: SkipReport, out: Path) -> N
         f"I={summary['insertions']} N={summary['ref_words']}) CER {100 * summary['cer']:.2f}% "
         f"on {summary['utterances']} utterances of {where}" + (f" ({report.counts_text()} skipped)" if len(report) else "")
     )
+    if len(summary["by_length"]) > 1:
+        print("by reference length:\n" + length_table(summary["by_length"]))
     if "adaptation" in summary:
         per_round = " -> ".join(f"{100 * w:.2f}%" for w in summary["adaptation"]["wer_per_round"])
         print(f"WER before adaptation and after each round: {per_round}")

@@ -3,7 +3,8 @@
 ``asr.evaluate``, ``asr.transcribe`` and ``asr.study`` call :func:`add_decode_arguments`
 and :func:`decode_settings`, so they offer the same options with the same meaning:
 search (``--beam``, ``--ctc-weight``, ...), test-time VTLN (``--vtln-warps``),
-speaker adaptation (``--adapt-*``), or all of it from a YAML file
+speaker adaptation (``--adapt-*``), LayerDrop pruning of the model
+(``--prune-layers``), or all of it from a YAML file
 (``--decode-config``, see :mod:`asr.inference.settings`), which the options given
 on the command line override.
 """
@@ -16,6 +17,7 @@ import dataclasses
 from asr.config import ConfigError
 from asr.inference.adaptation import ADAPTABLE, AdaptationSettings
 from asr.inference.settings import DecodeSettings, load_settings, parse_warps
+from asr.models.pruning import parse_pruning
 
 # option -> field of DecodingOptions
 _SEARCH = {
@@ -24,6 +26,10 @@ _SEARCH = {
     "length_penalty": "length_penalty",
     "length_normalization": "length_normalization",
     "max_len_ratio": "max_len_ratio",
+    "coverage_weight": "coverage_weight",
+    "coverage_threshold": "coverage_threshold",
+    "eos_threshold": "eos_threshold",
+    "ctc_greedy": "ctc_greedy",
 }
 # option -> field of AdaptationSettings
 _ADAPT = {
@@ -46,6 +52,13 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument("--length-normalization", action="store_true", default=None,
                         help="rank finished hypotheses by log-probability per token")
     search.add_argument("--max-len-ratio", type=float, help="at most this many output tokens per encoder frame (default 1)")
+    search.add_argument("--coverage-weight", type=float, help="beam search bonus per encoder frame covered (default 0)")
+    search.add_argument("--coverage-threshold", type=float,
+                        help="summed attention a frame needs to count as covered (default 0.5)")
+    search.add_argument("--eos-threshold", type=float,
+                        help="<eos> only at least this times as probable as the best other token (default 0: off)")
+    search.add_argument("--ctc-greedy", action="store_true", default=None,
+                        help="decode with the CTC head's best path alone (no decoder)")
     search.add_argument("--batch-size", type=int, help="utterances decoded together (default 16)")
     strategy = parser.add_argument_group("test-time strategies")
     strategy.add_argument(
@@ -65,6 +78,12 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     strategy.add_argument("--adapt-seed", type=int, help="seed of dropout, augmentation and batch order")
     strategy.add_argument("--adapt-ctc-agreement", action="store_true", default=None,
                           help="fine-tune only on the transcripts the CTC best path agrees with")
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--prune-layers", nargs="+", metavar="SPEC",
+        help="LayerDrop pruning of a Transformer (asr.models.pruning): every_other keeps layers 0,2,4,... "
+        "of both stacks; enc:0,2,4 dec:0,2 (or enc:every_other) keeps those layers; a stack not named keeps all",
+    )
 
 
 def decode_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DecodeSettings:
@@ -88,6 +107,11 @@ def decode_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                 raise ValueError(f"--vtln-warps: {err}") from None
         if args.batch_size is not None:
             changes["batch_size"] = args.batch_size
+        if args.prune_layers is not None:
+            try:
+                changes["prune_layers"] = parse_pruning(args.prune_layers)
+            except ValueError as err:
+                raise ValueError(f"--prune-layers: {err}") from None
         return dataclasses.replace(base, **changes)
     except (ConfigError, ValueError) as err:
         parser.error(str(err))

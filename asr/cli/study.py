@@ -91,6 +91,7 @@ from asr.studies import (
     evaluate_run,
     group_runs,
     has_split,
+    length_table,
     measure_runs,
     parse_grid,
     plan_ensembles,
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--band", choices=("std", "minmax"), default="std",
         help="with --seeds, the band around the mean curves: ±1 sample std (default) or min-max",
     )
+    parser.add_argument("--by-length", action="store_true", help="add each run's WER by reference length to the report")
     add_decode_arguments(parser)
     return parser
 
@@ -274,6 +276,8 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
             "rounds (asr.inference.adaptation; no reference is read)", "",
         ]
     report.append(results_table(runs, grid, scorings))
+    if args.by_length:
+        report += ["WER % by reference length in words", "", length_table(runs, scorings)]
     if args.pool:
         report += [pooled_table(runs, grid, args.pool, scorings)]
     if ensembles:

@@ -13,7 +13,9 @@ Any sample rate works (audio is resampled to the model's rate); wav and flac
 are read with soundfile. A file that cannot be used (unreadable, damaged past
 its header, NaN samples, too short) is reported on stderr by name and reason,
 the others are still transcribed, a count by reason ends the output, and the
-exit status is 1.
+exit status is 1. With ``--prune-layers`` (LayerDrop pruning) the layers kept
+and the parameters of each model are printed on stderr; give the option after
+the audio files (or end its values with ``--``), since it takes several words.
 """
 
 from __future__ import annotations
@@ -46,12 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     args = parser.parse_args(argv)
     settings = decode_settings(args, parser)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    checkpoints = [args.checkpoint, *args.others]
     try:
-        recogniser = load_recogniser([args.checkpoint, *args.others] if args.others else args.checkpoint, args.device)
+        recogniser = load_recogniser(checkpoints if args.others else args.checkpoint, args.device, prune=settings.prune_layers)
         settings.check_for(recogniser, args.checkpoint)
     except (CheckpointError, ValueError) as err:
         parser.error(str(err))
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
+        print(f"model {checkpoint} {pruned.describe()}", file=sys.stderr)
     utterances = [Utterance(path, Path(path), "", _duration(path), SPEAKER) for path in args.audio]
     report = SkipReport()
     if isinstance(settings.strategy(), PlainDecoding):

@@ -26,11 +26,11 @@ from asr.decoding.beam_search import BeamSearch, Hypothesis, beam_search
 from asr.decoding.greedy import greedy_search
 from asr.decoding.options import DecodingOptions, max_steps
 from asr.decoding.rescoring import ctc_best_path, sequence_log_probs
-from asr.decoding.scorers import CTCPrefixScore, DecoderScorer, LengthBonus, Scorer, default_scorers
+from asr.decoding.scorers import CoverageScorer, CTCPrefixScore, DecoderScorer, LengthBonus, Scorer, default_scorers
 from asr.models.interface import EncoderOutput
 
 __all__ = [
-    "BeamSearch", "CTCPrefixScore", "DecoderScorer", "DecodingOptions", "Hypothesis", "LengthBonus", "Scorer",
+    "BeamSearch", "CoverageScorer", "CTCPrefixScore", "DecoderScorer", "DecodingOptions", "Hypothesis", "LengthBonus", "Scorer",
     "beam_search", "ctc_best_path", "decode", "default_scorers", "greedy_search", "max_steps", "search",
     "sequence_log_probs",
 ]
@@ -39,6 +39,8 @@ __all__ = [
 @torch.no_grad()
 def search(model, encoder: EncoderOutput, options: DecodingOptions = DecodingOptions()) -> list[list[int]]:
     """Token ids (no ``<sos>``/``<eos>``) of each of the B utterances of ``encoder``."""
+    if options.ctc_greedy:
+        return ctc_best_path(encoder, model.pad_id)
     if options.greedy:
         return greedy_search(model, encoder, options)
     return beam_search(model, encoder, options)

@@ -39,7 +39,7 @@ class Hypothesis:
     tokens: output ids without ``<sos>``/``<eos>``.
     score: the ranking score (after length normalisation or penalty).
     log_prob: the summed (CTC-mixed) log-probability, ``<eos>`` included when
-        the hypothesis ended with one.
+        the hypothesis ended with one (and the coverage bonus, when it is used).
     ended: False when it was cut off at the maximum length.
     """
 
@@ -81,7 +81,7 @@ class BeamSearch:
         self.model = model
         self.options = options
         self.k = options.beam_size
-        self.scorers = scorers or default_scorers(model, options.ctc_weight, options.length_penalty, options.min_len)
+        self.scorers = scorers or default_scorers(model, options)
         if not self.scorers[0].full:
             raise ValueError("the first scorer must be a full one: it pre-selects the tokens partial scorers score")
         self.partial = any(not scorer.full for scorer in self.scorers)

@@ -12,6 +12,16 @@ Scores. A hypothesis' score is the sum of its tokens' log-probabilities,
 scoring (Watanabe et al. 2017). Hypotheses are ranked by that score divided by
 their length (``length_normalization``) or plus ``length_penalty`` per token
 (positive values favour longer outputs); length counts the ``<eos>``.
+
+Two remedies of Chorowski & Jaitly (2017, sec. 3) for attention that stops
+early or skips words, both off by default: a coverage bonus of
+``coverage_weight`` per encoder frame whose attention, summed over the
+hypothesis' steps, exceeds ``coverage_threshold`` (a hypothesis that skipped a
+stretch of audio has covered fewer frames), and an end-of-sentence threshold:
+``<eos>`` may only be chosen where its probability is at least
+``eos_threshold`` times that of the most probable other token.
+``ctc_greedy`` decodes with the CTC head alone (its best path), no decoder:
+a second opinion on what the attention decoder drops.
 """
 
 from __future__ import annotations
@@ -39,6 +49,10 @@ class DecodingOptions:
     min_len: int = 0                   # <eos> is not allowed before this many tokens
     max_len: int | None = None         # a cap on the steps, whatever T'
     ctc_candidates: int | None = None  # tokens CTC scores per hypothesis (default ceil(1.5 * beam_size))
+    coverage_weight: float = 0.0       # bonus per encoder frame covered (beam search, models exposing attention)
+    coverage_threshold: float = 0.5    # summed attention a frame needs to count as covered
+    eos_threshold: float = 0.0         # <eos> only at >= this times the best other token's probability; 0 = off
+    ctc_greedy: bool = False           # the CTC head's best path instead of the decoder
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -55,11 +69,18 @@ class DecodingOptions:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         if self.ctc_candidates is not None and self.ctc_candidates < 1:
             raise ValueError(f"ctc_candidates must be >= 1, got {self.ctc_candidates}")
+        if self.coverage_weight < 0 or self.coverage_threshold <= 0:
+            raise ValueError(
+                f"coverage_weight must be >= 0 and coverage_threshold > 0, got {self.coverage_weight}, "
+                f"{self.coverage_threshold}"
+            )
+        if not 0.0 <= self.eos_threshold <= 1.0:
+            raise ValueError(f"eos_threshold must be in [0, 1], got {self.eos_threshold}")
 
     @property
     def greedy(self) -> bool:
-        """Whether :func:`asr.decoding.search` runs greedy search (one hypothesis, no CTC)."""
-        return self.beam_size == 1 and self.ctc_weight == 0.0
+        """Whether :func:`asr.decoding.search` runs greedy search (one hypothesis, no CTC, no coverage)."""
+        return self.beam_size == 1 and self.ctc_weight == 0.0 and self.coverage_weight == 0.0
 
 
 def max_steps(encoder: EncoderOutput, options: DecodingOptions) -> torch.Tensor:

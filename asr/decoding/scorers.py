@@ -29,6 +29,7 @@ three methods and a weight in :func:`default_scorers`' list.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -63,11 +64,13 @@ class DecoderScorer(Scorer):
     ``<sos>`` and ``<pad>`` are never emitted, and ``<eos>`` not before ``min_len`` tokens.
     """
 
-    def __init__(self, model, weight: float, min_len: int = 0):
+    def __init__(self, model, weight: float, min_len: int = 0, eos_threshold: float = 0.0):
         super().__init__(weight)
         self.model = model
         self.min_len = min_len
+        self.log_eos_threshold = math.log(eos_threshold) if eos_threshold > 0 else None
         self.encoder: EncoderOutput | None = None
+        self.last_state = None  # the state after the latest step (CoverageScorer reads its attention)
 
     def start(self, encoder: EncoderOutput) -> Any:
         self.encoder = encoder
@@ -75,7 +78,16 @@ class DecoderScorer(Scorer):
 
     def score(self, tokens, state, candidates, step):
         log_probs, state = self.model.decode_step(tokens, state, self.encoder)
-        return mask_never_emitted(log_probs.float(), self.model, forbid_eos=step < self.min_len), state
+        self.last_state = state
+        log_probs = mask_never_emitted(log_probs.float(), self.model, forbid_eos=step < self.min_len)
+        if self.log_eos_threshold is not None:
+            # <eos> only where it is within the threshold of the best other token.
+            eos = self.model.eos_id
+            others = log_probs.clone()
+            others[:, eos] = NEG_INF
+            too_unlikely = log_probs[:, eos] < others.max(-1).values + self.log_eos_threshold
+            log_probs[:, eos] = log_probs[:, eos].masked_fill(too_unlikely, NEG_INF)
+        return log_probs, state
 
     def select(self, state, rows, choice, candidates, same_utterances, encoder):
         self.encoder = encoder
@@ -89,6 +101,35 @@ class LengthBonus(Scorer):
 
     def score(self, tokens, state, candidates, step):
         return torch.ones(1, 1, device=tokens.device), state  # the same for every token: broadcast
+
+
+class CoverageScorer(Scorer):
+    """The coverage bonus of Chorowski & Jaitly (2017): one point for every encoder frame whose attention,
+    summed over the hypothesis' steps, exceeds ``threshold``.
+
+    The attention of a step is the decoder's (the model's ``decoder_attention`` of the state
+    ``decoder`` just computed), the same for every token the hypothesis could emit at that step,
+    so the scorer gives each hypothesis one increment, broadcast over the vocabulary.
+    """
+
+    def __init__(self, decoder: DecoderScorer, weight: float, threshold: float):
+        super().__init__(weight)
+        self.decoder = decoder
+        self.threshold = threshold
+
+    def start(self, encoder: EncoderOutput) -> torch.Tensor:
+        return torch.zeros(encoder.out.size(0), encoder.out.size(1), device=encoder.out.device)
+
+    def score(self, tokens, state, candidates, step):
+        attention = self.decoder.model.decoder_attention(self.decoder.last_state)
+        if attention is None:
+            raise ValueError("coverage needs a model whose decoder exposes its attention (decoder_attention)")
+        summed = state + attention.float()
+        covered = (summed > self.threshold).sum(-1) - (state > self.threshold).sum(-1)
+        return covered.float().unsqueeze(1), summed
+
+    def select(self, state, rows, choice, candidates, same_utterances, encoder):
+        return state.index_select(0, rows)
 
 
 class CTCPrefixScore(Scorer):
@@ -119,14 +160,18 @@ class CTCPrefixScore(Scorer):
         return CTCPrefixScorer.select(r, psi, candidates, rows, choice)
 
 
-def default_scorers(model, ctc_weight: float, length_penalty: float, min_len: int) -> list[Scorer]:
-    """The attention decoder, CTC prefix scoring (when weighted) and a length bonus (when non-zero),
-    in the order their scores are summed."""
-    scorers: list[Scorer] = [DecoderScorer(model, 1.0 - ctc_weight, min_len)]
-    if ctc_weight > 0:
-        scorers.append(CTCPrefixScore(ctc_weight, blank_id=model.pad_id, eos_id=model.eos_id))
-    if length_penalty:
-        scorers.append(LengthBonus(length_penalty))
+def default_scorers(model, options) -> list[Scorer]:
+    """The scorers :class:`~asr.decoding.options.DecodingOptions` asks for, in the order their scores
+    are summed: the attention decoder, CTC prefix scores (when weighted), a length bonus and the
+    coverage bonus (when non-zero)."""
+    decoder = DecoderScorer(model, 1.0 - options.ctc_weight, options.min_len, options.eos_threshold)
+    scorers: list[Scorer] = [decoder]
+    if options.ctc_weight > 0:
+        scorers.append(CTCPrefixScore(options.ctc_weight, blank_id=model.pad_id, eos_id=model.eos_id))
+    if options.length_penalty:
+        scorers.append(LengthBonus(options.length_penalty))
+    if options.coverage_weight:
+        scorers.append(CoverageScorer(decoder, options.coverage_weight, options.coverage_threshold))
     return scorers
 
 

@@ -9,10 +9,15 @@ warp of the mel filters.
 Several checkpoints decode as one :class:`asr.models.ensemble.Ensemble` (the
 mean of their next-token distributions). They must share the tokenizer and the
 feature pipeline (the same recipe trained with different seeds, say).
+
+With ``prune=``, each model is pruned to some of its layers as it is loaded
+(LayerDrop pruning, :mod:`asr.models.pruning`); the recogniser records what was
+kept in ``pruned``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, experiment_config_from_dict
 from asr.models.ensemble import Ensemble
+from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, prune_model
 from asr.models.registry import build_model
 from features.audio import AudioError
 from features.pipeline import FeaturePipeline
@@ -57,6 +63,12 @@ class Recogniser:
     pipeline: FeaturePipeline
     config: ExperimentConfig  # the first checkpoint's, for an ensemble
     device: torch.device
+    pruned: tuple[PrunedModel, ...] = ()  # per member, what LayerDrop pruning kept; empty: not pruned
+
+    @property
+    def parameters(self) -> int:
+        """Parameters of the model(s) decoding, after any pruning."""
+        return count_parameters(self.model)
 
     def members(self) -> list[torch.nn.Module]:
         """The models decoding together (one, or an ensemble's members)."""
@@ -65,7 +77,7 @@ class Recogniser:
     def with_models(self, models: list[torch.nn.Module]) -> Recogniser:
         """This recogniser (tokenizer, features, config) decoding with ``models`` instead."""
         model = Ensemble(models) if len(models) > 1 else models[0]
-        return Recogniser(model.eval(), self.tokenizer, self.pipeline, self.config, self.device)
+        return Recogniser(model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned)
 
     def features(self, utterance: Utterance, warp: float | None = None) -> torch.Tensor:
         """``(T, D)`` features of one utterance as the model expects them (an :class:`AudioError` names the file)."""
@@ -137,8 +149,11 @@ class Recogniser:
         return self.model.encode(batch.features, batch.feature_lengths)
 
 
-def load_recogniser(checkpoint: str | Path | list[str | Path], device: str = "cpu") -> Recogniser:
-    """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``).
+def load_recogniser(
+    checkpoint: str | Path | list[str | Path], device: str = "cpu", prune: LayerPruning | None = None
+) -> Recogniser:
+    """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``),
+    each model pruned to the layers ``prune`` keeps (None: all; a ValueError says why it cannot be).
 
     A list of several checkpoints gives one recogniser decoding with their
     :class:`~asr.models.ensemble.Ensemble`; they must have equal tokenizers and
@@ -146,10 +161,10 @@ def load_recogniser(checkpoint: str | Path | list[str | Path], device: str = "cp
     differ), or :class:`CheckpointError` names the first that differs.
     """
     if isinstance(checkpoint, (str, Path)):
-        return _load_one(checkpoint, device)
+        return _load_one(checkpoint, device, prune)
     if not checkpoint:
         raise CheckpointError("no checkpoint given")
-    members = [_load_one(path, device) for path in checkpoint]
+    members = [_load_one(path, device, prune) for path in checkpoint]
     first = members[0]
     for path, member in zip(checkpoint[1:], members[1:]):
         for what, mine, theirs in (
@@ -161,7 +176,10 @@ def load_recogniser(checkpoint: str | Path | list[str | Path], device: str = "cp
                     f"cannot decode {path} together with {checkpoint[0]}: their {what}s differ "
                     "(an ensemble's members must share the tokenizer and the features)"
                 )
-    return first if len(members) == 1 else first.with_models([member.model for member in members])
+    if len(members) == 1:
+        return first
+    pruned = tuple(record for member in members for record in member.pruned)
+    return dataclasses.replace(first.with_models([member.model for member in members]), pruned=pruned)
 
 
 # Feature settings used only in training: members may differ in them and still see the same features.
@@ -185,7 +203,7 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-def _load_one(checkpoint: str | Path, device: str) -> Recogniser:
+def _load_one(checkpoint: str | Path, device: str, prune: LayerPruning | None) -> Recogniser:
     state = load_checkpoint(checkpoint)
     try:
         config = experiment_config_from_dict(state["config"])
@@ -198,5 +216,6 @@ def _load_one(checkpoint: str | Path, device: str) -> Recogniser:
         # (load_state_dict lists missing keys over several).
         detail = " ".join(str(err).split())
         raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
+    pruned = (prune_model(model, prune, str(checkpoint)),) if prune is not None else ()
     target = torch.device(device)
-    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target)
+    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned)

@@ -13,6 +13,11 @@ with one set of checks. A file looks like::
       rounds: 3
       epochs: 4
     batch_size: 16
+    prune_layers: every_other                  # LayerDrop pruning; or {encoder: [0, 2, 4], decoder: every_other}
+
+``prune_layers`` is applied where the recogniser is built from its checkpoints
+(``load_recogniser(..., prune=settings.prune_layers)``), to every member of an
+ensemble; see :mod:`asr.models.pruning`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from asr.decoding import DecodingOptions
 from asr.inference.adaptation import AdaptationSettings, SelfTraining, adapted_parameters
 from asr.inference.recogniser import Recogniser
 from asr.inference.strategies import PlainDecoding, Strategy, VTLNSearch
+from asr.models.pruning import LayerPruning, pruning_from_config
 from features.filterbank import check_mel_filters
 
 WARP_BOUNDS = (0.7, 1.3)  # those of features.vtlp
@@ -39,6 +45,7 @@ class DecodeSettings:
     vtln_warps: tuple[float, ...] = ()      # test-time VTLN candidates; empty = none
     adaptation: AdaptationSettings | None = None  # self-training per speaker; None = none
     batch_size: int = 16                    # utterances decoded together
+    prune_layers: LayerPruning | None = None  # the layers to keep of a model trained with LayerDrop; None = all
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -54,8 +61,9 @@ class DecodeSettings:
 
     def check_for(self, recogniser: Recogniser, name: str) -> None:
         """Refuse settings ``recogniser`` (from checkpoint ``name``) cannot serve; ValueError names the setting."""
-        if self.decoding.ctc_weight > 0 and not recogniser.model.has_ctc:
-            raise ValueError(f"ctc_weight {self.decoding.ctc_weight}: {name} was trained without a CTC head (model.ctc_weight=0)")
+        if (self.decoding.ctc_weight > 0 or self.decoding.ctc_greedy) and not recogniser.model.has_ctc:
+            what = "ctc_greedy" if self.decoding.ctc_greedy else f"ctc_weight {self.decoding.ctc_weight}"
+            raise ValueError(f"{what}: {name} was trained without a CTC head (model.ctc_weight=0)")
         if self.vtln_warps:
             try:
                 check_mel_filters(recogniser.pipeline.config, list(self.vtln_warps))
@@ -72,6 +80,11 @@ class DecodeSettings:
         """Plain data for ``wer.json`` and a ``--decode-config`` file (the inverse of :func:`settings_from_dict`)."""
         data = to_dict(self)
         data["vtln_warps"] = list(self.vtln_warps)
+        # Left out when off, so evaluations made before pruning existed keep comparing equal (asr.studies).
+        if self.prune_layers is None:
+            del data["prune_layers"]
+        else:
+            data["prune_layers"] = self.prune_layers.to_config()
         return data
 
 
@@ -103,9 +116,14 @@ def settings_from_dict(data: dict, where: str = "decode config") -> DecodeSettin
         warps = parse_warps(data.pop("vtln_warps", None) or ())
     except ValueError as err:
         raise ConfigError(f"{where}: vtln_warps: {err}") from None
+    pruning = data.pop("prune_layers", None)
+    try:
+        pruning = None if pruning is None else pruning_from_config(pruning)
+    except ValueError as err:
+        raise ConfigError(f"{where}: prune_layers: {err}") from None
     try:
         settings = from_dict(DecodeSettings, data, "")
-        return dataclasses.replace(settings, vtln_warps=warps)
+        return dataclasses.replace(settings, vtln_warps=warps, prune_layers=pruning)
     except (ConfigError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from None
 

@@ -96,5 +96,10 @@ class Ensemble(nn.Module):
             raise ValueError(f"ensemble members have different vocabulary sizes: {sorted(sizes)}")
         return _log_mean_exp(log_probs), states
 
+    def decoder_attention(self, state: list) -> torch.Tensor | None:
+        """The mean of the members' attention, when every member exposes it."""
+        found = [model.decoder_attention(s) for model, s in zip(self.models, state)]
+        return None if any(a is None for a in found) else torch.stack(found).mean(0)
+
     def reorder_decoder_state(self, state: list, index: torch.Tensor) -> list:
         return [model.reorder_decoder_state(s, index) for model, s in zip(self.models, state)]

@@ -104,6 +104,51 @@ class SpeechModel(Protocol):
 
     def reorder_decoder_state(self, state: Any, index: torch.Tensor) -> Any: ...
 
+    def decoder_attention(self, state: Any) -> torch.Tensor | None:
+        """The attention over the encoder frames of the step that made ``state``, (N, T') summing to 1
+        over valid frames (averaged over heads), or None for a decoder that does not expose one."""
+        ...
+
+
+# Optional capabilities. A model offers one by having its methods; the one place
+# that needs it checks ``isinstance(model, Capability)`` (the protocols are
+# runtime-checkable), so a model without it is refused or skipped there, by name.
+
+
+@runtime_checkable
+class ScheduledRegularisation(Protocol):
+    """Regularisers whose strength follows training progress (the Transformer's scheduled DropHead).
+
+    :class:`asr.training.Trainer` calls this before every training batch.
+    """
+
+    def set_regularisation_progress(self, step: int, total_steps: int, warmup_steps: int) -> dict[str, float]:
+        """Set the rates for the update after ``step`` completed ones, of ``total_steps`` planned, with a
+        learning-rate warmup of ``warmup_steps`` (0: none). Returns the rates now in force by name
+        (e.g. ``{"drophead_encoder": 0.05}``) for the training log; empty when there is nothing to schedule."""
+        ...
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """A stack of layers inference may cut (LayerDrop pruning, :mod:`asr.models.pruning`)."""
+
+    num_layers: int
+    layerdrop: float  # the LayerDrop rate it was trained with; 0 means it never learnt to lose layers
+
+
+@runtime_checkable
+class PrunableLayers(Protocol):
+    """A model whose layer stacks can be pruned after training (the Transformer's encoder and decoder)."""
+
+    def layer_stacks(self) -> dict[str, LayerStack]:
+        """The stacks by name (``"encoder"``, ``"decoder"``)."""
+        ...
+
+    def keep_layers(self, keep: dict[str, list[int]]) -> None:
+        """Keep only layers ``keep[stack]`` (increasing indices) of each named stack, in place."""
+        ...
+
 
 @dataclass
 class EncoderOutput:

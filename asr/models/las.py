@@ -170,6 +170,10 @@ class LAS(nn.Module):
         """
         return self.speller.step(tokens, state)
 
+    def decoder_attention(self, state: dict) -> torch.Tensor:
+        """(N, T') the speller's attention at the step that made ``state``, averaged over heads."""
+        return state["weights"].mean(1)
+
     def reorder_decoder_state(self, state: dict, index: torch.Tensor) -> dict:
         """Rows ``index`` (N',) of every tensor in ``state``, its static part included when present."""
         return reorder_nested(state, index)

@@ -28,9 +28,8 @@ Two implementations compute the same function:
 * the reference PyTorch path (:func:`_reference_direction`): a loop over time,
   works on every device and is what gradcheck and the equivalence tests pin down;
 * a fused C++ operator for CPU (``asr/models/csrc/lnlstm.cpp``, loaded by
-  :mod:`asr.models.lnlstm_ext`), JIT-compiled on first use and cached, within
-  1.1-1.2x of torch.nn.LSTM's time where the reference path takes 1.6-1.8x or
-  more (docs/performance.md). It is used for CPU float32/float64 tensors when
+  :mod:`asr.models.lnlstm_ext`), JIT-compiled for this CPU on first use and
+  cached; its speed against torch.nn.LSTM is in docs/performance.md. It is used for CPU float32/float64 tensors when
   it builds; otherwise the reference path runs (with one warning).
   ``ASR_LNLSTM_IMPL=python`` (environment) or ``set_implementation("python")``
   forces the reference path;

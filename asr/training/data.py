@@ -62,7 +62,7 @@ def build_training_data(
     valid_set = SpeechDataset(valid_utts, pipeline, tokenizer, train=False, **common)
     sampler = BucketBatchSampler(
         train_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=True, seed=data_cfg.seed,
-        num_replicas=world_size, rank=rank,
+        num_replicas=world_size, rank=rank, shortest_first_epochs=config.train.curriculum_epochs,
     )
     valid_batches = list(BucketBatchSampler(valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False))
     logger.info("train: %d utterances, dev: %d utterances", len(train_utts), len(valid_utts))

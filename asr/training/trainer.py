@@ -4,13 +4,14 @@ The experiment directory (``exp_dir``) receives the resolved ``config.yaml``,
 ``train.log``, TensorBoard event files (``train/loss``, ``train/lr``,
 ``train/grad_norm`` and ``grad_norm/<group>`` per logged optimizer step, the
 group norms before clipping, see :func:`asr.training.step.gradient_groups`;
-``valid/loss``, ``valid/wer``, ``valid/cer``, ``train/skipped_utterances``
-per epoch at step epoch + 1, with ``valid/step``, the optimizer steps taken,
-and ``valid/minutes``, the wall-clock minutes of the run so far, so that
-curves can be drawn against either; for models that expose their attention,
-``alignment/<utterance>`` images of a few dev utterances, also written as
-``alignment_<utterance>.png`` at every validation, so the files hold the
-last one), ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
+for a model with scheduled regularisers their rates, e.g.
+``train/drophead_encoder``; ``valid/loss``, ``valid/wer``, ``valid/cer``,
+``train/skipped_utterances`` per epoch at step epoch + 1, with ``valid/step``,
+the optimizer steps taken, and ``valid/minutes``, the wall-clock minutes of the
+run so far, so that curves can be drawn against either; for models that expose
+their attention, ``alignment/<utterance>`` images of a few dev utterances, also
+written as ``alignment_<utterance>.png`` at every validation, so the files hold
+the last one), ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
 ``train.keep_last`` epochs and the best ``train.keep_best`` epochs as
 ``best_epoch{E}.pt``. Every checkpoint carries the config, tokenizer and
 feature pipeline, so any of them can be used for inference.
@@ -19,6 +20,7 @@ feature pipeline, so any of them can be used for inference.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -30,8 +32,9 @@ from tqdm import tqdm
 from asr.checkpoint import load_checkpoint, save_checkpoint, save_epoch_checkpoints
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
+from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
-from asr.schedulers import build_scheduler
+from asr.schedulers import build_scheduler, warmup_updates
 from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import device_kind, init_distributed, resolve_device
 from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
@@ -138,6 +141,7 @@ class Trainer:
             progress.batch_in_epoch += 1
             accumulated += 1
             self._count_skips(batch)
+            rates = regularisation_progress(self.raw_model, self.train_cfg, len(sampler), progress.step)
             outcome = self.step.backward(batch.to(self.device), scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if outcome.loss is None:
@@ -157,7 +161,7 @@ class Trainer:
             progress.nonfinite_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
-            self._log_step(outcome.loss, update, epoch)
+            self._log_step(outcome.loss, update, epoch, rates)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self._reached_max_steps():
@@ -175,7 +179,7 @@ class Trainer:
         """Whether optimizer step ``step`` is logged to TensorBoard."""
         return self.writer is not None and (step % self.train_cfg.log_every_steps == 0 or step == 1)
 
-    def _log_step(self, loss: float, update, epoch: int) -> None:
+    def _log_step(self, loss: float, update, epoch: int, rates: dict[str, float]) -> None:
         step = self.progress.step
         if not self._logs_step(step):
             return
@@ -185,6 +189,8 @@ class Trainer:
         self.writer.add_scalar("train/grad_norm", update.grad_norm, step)
         for group, norm in (update.group_norms or {}).items():
             self.writer.add_scalar(f"grad_norm/{group}", norm, step)
+        for name, rate in rates.items():  # the scheduled regularisers' rates this update was made with
+            self.writer.add_scalar(f"train/{name}", rate, step)
         logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
 
     def _count_skips(self, batch) -> None:
@@ -307,6 +313,19 @@ def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress,
         figure.savefig(exp_dir / alignment_file_name(utt_id), dpi=100)
         writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
     writer.flush()
+def regularisation_progress(model: torch.nn.Module, cfg, batches_per_epoch: int, step: int) -> dict[str, float]:
+    """Tell a model with scheduled regularisers (DropHead) where training stands, before a batch of the
+    update after ``step`` completed ones; returns their rates now (empty for other models)."""
+    if not isinstance(model, ScheduledRegularisation):
+        return {}
+    return model.set_regularisation_progress(step, planned_updates(cfg, batches_per_epoch), warmup_updates(cfg.scheduler))
+
+
+def planned_updates(cfg, batches_per_epoch: int) -> int:
+    """Optimizer steps the run is planned to take: ``max_epochs`` epochs (each ends with its partial
+    accumulation applied), or ``max_steps`` when that comes first. Early stopping may end it sooner."""
+    total = cfg.max_epochs * math.ceil(batches_per_epoch / cfg.accum_grad)
+    return total if cfg.max_steps is None else min(total, cfg.max_steps)
 
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
