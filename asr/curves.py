@@ -193,3 +193,78 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+@dataclass
+class Band:
+    """The mean curve of several runs of one setting and a band around it, point by point.
+
+    Points are aligned by index (the i-th validation of every run) and cut to
+    the shortest run; ``x`` is the mean of the runs' x at each point.
+    ``low``/``high`` are mean -/+ one sample standard deviation (``spread="std"``,
+    the mean alone for one run) or the minimum and maximum (``"minmax"``).
+    """
+
+    label: str
+    x: list[float]
+    mean: list[float]
+    low: list[float]
+    high: list[float]
+    runs: int
+    cut: bool  # some run had more points than the shortest
+
+
+def band(label: str, xs: list[list[float]], ys: list[list[float]], spread: str = "std") -> Band:
+    """The :class:`Band` of runs given as x and y lists (one pair per run)."""
+    if spread not in ("std", "minmax"):
+        raise ValueError(f"spread must be 'std' or 'minmax', got {spread!r}")
+    if not ys or len(xs) != len(ys):
+        raise ValueError(f"band {label!r}: need one x list per y list, got {len(xs)} and {len(ys)}")
+    length = min(len(y) for y in ys)
+    means, lows, highs, x = [], [], [], []
+    for i in range(length):
+        column = [y[i] for y in ys]
+        mean = sum(column) / len(column)
+        if spread == "minmax":
+            low, high = min(column), max(column)
+        else:
+            std = math.sqrt(sum((v - mean) ** 2 for v in column) / (len(column) - 1)) if len(column) > 1 else 0.0
+            low, high = mean - std, mean + std
+        x.append(sum(xx[i] for xx in xs) / len(xs))
+        means.append(mean)
+        lows.append(low)
+        highs.append(high)
+    return Band(label, x, means, lows, highs, len(ys), any(len(y) > length for y in ys))
+
+
+def plot_bands(panels: dict[str, list[Band]], out: Path, xlabel: str, spread: str = "std", zoom: bool = False) -> None:
+    """One panel per tag, one mean line and shaded band per setting; written as a PNG to ``out``.
+
+    zoom: fit the y axis to the band points after the first (as :func:`plot`).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    what = "±1 std" if spread == "std" else "min-max"
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3.6 * len(panels)), squeeze=False)
+    for ax, (tag, bands) in zip(axes[:, 0], panels.items()):
+        for b in bands:
+            line = ax.plot(b.x, b.mean, marker="o", markersize=3, label=f"{b.label} (n={b.runs})")[0]
+            ax.fill_between(b.x, b.low, b.high, color=line.get_color(), alpha=0.2, linewidth=0)
+        points = [v for b in bands for v in b.low[1:] + b.high[1:] if math.isfinite(v)]
+        if zoom and points:
+            low, high = min(points), max(points)
+            margin = 0.05 * (high - low) or 0.1
+            ax.set_ylim(low - margin, high + margin)
+        cut = " (cut to the shortest run)" if any(b.cut for b in bands) else ""
+        ax.set_title(f"{tag}: mean over seeds, band {what}{cut}" + (", y axis fits points 2+" if zoom and points else ""))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(tag)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

@@ -50,3 +50,22 @@ def alignment_figure(
 def save_figure(figure, path) -> None:
     figure.savefig(path, dpi=100)
     plt.close(figure)
+
+
+def tile_images(rows: list[list[tuple[str, str | None]]], out) -> None:
+    """Tile PNG files into one image: ``rows`` of ``(title, path or None)``; a missing
+    picture leaves its cell empty with the title saying so. Written to ``out``."""
+    columns = max(len(row) for row in rows)
+    figure, axes = plt.subplots(len(rows), columns, figsize=(5 * columns, 3.2 * len(rows)), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for r, row in enumerate(rows):
+        for c, (title, path) in enumerate(row):
+            ax = axes[r, c]
+            if path is None:
+                ax.set_title(f"{title}\n(no picture)", fontsize=8)
+                continue
+            ax.imshow(plt.imread(path))
+            ax.set_title(title, fontsize=8)
+    figure.tight_layout()
+    save_figure(figure, out)

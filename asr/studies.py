@@ -3,7 +3,10 @@
 A study's runs are :class:`Run` s (one ``asr.train`` subprocess each, in its own
 ``exp_dir``); each is scored by ``asr.evaluate`` subprocesses, once per
 :class:`Scoring` (a split and the decoding settings: plain, with test-time VTLN,
-adapted). The command line, with the whole story, is :mod:`asr.cli.study`.
+adapted). Each run's convergence (steps to a target validation loss or WER,
+area under the loss curve: :mod:`asr.convergence`) is tabulated per run and,
+over a seed key, as mean ± std per setting. The command line, with the whole
+story, is :mod:`asr.cli.study`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ from pathlib import Path
 import yaml
 
 from asr.config import ConfigError
+from asr.convergence import (
+    Convergence,
+    Reached,
+    Targets,
+    format_mean_std,
+    measure,
+    read_run_curves,
+    summarise_reached,
+)
 from asr.data.corpus import load_split
 from asr.data.report import DataError, SkipReport
 from asr.experiment import load_experiment_config
@@ -41,6 +53,7 @@ class Run:
     values: dict[str, str]  # grid entry -> value, in grid order
     exp_dir: Path
     results: dict = field(default_factory=dict)
+    convergence: Convergence | None = None
 
     @property
     def name(self) -> str:
@@ -298,16 +311,24 @@ def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Sc
     return markdown_table(header, len(keys), rows)
 
 
+def group_runs(runs: list[Run], grid: dict[str, list[str]], key: str) -> list[tuple[dict[str, str], list[Run]]]:
+    """For each combination of the grid keys other than ``key``, in grid order: its values and
+    the runs that have them (one per value of ``key``)."""
+    others = [k for k in grid if k != key]
+    groups = []
+    for combination in itertools.product(*(grid[k] for k in others)):
+        values = dict(zip(others, combination))
+        groups.append((values, [r for r in runs if all(r.values[k] == v for k, v in values.items())]))
+    return groups
+
+
 def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, scorings: list[Scoring]) -> str:
     """WER pooled over ``pool_key``'s values, one row per combination of the other keys of ``grid``."""
     others = [k for k in grid if k != pool_key]
     pooled_over = f"pooled over {len(grid[pool_key])} {short_key(pool_key)}"
     header = [short_key(k) for k in others] + [f"{s.label} ({pooled_over})" for s in scorings]
-    rows = []
-    for combination in itertools.product(*(grid[k] for k in others)):
-        fixed = dict(zip(others, combination))
-        group = [r for r in runs if all(r.values[k] == v for k, v in fixed.items())]
-        rows.append(list(combination) + [_pct(pooled(group, s.name)) for s in scorings])
+    rows = [list(values.values()) + [_pct(pooled(group, s.name)) for s in scorings]
+            for values, group in group_runs(runs, grid, pool_key)]
     return markdown_table(header, len(others), rows)
 
 
@@ -315,13 +336,8 @@ def plan_ensembles(runs: list[Run], grid: dict[str, list[str]], key: str, out: P
     """For ``--ensemble key``: one (ensemble, members) pair per combination of the other grid keys,
     the members being the runs over all of ``key``'s values. The ensemble is a :class:`Run` without
     ``key`` in its values, with its folder under ``out/ensembles``."""
-    others = [k for k in grid if k != key]
-    ensembles = []
-    for combination in itertools.product(*(grid[k] for k in others)):
-        values = dict(zip(others, combination))
-        members = [r for r in runs if all(r.values[k] == v for k, v in values.items())]
-        ensembles.append((Run(values, out / "ensembles" / (folder_name(values) or "all")), members))
-    return ensembles
+    return [(Run(values, out / "ensembles" / (folder_name(values) or "all")), members)
+            for values, members in group_runs(runs, grid, key)]
 
 
 def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, scorings: list[Scoring]) -> str:
@@ -335,6 +351,78 @@ def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, s
     return markdown_table(header, len(others), rows)
 
 
+def measure_runs(runs: list[Run], targets: Targets) -> None:
+    """Set every run's :attr:`Run.convergence` from its TensorBoard validation curves."""
+    for run in runs:
+        run.convergence = measure(read_run_curves(run.exp_dir, run.name), targets)
+
+
+def _reached_text(reached: Reached | None) -> str:
+    """One run's way to a target: ``"1200 (epoch 4, 3.1 min)"``, or ``"not reached"``."""
+    if reached is None:
+        return "not reached"
+    where = [f"epoch {reached.epoch}"] + ([f"{reached.minutes:.1f} min"] if reached.minutes is not None else [])
+    return f"{reached.step} ({', '.join(where)})" if reached.step is not None else where[0]
+
+
+def _target_headers(targets: Targets, unit: str) -> list[str]:
+    headers = []
+    if targets.loss is not None:
+        headers.append(f"{unit} to valid loss <= {targets.loss:g}")
+    if targets.wer is not None:
+        headers.append(f"{unit} to valid WER <= {100 * targets.wer:g}%")
+    return headers
+
+
+def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targets) -> str:
+    """One row per run: epochs and optimizer steps trained, steps to each target (with epoch and
+    minutes), area under the validation loss, best and final validation loss and WER."""
+    keys = list(grid)
+    header = [short_key(k) for k in keys] + ["epochs", "steps", *_target_headers(targets, "steps")]
+    header += ["valid loss AUC (loss x 1k steps)", "best valid loss (epoch)", "final valid loss",
+               "best valid WER %", "final valid WER %"]
+    rows = []
+    for run in runs:
+        c = run.convergence
+        cells = [run.values[k] for k in keys]
+        if c is None:
+            rows.append(cells + ["n/a"] * (len(header) - len(keys)))
+            continue
+        cells += [str(c.epochs), "n/a" if c.steps is None else str(c.steps)]
+        cells += [_reached_text(r) for r, t in ((c.loss_target, targets.loss), (c.wer_target, targets.wer)) if t is not None]
+        cells += [_num(c.auc), f"{_num(c.best_loss)} ({c.best_loss_epoch})", _num(c.final_loss),
+                  _pct(c.best_wer), _pct(c.final_wer)]
+        rows.append(cells)
+    return markdown_table(header, len(keys), rows)
+
+
+def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targets: Targets,
+               scorings: list[Scoring]) -> str:
+    """One row per setting (the grid keys other than ``seed_key``): each measure as mean ± std
+    over its seeds; steps and minutes to a target over the seeds that reached it, counted."""
+    others = [k for k in grid if k != seed_key]
+    header = [short_key(k) for k in others] + ["seeds"]
+    header += _target_headers(targets, "steps") + _target_headers(targets, "minutes")
+    header += ["valid loss AUC (loss x 1k steps)", "best valid loss", "final valid loss", "best valid WER %",
+               "final valid WER %", *[s.label for s in scorings], "train min"]
+    rows = []
+    for values, group in group_runs(runs, grid, seed_key):
+        measured = [r.convergence for r in group if r.convergence is not None]
+        cells = list(values.values()) + [str(len(group))]
+        for field_name in ("step", "minutes"):
+            for target, name in ((targets.loss, "loss_target"), (targets.wer, "wer_target")):
+                if target is not None:
+                    cells.append(summarise_reached([getattr(c, name) for c in measured], field_name))
+        cells += [format_mean_std([c.auc for c in measured]),
+                  format_mean_std([c.best_loss for c in measured]),
+                  format_mean_std([c.final_loss for c in measured]),
+                  format_mean_std([c.best_wer for c in measured], 3, 100),
+                  format_mean_std([c.final_wer for c in measured], 3, 100)]
+        cells += [format_mean_std([r.results[s.name]["wer"] if r.results.get(s.name) else None for r in group], 3, 100)
+                  for s in scorings]
+        cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))
+        rows.append(cells)
+    return markdown_table(header, len(others), rows)
 def length_table(runs: list[Run], scorings: list[Scoring]) -> str:
     """WER by reference length (``asr.evaluate``'s ``by_length``): one row per run and scoring, one
     column per length bin found in any of them."""

@@ -138,7 +138,10 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert not (out / "runs").exists()
 
-    assert study_cli.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0", "--adapt-rounds", "1"]) == 0
+    convergence = ["--seeds", "train.seed", "--target-loss", "1000", "--target-wer", "0.001"]
+    assert study_cli.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0", "--adapt-rounds", "1",
+                           *convergence]) == 0
+    printed = capsys.readouterr().out
     results = {r["name"]: r for r in json.loads((out / "results.json").read_text())}
     runs = ["held_out_speaker=george,seed=0", "held_out_speaker=george,seed=1"]
     ensemble = results["ensemble held_out_speaker=george"]
@@ -160,3 +163,33 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "test WER % (VTLN)" in table and "test WER % (VTLN, adapted, 1 round)" in table and "Ensembles: the mean next-token distribution of 2 runs" in table
     assert f"| george | {100 * ensemble['dev']['wer']:.2f} | {100 * ensemble['test']['wer']:.2f} |" in table
+
+    # The seeds' convergence: per run from its curves, and mean ± std per setting (here the one fold).
+    for name in runs:
+        c = results[name]["convergence"]
+        assert c["epochs"] == 1 and c["steps"] == c["loss_target"]["step"] > 0  # any loss is below 1000
+        assert c["loss_target"]["epoch"] == 1 and c["wer_target"] is None  # nobody gets to 0.001% WER
+    (setting,) = json.loads((out / "convergence.json").read_text())["settings"]
+    assert setting["runs"] == runs and setting["values"] == {"data.digits.held_out_speaker": "george"}
+    finals = [results[name]["convergence"]["final_loss"] for name in runs]
+    assert setting["measures"]["final_loss"]["mean"] == pytest.approx(sum(finals) / 2)
+    assert setting["measures"]["final_loss"]["std"] == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
+    assert setting["measures"]["loss_target"]["reached"] == 2 and setting["measures"]["wer_target"]["reached"] == 0
+    assert "Mean ± sample std over 2 values of seed" in table and "| george | 2 | " in table
+    assert "not reached (0/2)" in table and "(2/2)" in table and "Mean ± sample std" in printed
+    for image in ("valid_mean.png", "alignments.png", "valid_loss.png"):
+        assert (out / image).stat().st_size > 0 and f"]({image})" in table
+
+
+def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys):
+    argv = [str(RECIPE), "--grid", "model.layer_norm=none,both", "train.seed=0,1", "--out", str(tmp_path)]
+    for extra, message in [
+        (["--seeds", "train.seeds"], "not a grid key"),
+        (["--seeds", "train.seed", "--pool", "train.seed"], "same key"),
+        (["--target-wer", "0"], "percentage"),
+        (["--target-loss", "-1"], "positive"),
+    ]:
+        with pytest.raises(SystemExit):
+            study_cli.main([*argv, *extra])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

@@ -41,9 +41,22 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/grad_norm", "valid/loss", "valid/wer", "valid/cer"} <= tags
     assert [e.step for e in events.Scalars("valid/loss")] == [1, 2]
-    # The attention of a few dev utterances, drawn over their features, at every validation.
+    # The optimizer steps and minutes at each validation, for curves against steps or time.
+    ckpt_steps = [load_checkpoint(exp / f"epoch{e}.pt")["training"]["step"] for e in (0, 1)]
+    assert [e.value for e in events.Scalars("valid/step")] == ckpt_steps and ckpt_steps[0] > 0
+    minutes = [e.value for e in events.Scalars("valid/minutes")]
+    assert 0 < minutes[0] < minutes[1]
+    # The gradient norm per module group, before clipping, at the logged steps.
+    groups = {tag for tag in tags if tag.startswith("grad_norm/")}
+    assert groups == {"grad_norm/listener", "grad_norm/speller", "grad_norm/attention", "grad_norm/ctc"}
+    total = events.Scalars("train/grad_norm")[0].value
+    assert sum(events.Scalars(g)[0].value ** 2 for g in groups) == pytest.approx(total**2, rel=1e-4)
+    # The attention of a few dev utterances, drawn over their features, at every validation,
+    # and the last one as a picture in exp_dir.
     images = [tag for tag in events.Tags()["images"] if tag.startswith("alignment/")]
     assert len(images) == 3 and [e.step for e in events.Images(images[0])] == [1, 2]
+    pictures = sorted(p.name for p in exp.glob("alignment_*.png"))
+    assert pictures == sorted(f"alignment_{tag.split('/', 1)[1]}.png" for tag in images)
     # A checkpoint is self-contained: config, tokenizer and feature statistics travel with it.
     ckpt = load_checkpoint(exp / "last.pt")
     assert ckpt["config"]["model"]["type"] == "las"

@@ -6,6 +6,8 @@
     python -m asr.study recipes/fsdd_transformer.yaml --grid model.encoder.layer_norm,model.decoder.layer_norm=pre,post
     python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson train.seed,data.seed=0,1 \\
         --pool data.digits.held_out_speaker --ensemble train.seed,data.seed --average-last 5 --vtln-warps 0.8:1.2:0.05
+    python -m asr.study recipes/study_las_demo.yaml --grid model.layer_norm=none,both train.seed=0,1,2 \\
+        --seeds train.seed --target-loss 1.0 --target-wer 10
 
 Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
 its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
@@ -36,7 +38,22 @@ in KEY are also decoded together as one ensemble, into
   ``--pool KEY`` names a grid key (e.g. the held-out speaker), the WER pooled
   over that key's values (errors summed over words summed) for each
   combination of the other keys; with ``--ensemble``, the same for the
-  ensembles.
+  ensembles;
+- in ``results.md`` too, how each run converged (:mod:`asr.convergence`, from
+  its TensorBoard validation curves): epochs and optimizer steps, the steps
+  (epoch, minutes) to the first validation at or below ``--target-loss`` and
+  ``--target-wer`` (in percent; "not reached" when none was), the area under
+  the validation-loss curve over optimizer steps, best and final validation
+  loss and WER. With ``--seeds KEY`` (a grid key, tied keys allowed, e.g.
+  ``train.seed`` or ``train.seed,data.seed``), every measure and WER also as
+  mean ± sample std over KEY's values per setting of the other keys (steps
+  to a target over the seeds that reached it, counted), ``convergence.json``
+  with the numbers, and ``valid_mean.png``: per setting the mean validation
+  loss and WER curves over the seeds against optimizer steps, with a band of
+  ±1 std (``--band minmax``: minimum to maximum);
+- ``alignments.png``: each run's attention on the same dev utterance after
+  its last epoch (the ``alignment_<utterance>.png`` the trainer writes), one
+  row per setting (with ``--seeds``, the seeds side by side).
 
 A study is resumable: a finished run (its folder holds ``study_time.json``)
 is not trained again, an interrupted one (``last.pt`` but no
@@ -49,6 +66,7 @@ the same settings. Values are split at commas outside brackets, so
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -59,7 +77,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.curves import CompareError, load_curves, plot
+from asr.convergence import Targets, aggregate, read_run_curves
+from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.inference import DecodeSettings
 from asr.studies import (
     Run,
@@ -67,19 +86,24 @@ from asr.studies import (
     StudyError,
     average_run,
     check_average,
+    convergence_table,
     ensemble_table,
     evaluate_run,
+    group_runs,
     has_split,
     length_table,
+    measure_runs,
     parse_grid,
     plan_ensembles,
     plan_runs,
     pooled_table,
     results_table,
     scorings_for,
+    seed_table,
     short_key,
     train_run,
 )
+from asr.training.validation import ALIGNMENT_PREFIX
 
 logger = logging.getLogger("asr.study")
 
@@ -94,6 +118,7 @@ class Study:
     out: Path
     settings: DecodeSettings
     threads: int
+    targets: Targets
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,6 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--ensemble", metavar="KEY",
         help="grid key (e.g. train.seed) whose runs are also decoded together as one ensemble",
     )
+    parser.add_argument(
+        "--seeds", metavar="KEY",
+        help="grid key (e.g. train.seed, or train.seed,data.seed) to report mean ± std over, per setting of the others",
+    )
+    parser.add_argument("--target-loss", type=float, metavar="X", help="report the steps to the first validation loss <= X")
+    parser.add_argument("--target-wer", type=float, metavar="Y", help="report the steps to the first validation WER <= Y percent")
+    parser.add_argument(
+        "--band", choices=("std", "minmax"), default="std",
+        help="with --seeds, the band around the mean curves: ±1 sample std (default) or min-max",
+    )
     parser.add_argument("--by-length", action="store_true", help="add each run's WER by reference length to the report")
     add_decode_arguments(parser)
     return parser
@@ -126,20 +161,31 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
     if not args.recipe.is_file():
         parser.error(f"recipe not found: {args.recipe}")
     out = args.out or Path("exp") / f"study_{args.recipe.stem}"
+    targets = check_targets(parser, args)
     try:
         grid = parse_grid(args.grid)
-        for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble)):
+        for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble), ("--seeds", args.seeds)):
             if key is not None and key not in grid:
                 raise StudyError(f"{option} {key!r} is not a grid key ({', '.join(grid)})")
         if args.ensemble is not None and args.ensemble == args.pool:
             raise StudyError(f"--ensemble and --pool name the same key {args.ensemble!r}")
+        if args.seeds is not None and args.seeds == args.pool:
+            raise StudyError(f"--seeds and --pool name the same key {args.seeds!r}")
         runs = plan_runs(args.recipe, args.overrides, grid, out)
         if args.average_last:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
     except StudyError as err:
         parser.error(str(err))
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    return Study(args, grid, runs, out, settings, threads)
+    return Study(args, grid, runs, out, settings, threads, targets)
+
+
+def check_targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Targets:
+    if args.target_loss is not None and not args.target_loss > 0:
+        parser.error(f"--target-loss must be positive, got {args.target_loss}")
+    if args.target_wer is not None and not 0 < args.target_wer <= 100:
+        parser.error(f"--target-wer is a percentage in (0, 100], got {args.target_wer}")
+    return Targets(args.target_loss, None if args.target_wer is None else args.target_wer / 100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         curves = load_curves([r.exp_dir for r in study.runs], [r.name for r in study.runs], args.tags or ["valid/loss"])
         models = score_runs(study, scorings)
         ensembles = score_ensembles(study, scorings, models)
+        measure_runs(study.runs, study.targets)
     except (CompareError, StudyError) as err:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
@@ -240,13 +287,86 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
         report.append(ensemble_table([e for e, _ in ensembles], grid, args.ensemble, scorings))
         if args.pool:
             report += [pooled_table([e for e, _ in ensembles], ensemble_grid, args.pool, scorings)]
+    report += convergence_section(study, scorings)
+    report += alignment_section(study)
     (out / "results.md").write_text("\n".join(report))
-    rows = [{"name": r.name, "values": r.values, **r.results} for r in runs]
+    rows = [{"name": r.name, "values": r.values, **r.results,
+             "convergence": dataclasses.asdict(r.convergence) if r.convergence else None} for r in runs]
     rows += [{"name": f"ensemble {e.name}", "values": e.values, "ensemble": [m.name for m in members], **e.results}
              for e, members in ensembles]
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
     sys.stdout.write("\n".join(report[6:]))
     print(f"wrote {image}, {out / 'results.md'} and {out / 'results.json'}")
+
+
+def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
+    """The convergence tables (per run; with ``--seeds`` per setting, with ``valid_mean.png`` and
+    ``convergence.json``) as lines of ``results.md``."""
+    args, targets = study.args, study.targets
+    wanted = []
+    if targets.loss is not None:
+        wanted.append(f"valid loss <= {targets.loss:g}")
+    if targets.wer is not None:
+        wanted.append(f"valid WER <= {100 * targets.wer:g}%")
+    lines = ["## Convergence", "",
+             "From each run's validation curves (one point per epoch; valid WER on the first "
+             "train.valid_max_utterances dev utterances). Steps to a target: optimizer steps at the first "
+             "validation that reached it" + (f" ({', '.join(wanted)})" if wanted else " (no --target-loss or --target-wer given)")
+             + ". AUC: area under the validation loss over optimizer steps (trapezoid rule).", ""]
+    lines.append(convergence_table(study.runs, study.grid, targets))
+    if not args.seeds:
+        return lines
+    seeds = f"{len(study.grid[args.seeds])} values of {short_key(args.seeds)}"
+    lines += [f"### Mean ± sample std over {seeds}", "",
+              "Steps and minutes to a target: over the seeds that reached it (how many, in brackets).", ""]
+    lines.append(seed_table(study.runs, study.grid, args.seeds, targets, scorings))
+    image = band_plot(study)
+    lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
+    settings = [{"values": values, "runs": [r.name for r in group],
+                 "measures": aggregate([r.convergence for r in group if r.convergence])}
+                for values, group in group_runs(study.runs, study.grid, args.seeds)]
+    report = {"seeds": args.seeds, "targets": dataclasses.asdict(targets), "settings": settings}
+    (study.out / "convergence.json").write_text(json.dumps(report, indent=2) + "\n")
+    return lines
+
+
+def band_plot(study: Study) -> Path:
+    """``valid_mean.png``: per setting, the mean validation loss (and WER) over the seeds, with a band."""
+    measured = {r.name: read_run_curves(r.exp_dir, r.name) for r in study.runs}
+    by_steps = all(c.steps for c in measured.values())
+    panels: dict[str, list[Band]] = {"valid/loss": []}
+    if all(c.wer for c in measured.values()):
+        panels["valid/wer"] = []
+    for values, group in group_runs(study.runs, study.grid, study.args.seeds):
+        label = ",".join(f"{short_key(k)}={v}" for k, v in values.items()) or "all"
+        curves = [measured[r.name] for r in group]
+        xs = [c.steps if by_steps else c.epochs for c in curves]
+        for tag in panels:
+            ys = [c.loss if tag == "valid/loss" else c.wer for c in curves]
+            panels[tag].append(band(label, xs, ys, study.args.band))
+    image = study.out / "valid_mean.png"
+    plot_bands(panels, image, "optimizer step" if by_steps else "epoch", study.args.band, zoom=True)
+    return image
+
+
+def alignment_section(study: Study) -> list[str]:
+    """``alignments.png``: every run's last attention picture of one dev utterance, side by side."""
+    pictures = {r.name: {p.name: p for p in r.exp_dir.glob(f"{ALIGNMENT_PREFIX}*.png")} for r in study.runs}
+    common = sorted(set.intersection(*(set(p) for p in pictures.values()))) if pictures else []
+    if not common:
+        return []  # a model without attention, or runs from before the trainer wrote the pictures
+    name = common[0]
+    groups = group_runs(study.runs, study.grid, study.args.seeds) if study.args.seeds else [({}, [r]) for r in study.runs]
+    rows = [[(r.name, str(pictures[r.name][name])) for r in group] for _, group in groups]
+    image = study.out / "alignments.png"
+    from asr.plots import tile_images  # matplotlib and librosa: only when there is something to draw
+
+    tile_images(rows, image)
+    utterance = name[len(ALIGNMENT_PREFIX) : -len(".png")]
+    layout = "one row per setting, its seeds side by side" if study.args.seeds else "one per run"
+    return ["## Attention after the last epoch", "",
+            f"Dev utterance {utterance}, {layout} (each run's {name}).", "",
+            f"![alignments]({image.name})", ""]
 
 
 if __name__ == "__main__":

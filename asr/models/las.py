@@ -10,7 +10,9 @@ Where layer normalisation goes is one config value, ``layer_norm``:
 ``both`` (listener LSTMs and speller cells are LN-LSTMs), ``listener``,
 ``speller`` or ``none`` (plain LSTMs everywhere). It only switches the LSTMs'
 internal norms (see :mod:`asr.models.lnlstm`); nothing else in the model is
-normalised.
+normalised. Which LN-LSTM cell that is, is ``lnlstm_variant``: ``ba2016``
+(the default), ``tf_contrib`` or ``raw_gates``
+(:mod:`asr.models.lnlstm_variants`), the same in the listener and the speller.
 
 Loss normalisation. Both terms are **per target token**: the summed
 label-smoothed cross-entropy over all target tokens (``<eos>`` included, padding
@@ -34,6 +36,7 @@ from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
 from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
 from asr.models.listener import Listener, ListenerConfig
+from asr.models.lnlstm_variants import VARIANTS
 from asr.models.speller import Speller, SpellerConfig
 
 LAYER_NORM_PLACES = ("both", "listener", "speller", "none")
@@ -49,7 +52,11 @@ class LASConfig(ModelConfig):
     speller: SpellerConfig = field(default_factory=SpellerConfig)
     # Which LSTMs are layer-normalised: both | listener | speller | none.
     layer_norm: Literal["both", "listener", "speller", "none"] = "both"
-    lnlstm_eps: float = 1e-5       # epsilon of every layer norm inside the LN-LSTMs
+    # Which LN-LSTM cell (asr/models/lnlstm_variants.py): ba2016 (Ba et al. 2016: LN over the
+    # 4H gate vectors, un-normalised cell carried), tf_contrib (TensorFlow's LayerNormBasicLSTMCell)
+    # or raw_gates (LN without gain or bias on the gates); only ba2016 has fused kernels.
+    lnlstm_variant: Literal["ba2016", "tf_contrib", "raw_gates"] = "ba2016"
+    lnlstm_eps: float | None = None  # epsilon of every layer norm inside the LN-LSTMs; None: the variant's own
     forget_bias: float = 1.0       # added to every LSTM's forget gate, so fresh cells remember (Jozefowicz et al. 2015)
 
     def __post_init__(self) -> None:
@@ -58,7 +65,9 @@ class LASConfig(ModelConfig):
             raise ValueError(f"type must be 'las', got {self.type!r}")
         if self.layer_norm not in LAYER_NORM_PLACES:
             raise ValueError(f"layer_norm must be one of {', '.join(LAYER_NORM_PLACES)}, got {self.layer_norm!r}")
-        if self.lnlstm_eps <= 0.0:
+        if self.lnlstm_variant not in VARIANTS:
+            raise ValueError(f"lnlstm_variant must be one of {', '.join(VARIANTS)}, got {self.lnlstm_variant!r}")
+        if self.lnlstm_eps is not None and self.lnlstm_eps <= 0.0:
             raise ValueError(f"lnlstm_eps must be positive, got {self.lnlstm_eps}")
 
 
@@ -71,6 +80,10 @@ class LAS(nn.Module):
         vocab_size: V, incl. the special tokens.
         pad_id, sos_id, eos_id: the tokenizer's special ids; the CTC blank is pad_id.
     """
+
+    # Gradient norms are logged per group (asr.training.step.gradient_groups): listener,
+    # speller and ctc by their modules, and the attention apart from the speller's LSTMs.
+    gradient_groups = {"speller.attention.": "attention"}
 
     def __init__(
         self, config: LASConfig, input_dim: int, vocab_size: int, pad_id: int = 0, sos_id: int = 1, eos_id: int = 2
@@ -87,7 +100,7 @@ class LAS(nn.Module):
         self.vocab_size = vocab_size
         self.ctc_weight = config.ctc_weight
         self.label_smoothing = config.label_smoothing
-        lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps}
+        lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps, "variant": config.lnlstm_variant}
         self.listener = Listener(
             config.listener, input_dim, layer_norm=config.layer_norm in ("both", "listener"), **lstm_options
         )

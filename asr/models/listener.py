@@ -89,7 +89,7 @@ class Listener(nn.Module):
         config: layer sizes, pyramid, frame stacking, projection, dropout.
         input_dim: D, size of a feature frame.
         layer_norm: every LSTM layer is an LN-LSTM (True) or a plain LSTM.
-        forget_bias, eps: passed to every :class:`LNLSTM`.
+        forget_bias, eps, variant: passed to every :class:`LNLSTM`.
     """
 
     def __init__(
@@ -98,7 +98,8 @@ class Listener(nn.Module):
         input_dim: int,
         layer_norm: bool = True,
         forget_bias: float = 1.0,
-        eps: float = 1e-5,
+        eps: float | None = None,
+        variant: str = "ba2016",
     ) -> None:
         super().__init__()
         self.config = config
@@ -126,6 +127,7 @@ class Listener(nn.Module):
                     layer_norm=layer_norm,
                     forget_bias=forget_bias,
                     eps=eps,
+                    variant=variant,
                 )
             )
         self.dropout = nn.Dropout(config.dropout)

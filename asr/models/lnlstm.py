@@ -40,6 +40,16 @@ Two implementations compute the same function:
   ``set_implementation("triton")`` forces it, and with ``TRITON_INTERPRET=1``
   it also runs CPU tensors (slowly: that is for testing). The single-step
   :meth:`LNLSTMCell.forward` (the speller's) uses the same kernels.
+
+Variants. The cell above is ``variant="ba2016"``, the default. Two other
+LN-LSTM cells exist for the normalisation study (``model.lnlstm_variant``):
+``tf_contrib`` (TensorFlow 1.x's ``LayerNormBasicLSTMCell``: per-gate LN of one
+projection without bias, the normalised cell carried) and ``raw_gates`` (LN
+without gain or bias, epsilon 1e-3, on ``W_x x`` and ``W_h h``); their
+equations are in :mod:`asr.models.lnlstm_variants`. **The fused C++ and
+Triton paths implement ba2016 (and the plain LSTM) only**: cells of the other
+variants always run the reference path, whatever the implementation switch
+says (:meth:`LNLSTMCell.fusable`).
 """
 
 from __future__ import annotations
@@ -51,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.models import lnlstm_ext, lnlstm_triton
+from asr.models import lnlstm_ext, lnlstm_triton, lnlstm_variants
 from asr.models.common import lengths_to_mask
 
 _IMPLEMENTATIONS = ("auto", "python", "cpp", "triton")
@@ -106,11 +116,18 @@ class LNLSTMCell(nn.Module):
         forget_bias: added to the forget-gate pre-activation, so a fresh cell
             starts by remembering (1.0 as in TensorFlow's LSTM cells; use 0.0 to
             match torch.nn.LSTM, which has none).
-        eps: epsilon of the three layer norms.
+        eps: epsilon of every layer norm of the cell; None: the variant's own
+            (ba2016 1e-5; see :mod:`asr.models.lnlstm_variants`).
+        variant: which LN-LSTM cell, ``ba2016`` (the module docstring),
+            ``tf_contrib`` or ``raw_gates`` (:mod:`asr.models.lnlstm_variants`);
+            ignored without layer_norm.
 
     Parameters: ``weight_x`` (4H, I), ``weight_h`` (4H, H), ``bias`` (4H,), gate
     order ``i, j, f, o``; with layer_norm, ``ln_x`` and ``ln_h`` (nn.LayerNorm over
-    4H) and ``ln_c`` (nn.LayerNorm over H).
+    4H) and ``ln_c`` (nn.LayerNorm over H). A ``tf_contrib`` cell has
+    ``ln_gates`` (four nn.LayerNorm over H) and ``ln_c`` instead, and no ``bias``
+    (None); a ``raw_gates`` cell's ``ln_x`` and ``ln_h`` have no parameters.
+    Norms a variant does not use are None.
     """
 
     def __init__(
@@ -119,7 +136,8 @@ class LNLSTMCell(nn.Module):
         hidden_size: int,
         layer_norm: bool = True,
         forget_bias: float = 1.0,
-        eps: float = 1e-5,
+        eps: float | None = None,
+        variant: str = "ba2016",
     ) -> None:
         super().__init__()
         if input_size <= 0 or hidden_size <= 0:
@@ -127,20 +145,25 @@ class LNLSTMCell(nn.Module):
         self.input_size = input_size
         self.hidden_size = hidden_size
         self.layer_norm = layer_norm
+        self.variant = lnlstm_variants.check_variant(variant)
         self.forget_bias = float(forget_bias)
-        self.eps = float(eps)
+        # The gate norms' epsilon (the fused paths read it; ba2016 uses one epsilon throughout).
+        self.eps = float(lnlstm_variants.default_eps(variant)[0] if eps is None else eps)
         self.weight_x = nn.Parameter(torch.empty(4 * hidden_size, input_size))
         self.weight_h = nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
-        self.bias = nn.Parameter(torch.empty(4 * hidden_size))
-        if layer_norm:
-            self.ln_x = nn.LayerNorm(4 * hidden_size, eps=eps)
-            self.ln_h = nn.LayerNorm(4 * hidden_size, eps=eps)
-            self.ln_c = nn.LayerNorm(hidden_size, eps=eps)
+        if lnlstm_variants.has_gate_bias(variant, layer_norm):
+            self.bias = nn.Parameter(torch.empty(4 * hidden_size))
         else:
-            self.register_module("ln_x", None)
-            self.register_module("ln_h", None)
-            self.register_module("ln_c", None)
+            self.register_parameter("bias", None)
+        norms = lnlstm_variants.build_norms(variant, hidden_size, eps) if layer_norm else {}
+        for name in ("ln_x", "ln_h", "ln_gates", "ln_c"):
+            self.register_module(name, norms.get(name))
         self.reset_parameters()
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused C++ and Triton paths compute this cell: the plain LSTM and ba2016 only."""
+        return not self.layer_norm or self.variant == "ba2016"
 
     def reset_parameters(self) -> None:
         # Same init as nn.LSTM, so the plain variant trains like it. The gate
@@ -148,36 +171,43 @@ class LNLSTMCell(nn.Module):
         # input keeps h = c = 0 forever, every LN then sees zero variance, and
         # back-propagation through time gains 1/sqrt(eps) twice per step (inf
         # in float32 within ~10 steps). A random b breaks that fixed point.
+        # (tf_contrib has no b, as in TensorFlow: docs/normalization.md shows what follows.)
         bound = 1.0 / math.sqrt(self.hidden_size)
         for weight in (self.weight_x, self.weight_h, self.bias):
-            nn.init.uniform_(weight, -bound, bound)
-        if self.layer_norm:
-            for ln in (self.ln_x, self.ln_h, self.ln_c):
-                ln.reset_parameters()
+            if weight is not None:
+                nn.init.uniform_(weight, -bound, bound)
+        for name in ("ln_x", "ln_h", "ln_gates", "ln_c"):
+            norm = getattr(self, name)
+            for module in norm.modules() if norm is not None else ():
+                if isinstance(module, nn.LayerNorm):
+                    module.reset_parameters()
 
     def extra_repr(self) -> str:
         return (
-            f"{self.input_size}, {self.hidden_size}, layer_norm={self.layer_norm}, "
+            f"{self.input_size}, {self.hidden_size}, layer_norm={self.layer_norm}, variant={self.variant}, "
             f"forget_bias={self.forget_bias}, eps={self.eps}"
         )
 
     def input_gates(self, x: torch.Tensor) -> torch.Tensor:
-        """``LN_x(W_x x) + b`` for any leading shape: x (..., I) -> (..., 4H).
+        """``LN_x(W_x x) + b`` for any leading shape: x (..., I) -> (..., 4H)
+        (for tf_contrib just ``W_x x``: its norms act on ``W_x x + W_h h``).
 
         It does not depend on the recurrence, so the sequence path computes it
         for all time steps at once.
         """
         gates = F.linear(x, self.weight_x)
-        if self.layer_norm:
+        if self.ln_x is not None:
             gates = self.ln_x(gates)
-        return gates + self.bias
+        return gates if self.bias is None else gates + self.bias
 
     def recurrent_step(
         self, input_gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step from precomputed input gates (B, 4H) and state (B, H) -> (h, c)."""
+        if self.ln_gates is not None:
+            return lnlstm_variants.tf_contrib_step(self, input_gates, h, c)
         gates_h = F.linear(h, self.weight_h)
-        if self.layer_norm:
+        if self.ln_h is not None:
             gates_h = self.ln_h(gates_h)
         i, j, f, o = (input_gates + gates_h).chunk(4, dim=-1)
         c = c * torch.sigmoid(f + self.forget_bias) + torch.sigmoid(i) * torch.tanh(j)
@@ -190,7 +220,7 @@ class LNLSTMCell(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, I), state (h, c) each (B, H) or None for zeros -> (h, c) each (B, H).
 
-        c is the un-normalised cell, to be passed back in as state.
+        c is the cell to be passed back in as state (un-normalised, except for tf_contrib).
         """
         if x.dim() != 2 or x.size(1) != self.input_size:
             raise ValueError(f"LNLSTMCell expects x of shape (B, {self.input_size}), got {tuple(x.shape)}")
@@ -198,7 +228,7 @@ class LNLSTMCell(nn.Module):
             zeros = x.new_zeros(x.size(0), self.hidden_size)
             state = (zeros, zeros)
         h, c = state
-        if _use_triton(x, self.weight_h):
+        if self.fusable and _use_triton(x, self.weight_h):
             return lnlstm_triton.cell_step(self, x, h, c)
         return self.recurrent_step(self.input_gates(x), h, c)
 
@@ -265,7 +295,8 @@ class LNLSTM(nn.Module):
         dropout: dropout on every layer's output except the last (as nn.LSTM),
             only in training mode.
         forget_bias: added to the forget-gate pre-activation (0.0 matches nn.LSTM).
-        eps: epsilon of every layer norm.
+        eps: epsilon of every layer norm; None: the variant's own.
+        variant: the LN-LSTM cell of every layer (see :class:`LNLSTMCell`).
 
     ``cells[layer * directions + d]`` is the :class:`LNLSTMCell` holding layer
     ``layer``, direction ``d`` (0 forward, 1 backward) -- the same order as
@@ -281,7 +312,8 @@ class LNLSTM(nn.Module):
         layer_norm: bool = True,
         dropout: float = 0.0,
         forget_bias: float = 1.0,
-        eps: float = 1e-5,
+        eps: float | None = None,
+        variant: str = "ba2016",
     ) -> None:
         super().__init__()
         if num_layers < 1:
@@ -296,7 +328,6 @@ class LNLSTM(nn.Module):
         self.layer_norm = layer_norm
         self.dropout = float(dropout)
         self.forget_bias = float(forget_bias)
-        self.eps = float(eps)
         self.cells = nn.ModuleList(
             LNLSTMCell(
                 input_size if layer == 0 else hidden_size * self.num_directions,
@@ -304,10 +335,13 @@ class LNLSTM(nn.Module):
                 layer_norm=layer_norm,
                 forget_bias=forget_bias,
                 eps=eps,
+                variant=variant,
             )
             for layer in range(num_layers)
             for _ in range(self.num_directions)
         )
+        self.variant = self.cells[0].variant
+        self.eps = self.cells[0].eps
 
     @property
     def output_size(self) -> int:
@@ -317,7 +351,7 @@ class LNLSTM(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}, "
-            f"bidirectional={self.bidirectional}, layer_norm={self.layer_norm}, "
+            f"bidirectional={self.bidirectional}, layer_norm={self.layer_norm}, variant={self.variant}, "
             f"dropout={self.dropout}, forget_bias={self.forget_bias}, eps={self.eps}"
         )
 
@@ -333,7 +367,7 @@ class LNLSTM(nn.Module):
         Returns y (B, T, H * directions), zero at padded positions, and
         (h_n, c_n) each (num_layers * directions, B, H), taken at each row's own
         last valid frame (the backward direction's at frame 0). c_n is the
-        un-normalised cell.
+        carried cell (un-normalised, except for tf_contrib).
         """
         if x.dim() != 3 or x.size(2) != self.input_size:
             raise ValueError(f"LNLSTM expects x of shape (B, T, {self.input_size}), got {tuple(x.shape)}")
@@ -387,6 +421,8 @@ class LNLSTM(nn.Module):
 
     def _fused_path(self, x: torch.Tensor) -> str | None:
         """"triton", "cpp" or None (the reference path) for input x."""
+        if not self.cells[0].fusable:
+            return None  # tf_contrib and raw_gates: the fused kernels compute ba2016's equations only
         if _use_triton(x, self.cells[0].weight_h):
             return "triton"
         implementation = get_implementation()

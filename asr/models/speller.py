@@ -64,7 +64,7 @@ class Speller(nn.Module):
         vocab_size: V (characters or word pieces: only the size matters).
         context_dim: H, size of a listener state (the keys and the context).
         layer_norm: LN-LSTM cells (True) or plain LSTM cells.
-        forget_bias, eps: passed to every :class:`LNLSTMCell`.
+        forget_bias, eps, variant: passed to every :class:`LNLSTMCell`.
         pad_id: embedding row kept at zero (padded decoder inputs).
 
     The decoding state is a dict of tensors whose first dimension is the
@@ -88,7 +88,8 @@ class Speller(nn.Module):
         context_dim: int,
         layer_norm: bool = True,
         forget_bias: float = 1.0,
-        eps: float = 1e-5,
+        eps: float | None = None,
+        variant: str = "ba2016",
         pad_id: int = 0,
     ) -> None:
         super().__init__()
@@ -103,6 +104,7 @@ class Speller(nn.Module):
                 layer_norm=layer_norm,
                 forget_bias=forget_bias,
                 eps=eps,
+                variant=variant,
             )
             for layer in range(config.num_layers)
         )

@@ -20,6 +20,7 @@ class Progress:
     epochs_without_improvement: int = 0
     best: list = field(default_factory=list)  # [(metric, epoch)], best first, at most keep_best
     skipped_in_epoch: dict = field(default_factory=dict)  # reason -> training items skipped so far this epoch
+    seconds: float = 0.0           # wall-clock seconds of training and validation so far (pauses between resumes excluded)
 
     def count_skip(self, reason: str) -> None:
         self.skipped_in_epoch[reason] = self.skipped_in_epoch.get(reason, 0) + 1

@@ -13,6 +13,12 @@ the gradients without stepping when their norm is not finite. Either way the
 returned :class:`StepOutcome` says why, so the caller can log it with the
 batch's utterances (:func:`describe`) and count it. With gradient accumulation, call ``backward``
 for each batch (``scale=1 / accum``) and ``update`` once.
+
+``update(group_norms=True)`` also returns the gradient norm of each module
+group (:func:`gradient_groups`), before clipping, so a reader can see where
+the gradient is (e.g. where layer normalisation acts); the group norms add
+up in quadrature to the global norm. It costs one norm per parameter, so the
+trainer asks for it only at the steps it logs.
 """
 
 from __future__ import annotations
@@ -30,6 +36,21 @@ class StepOutcome:
     loss: float | None = None
     skipped: str | None = None
     grad_norm: float | None = None
+    group_norms: dict[str, float] | None = None  # group -> its gradient norm before clipping, when asked for
+
+
+def gradient_groups(model: torch.nn.Module) -> dict[str, str]:
+    """Parameter name -> its group: the model's top-level module (``listener``, ``speller``,
+    ``ctc``; ``encoder``, ``decoder``), unless a prefix in the model's ``gradient_groups``
+    attribute (e.g. LAS: ``{"speller.attention.": "attention"}``) names another. A wrapper
+    (DistributedDataParallel) is looked through."""
+    model = getattr(model, "module", model)
+    overrides = getattr(model, "gradient_groups", {})
+    groups = {}
+    for name, _ in model.named_parameters():
+        matches = [prefix for prefix in overrides if name.startswith(prefix)]
+        groups[name] = overrides[max(matches, key=len)] if matches else name.split(".", 1)[0]
+    return groups
 
 
 def describe(ids: list[str]) -> str:
@@ -63,6 +84,7 @@ class TrainingStep:
         self.parameters = parameters
         self.use_amp = use_amp
         self.distributed = distributed
+        self.groups = gradient_groups(model)
 
     def backward(self, batch, scale: float = 1.0) -> StepOutcome:
         """Loss of ``batch`` (a :class:`~asr.data.batching.Batch` on the model's device) and its gradients
@@ -88,14 +110,16 @@ class TrainingStep:
             value /= dist.get_world_size()
         return StepOutcome(loss=float(value))
 
-    def update(self) -> StepOutcome:
+    def update(self, group_norms: bool = False) -> StepOutcome:
         """Clip and check the accumulated gradients, then step the optimiser (and scheduler).
 
         Gradients are cleared either way; a non-finite norm skips the step.
+        group_norms: also return the norm of each parameter group's gradient (before clipping).
         """
         params = self.parameters
         if params is None:
             params = [p for p in self.model.parameters() if p.grad is not None]
+        groups = self._group_norms(params) if group_norms else None
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -104,4 +128,13 @@ class TrainingStep:
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepOutcome(grad_norm=float(norm))
+        return StepOutcome(grad_norm=float(norm), group_norms=groups)
+
+    def _group_norms(self, params: list[torch.nn.Parameter]) -> dict[str, float]:
+        """Group -> norm of the gradients of ``params`` in that group."""
+        clipped = {id(p) for p in params}
+        squares: dict[str, list[torch.Tensor]] = {}
+        for name, p in getattr(self.model, "module", self.model).named_parameters():
+            if p.grad is not None and id(p) in clipped:
+                squares.setdefault(self.groups[name], []).append(torch.linalg.vector_norm(p.grad.float()) ** 2)
+        return {group: float(torch.stack(values).sum().sqrt()) for group, values in squares.items()}

@@ -2,11 +2,16 @@
 
 The experiment directory (``exp_dir``) receives the resolved ``config.yaml``,
 ``train.log``, TensorBoard event files (``train/loss``, ``train/lr``,
-``train/grad_norm`` per optimizer step, and for a model with scheduled
-regularisers their rates, e.g. ``train/drophead_encoder``; ``valid/loss``, ``valid/wer``,
-``valid/cer``, ``train/skipped_utterances`` per epoch; for models that expose
-their attention, ``alignment/<utterance>`` images of a few dev utterances),
-``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
+``train/grad_norm`` and ``grad_norm/<group>`` per logged optimizer step, the
+group norms before clipping, see :func:`asr.training.step.gradient_groups`;
+for a model with scheduled regularisers their rates, e.g.
+``train/drophead_encoder``; ``valid/loss``, ``valid/wer``, ``valid/cer``,
+``train/skipped_utterances`` per epoch at step epoch + 1, with ``valid/step``,
+the optimizer steps taken, and ``valid/minutes``, the wall-clock minutes of the
+run so far, so that curves can be drawn against either; for models that expose
+their attention, ``alignment/<utterance>`` images of a few dev utterances, also
+written as ``alignment_<utterance>.png`` at every validation, so the files hold
+the last one), ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
 ``train.keep_last`` epochs and the best ``train.keep_best`` epochs as
 ``best_epoch{E}.pt``. Every checkpoint carries the config, tokenizer and
 feature pipeline, so any of them can be used for inference.
@@ -34,7 +39,7 @@ from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import device_kind, init_distributed, resolve_device
 from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
-from asr.training.validation import alignment_figures, validate
+from asr.training.validation import alignment_figures, alignment_file_name, validate
 
 logger = logging.getLogger("asr.train")
 
@@ -104,6 +109,7 @@ class Trainer:
     # ------------------------------------------------------------------ loops
 
     def fit(self) -> Progress:
+        self._clock = (time.time(), self.progress.seconds)  # a resumed run continues its clock
         try:
             while self.progress.epoch < self.train_cfg.max_epochs and not self._reached_max_steps():
                 if self._train_epoch():  # early stopping fired
@@ -147,7 +153,7 @@ class Trainer:
             if accumulated < cfg.accum_grad and progress.batch_in_epoch != len(sampler):
                 continue
             accumulated = 0
-            update = self.step.update()
+            update = self.step.update(group_norms=self._logs_step(progress.step + 1))
             if update.skipped:
                 self._skipped(update.skipped, batch.ids)
                 continue
@@ -155,7 +161,7 @@ class Trainer:
             progress.nonfinite_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
-            self._log_step(outcome.loss, update.grad_norm, epoch, rates)
+            self._log_step(outcome.loss, update, epoch, rates)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self._reached_max_steps():
@@ -169,14 +175,20 @@ class Trainer:
         progress.batch_in_epoch = 0
         return self._end_of_epoch(epoch, metrics)
 
-    def _log_step(self, loss: float, grad_norm: float, epoch: int, rates: dict[str, float]) -> None:
+    def _logs_step(self, step: int) -> bool:
+        """Whether optimizer step ``step`` is logged to TensorBoard."""
+        return self.writer is not None and (step % self.train_cfg.log_every_steps == 0 or step == 1)
+
+    def _log_step(self, loss: float, update, epoch: int, rates: dict[str, float]) -> None:
         step = self.progress.step
-        if self.writer is None or not (step % self.train_cfg.log_every_steps == 0 or step == 1):
+        if not self._logs_step(step):
             return
         lr = self.optimizer.param_groups[0]["lr"]
         self.writer.add_scalar("train/loss", loss, step)
         self.writer.add_scalar("train/lr", lr, step)
-        self.writer.add_scalar("train/grad_norm", grad_norm, step)
+        self.writer.add_scalar("train/grad_norm", update.grad_norm, step)
+        for group, norm in (update.group_norms or {}).items():
+            self.writer.add_scalar(f"grad_norm/{group}", norm, step)
         for name, rate in rates.items():  # the scheduled regularisers' rates this update was made with
             self.writer.add_scalar(f"train/{name}", rate, step)
         logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
@@ -223,6 +235,8 @@ class Trainer:
     def _end_of_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
         """Log, rank and checkpoint the finished epoch. Returns True when early stopping fires."""
         cfg, progress = self.train_cfg, self.progress
+        started, before = self._clock
+        progress.seconds = before + time.time() - started
         skipped_text = progress.skipped_text()
         if metrics:
             logger.info(
@@ -235,8 +249,10 @@ class Trainer:
             progress.best = sorted(progress.best + [(value, epoch)])[: cfg.keep_best]
         else:
             logger.info("epoch %d done; %s", epoch, skipped_text)
+        if self.writer is not None:
+            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device) if metrics else []
+            write_epoch_summaries(self.writer, self.exp_dir, epoch, progress, metrics, figures)
         if self.dist.is_main:
-            self._write_epoch_summaries(epoch, metrics)
             extra = {"metric": metrics.get(cfg.best_metric), "metric_name": cfg.best_metric, "epoch": epoch, "step": progress.step}
             save_epoch_checkpoints(self.exp_dir, epoch, self._payload(extra), cfg.keep_last, {e for _, e in progress.best})
         progress.skipped_in_epoch = {}
@@ -246,18 +262,6 @@ class Trainer:
             logger.info("early stopping: no improvement of %s for %d epochs", cfg.best_metric, patience)
             return True
         return False
-
-    def _write_epoch_summaries(self, epoch: int, metrics: dict[str, float]) -> None:
-        """TensorBoard at the end of an epoch: the validation metrics, the skip count, the attention images."""
-        if self.writer is None:
-            return
-        self.writer.add_scalar("train/skipped_utterances", sum(self.progress.skipped_in_epoch.values()), epoch + 1)
-        for name, value in metrics.items():
-            self.writer.add_scalar(name.replace("valid_", "valid/"), value, epoch + 1)
-        if metrics:
-            for utt_id, figure in alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device):
-                self.writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)
-        self.writer.flush()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -294,6 +298,21 @@ class Trainer:
         logger.info("resumed at epoch %d, batch %d, step %d", self.progress.epoch, self.progress.batch_in_epoch, self.progress.step)
 
 
+def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress, metrics: dict[str, float],
+                          figures) -> None:
+    """TensorBoard at the end of an epoch, at step epoch + 1: the skip count, the validation metrics
+    with the optimizer steps and minutes so far, and the attention ``figures`` ((utterance id,
+    figure) pairs), which also go to ``exp_dir/alignment_<utterance>.png``."""
+    writer.add_scalar("train/skipped_utterances", sum(progress.skipped_in_epoch.values()), epoch + 1)
+    for name, value in metrics.items():
+        writer.add_scalar(name.replace("valid_", "valid/"), value, epoch + 1)
+    if metrics:
+        writer.add_scalar("valid/step", progress.step, epoch + 1)
+        writer.add_scalar("valid/minutes", progress.seconds / 60, epoch + 1)
+    for utt_id, figure in figures:
+        figure.savefig(exp_dir / alignment_file_name(utt_id), dpi=100)
+        writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
+    writer.flush()
 def regularisation_progress(model: torch.nn.Module, cfg, batches_per_epoch: int, step: int) -> dict[str, float]:
     """Tell a model with scheduled regularisers (DropHead) where training stands, before a batch of the
     update after ``step`` completed ones; returns their rates now (empty for other models)."""

@@ -13,6 +13,14 @@ from asr.decoding import DecodingOptions, decode
 from asr.metrics import error_rates
 
 ALIGNMENT_UTTERANCES = 3  # dev utterances whose attention is drawn at every validation
+ALIGNMENT_PREFIX = "alignment_"
+
+
+def alignment_file_name(utt_id: str) -> str:
+    """``alignment_<utterance id>.png``, with characters other than letters, digits, ``-``, ``_``
+    and ``.`` replaced by ``_``: the trainer's picture of that dev utterance's attention."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in utt_id)
+    return f"{ALIGNMENT_PREFIX}{safe}.png"
 
 
 @dataclass

@@ -1,0 +1,184 @@
+"""How fast a run converged, read from its validation curves, and the mean ± std of that over seeds.
+
+The trainer validates once per epoch and logs ``valid/loss``, ``valid/wer``,
+``valid/step`` (optimizer steps taken) and ``valid/minutes`` (wall-clock
+minutes of the run so far) at step epoch + 1 (:mod:`asr.training.trainer`).
+From those, per run (:func:`measure`):
+
+- **steps to target**: the optimizer steps (and minutes, and epochs) at the
+  first validation whose loss is at most ``--target-loss`` (WER at most
+  ``--target-wer``); None when no validation got there ("not reached"). The
+  true crossing lies somewhere in the epoch before: the resolution is one epoch.
+- **area under the validation-loss curve**: the trapezoid rule over optimizer
+  steps from the first validation to the last, in loss x 1000 steps. Lower is
+  better; it rewards getting low early, and compares runs with the same budget.
+- best and final validation loss and WER.
+
+Over seeds (:func:`mean_std`, :func:`summarise_reached`): the mean and the
+sample standard deviation (n - 1) of each measure; for steps to target, over
+the seeds that reached it, with how many did. Runs from before ``valid/step``
+was logged have epochs but no steps or minutes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from asr.curves import CompareError, curve_from_events, read_scalars
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What counts as converged: a validation loss and a validation WER (a fraction), each optional."""
+
+    loss: float | None = None
+    wer: float | None = None
+
+
+@dataclass
+class RunCurves:
+    """One run's validation points, one per epoch, in order."""
+
+    epochs: list[int]
+    loss: list[float]
+    wer: list[float] | None = None
+    steps: list[int] | None = None
+    minutes: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class Reached:
+    """Where a curve first got to its target: the epoch (1 = after the first), and the optimizer
+    steps and minutes at that validation when they were logged."""
+
+    epoch: int
+    step: int | None = None
+    minutes: float | None = None
+
+
+@dataclass(frozen=True)
+class Convergence:
+    epochs: int
+    steps: int | None
+    best_loss: float
+    best_loss_epoch: int
+    final_loss: float
+    best_wer: float | None
+    final_wer: float | None
+    auc: float | None                 # area under valid/loss over optimizer steps, loss x 1000 steps
+    loss_target: Reached | None       # None: not reached (or no target)
+    wer_target: Reached | None
+
+
+def read_run_curves(exp_dir: Path, label: str) -> RunCurves:
+    """The validation curves of the run in ``exp_dir``; ``valid/loss`` must exist, the rest may not."""
+    scalars = read_scalars(exp_dir)
+    if not scalars.get("valid/loss"):
+        raise CompareError(f"run {label} ({exp_dir}) has no valid/loss curve")
+    loss = curve_from_events(label, "valid/loss", scalars["valid/loss"])
+
+    def aligned(tag: str) -> list[float] | None:
+        """The tag's values at loss's epochs, or None when it is missing at any of them."""
+        if not scalars.get(tag):
+            return None
+        curve = curve_from_events(label, tag, scalars[tag])
+        by_epoch = dict(zip(curve.steps, curve.values))
+        return [by_epoch[e] for e in loss.steps] if all(e in by_epoch for e in loss.steps) else None
+
+    steps = aligned("valid/step")
+    return RunCurves(loss.steps, loss.values, aligned("valid/wer"),
+                     None if steps is None else [round(s) for s in steps], aligned("valid/minutes"))
+
+
+def first_reached(values: list[float], target: float) -> int | None:
+    """Index of the first value at most ``target`` (NaN never is), or None."""
+    return next((i for i, v in enumerate(values) if v <= target), None)
+
+
+def area_under(xs: list[float], ys: list[float]) -> float:
+    """Trapezoid rule over the points (xs ascending); 0 for fewer than two points, NaN if any y is."""
+    return sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]))
+
+
+def _reached(curves: RunCurves, values: list[float] | None, target: float | None) -> Reached | None:
+    index = None if target is None or values is None else first_reached(values, target)
+    if index is None:
+        return None
+    step = curves.steps[index] if curves.steps else None
+    minutes = curves.minutes[index] if curves.minutes else None
+    return Reached(curves.epochs[index], step, minutes)
+
+
+def measure(curves: RunCurves, targets: Targets) -> Convergence:
+    """The convergence measures of one run (see the module docstring)."""
+    finite = [(v, e) for v, e in zip(curves.loss, curves.epochs) if math.isfinite(v)]
+    best_loss, best_epoch = min(finite, key=lambda ve: (ve[0], ve[1])) if finite else (math.nan, 0)
+    auc = area_under([s / 1000 for s in curves.steps], curves.loss) if curves.steps else None
+    return Convergence(
+        epochs=curves.epochs[-1],
+        steps=curves.steps[-1] if curves.steps else None,
+        best_loss=best_loss,
+        best_loss_epoch=best_epoch,
+        final_loss=curves.loss[-1],
+        best_wer=min(curves.wer) if curves.wer else None,
+        final_wer=curves.wer[-1] if curves.wer else None,
+        auc=auc,
+        loss_target=_reached(curves, curves.loss, targets.loss),
+        wer_target=_reached(curves, curves.wer, targets.wer),
+    )
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value)."""
+    if not values:
+        raise ValueError("mean_std of no values")
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def format_mean_std(values: list[float | None], digits: int = 4, scale: float = 1.0) -> str:
+    """``"1.234 ± 0.056"`` (``digits`` significant), the value alone for one run, "n/a" for none;
+    values that are None (not measured) are left out."""
+    present = [v * scale for v in values if v is not None]
+    if not present:
+        return "n/a"
+    mean, std = mean_std(present)
+    return _significant(mean, digits) + ("" if std is None else f" ± {_significant(std, 2)}")
+
+
+def _significant(value: float, digits: int) -> str:
+    """``value`` rounded to ``digits`` significant digits, without an exponent below 1e6: 141 -> "140"."""
+    return f"{float(f'{value:.{digits}g}'):g}"
+
+
+def summarise_reached(reached: list[Reached | None], field: str) -> str:
+    """Steps (``field="step"``), minutes or epochs to a target over seeds: the mean ± std of the
+    runs that reached it and how many did, e.g. ``"1200 ± 85 (3/3)"``, ``"not reached (0/3)"``."""
+    hits = [getattr(r, field) for r in reached if r is not None]
+    count = f"({len(hits)}/{len(reached)})"
+    if not hits:
+        return f"not reached {count}"
+    if any(h is None for h in hits):
+        return f"n/a {count}"  # reached, but this run did not log steps or minutes
+    digits = 3 if field == "minutes" else 6
+    return f"{format_mean_std(hits, digits)} {count}"
+
+
+def aggregate(measures: list[Convergence]) -> dict:
+    """Numbers behind a seed table row: per measure its mean, sample std (None for one run) and
+    count; per target, the same of the steps and minutes of the runs that reached it."""
+    summary: dict = {"runs": len(measures)}
+    for name in ("auc", "best_loss", "final_loss", "best_wer", "final_wer", "epochs", "steps"):
+        values = [getattr(m, name) for m in measures if getattr(m, name) is not None]
+        mean, std = mean_std(values) if values else (None, None)
+        summary[name] = {"mean": mean, "std": std, "n": len(values)}
+    for target in ("loss_target", "wer_target"):
+        hits = [getattr(m, target) for m in measures if getattr(m, target) is not None]
+        entry: dict = {"reached": len(hits)}
+        for field in ("step", "minutes", "epoch"):
+            values = [getattr(h, field) for h in hits if getattr(h, field) is not None]
+            entry[field] = dict(zip(("mean", "std"), mean_std(values))) if values else None
+        summary[target] = entry
+    return summary

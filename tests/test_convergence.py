@@ -1,0 +1,161 @@
+"""asr/convergence.py and the study's convergence tables, mean-curve bands and tiled pictures,
+on hand-made curves and a fake set of study results."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from asr.convergence import (
+    Convergence,
+    Reached,
+    RunCurves,
+    Targets,
+    aggregate,
+    area_under,
+    first_reached,
+    format_mean_std,
+    measure,
+    read_run_curves,
+    summarise_reached,
+)
+from asr.curves import CompareError, band, plot_bands
+from asr.studies import Run, Scoring, convergence_table, seed_table
+
+# A run validated after 3 epochs of 100 optimizer steps each, 2 minutes per epoch.
+CURVES = RunCurves(epochs=[1, 2, 3], loss=[3.0, 2.0, 1.5], wer=[0.9, 0.5, 0.25], steps=[100, 200, 300],
+                   minutes=[2.0, 4.0, 6.0])
+
+
+def test_first_reached_and_area_under_hand_made_curves():
+    assert first_reached([3.0, 2.0, 1.5], 2.0) == 1  # "at most": equal counts
+    assert first_reached([3.0, 2.0, 1.5], 1.0) is None
+    assert first_reached([math.nan, 1.0], 1.0) == 1  # NaN never reaches
+    # Trapezoids: (1 - 0) * (3 + 2) / 2 + (3 - 1) * (2 + 1) / 2 = 2.5 + 3 = 5.5
+    assert area_under([0.0, 1.0, 3.0], [3.0, 2.0, 1.0]) == 5.5
+    assert area_under([5.0], [1.0]) == 0
+
+
+def test_measure_gives_steps_minutes_and_epochs_to_each_target():
+    result = measure(CURVES, Targets(loss=2.0, wer=0.3))
+    assert result.loss_target == Reached(epoch=2, step=200, minutes=4.0)
+    assert result.wer_target == Reached(epoch=3, step=300, minutes=6.0)
+    # AUC over optimizer steps in thousands: 0.1 * (3 + 2) / 2 + 0.1 * (2 + 1.5) / 2 = 0.25 + 0.175
+    assert result.auc == pytest.approx(0.425)
+    assert (result.best_loss, result.best_loss_epoch, result.final_loss) == (1.5, 3, 1.5)
+    assert (result.best_wer, result.final_wer, result.epochs, result.steps) == (0.25, 0.25, 3, 300)
+    assert measure(CURVES, Targets(loss=1.0)).loss_target is None  # not reached
+    assert measure(CURVES, Targets()).wer_target is None
+    # A run from before valid/step was logged: epochs only, no AUC.
+    old = measure(RunCurves(epochs=[1, 2], loss=[2.0, 1.0]), Targets(loss=1.0))
+    assert old.loss_target == Reached(epoch=2) and old.auc is None and old.best_wer is None
+
+
+def write_events(folder: Path, series: dict[str, list[float]]) -> None:
+    writer = SummaryWriter(log_dir=str(folder / "tensorboard"))
+    for tag, values in series.items():
+        for epoch, value in enumerate(values, start=1):
+            writer.add_scalar(tag, value, epoch)
+    writer.add_scalar("train/loss", 9.0, 1)
+    writer.close()
+
+
+def test_run_curves_are_read_from_tensorboard_events(tmp_path):
+    write_events(tmp_path / "new", {"valid/loss": [3.0, 2.0], "valid/wer": [0.5, 0.25], "valid/step": [40, 80],
+                                    "valid/minutes": [0.5, 1.0]})
+    curves = read_run_curves(tmp_path / "new", "new")
+    assert curves == RunCurves([1, 2], [3.0, 2.0], [0.5, 0.25], [40, 80], [0.5, 1.0])
+    write_events(tmp_path / "old", {"valid/loss": [3.0, 2.0]})
+    assert read_run_curves(tmp_path / "old", "old") == RunCurves([1, 2], [3.0, 2.0])
+    write_events(tmp_path / "none", {"valid/wer": [0.5]})
+    with pytest.raises(CompareError, match="run none .* no valid/loss"):
+        read_run_curves(tmp_path / "none", "none")
+
+
+def test_mean_std_and_reached_summaries():
+    assert format_mean_std([1.0, 2.0, 3.0]) == "2 ± 1"
+    assert format_mean_std([0.125, None]) == "0.125"  # one value: no std
+    assert format_mean_std([None]) == "n/a"
+    assert format_mean_std([0.1, 0.2], 3, 100) == "15 ± 7.1"
+    hits = [Reached(2, 200, 4.0), None, Reached(4, 400, 8.0)]
+    assert summarise_reached(hits, "step") == "300 ± 140 (2/3)"
+    assert summarise_reached(hits, "minutes") == "6 ± 2.8 (2/3)"
+    assert summarise_reached([None, None], "step") == "not reached (0/2)"
+    assert summarise_reached([Reached(2)], "step") == "n/a (1/1)"
+
+
+def fake_study() -> tuple[list[Run], dict[str, list[str]]]:
+    """Two settings x three seeds, with hand-made convergence and WER."""
+    grid = {"model.layer_norm": ["none", "both"], "train.seed": ["0", "1", "2"]}
+    runs = []
+    for norm, final_losses, reached_steps in [("none", [2.0, 2.5, 3.0], [None, None, None]),
+                                              ("both", [1.0, 1.5, 2.0], [100, 300, None])]:
+        for seed, final, step in zip(grid["train.seed"], final_losses, reached_steps):
+            c = Convergence(epochs=4, steps=400, best_loss=final, best_loss_epoch=4, final_loss=final,
+                            best_wer=final / 10, final_wer=final / 10, auc=final * 2,
+                            loss_target=None if step is None else Reached(step // 100, step, step / 100),
+                            wer_target=None)
+            run = Run({"model.layer_norm": norm, "train.seed": seed}, Path(f"runs/{norm}-{seed}"), convergence=c)
+            run.results = {"dev": {"wer": final / 20}, "train_seconds": 120.0}
+            runs.append(run)
+    return runs, grid
+
+
+def table_rows(table: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+
+
+def test_seed_table_aggregates_each_setting_over_its_seeds():
+    runs, grid = fake_study()
+    table = seed_table(runs, grid, "train.seed", Targets(loss=2.0), [Scoring("dev")])
+    header = [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+    assert header[:4] == ["layer_norm", "seeds", "steps to valid loss <= 2", "minutes to valid loss <= 2"]
+    rows = {row[0]: dict(zip(header, row)) for row in table_rows(table)}
+    assert rows["none"]["steps to valid loss <= 2"] == "not reached (0/3)"
+    assert rows["both"]["steps to valid loss <= 2"] == "200 ± 140 (2/3)"
+    assert rows["both"]["minutes to valid loss <= 2"] == "2 ± 1.4 (2/3)"
+    assert rows["none"]["final valid loss"] == "2.5 ± 0.5" and rows["both"]["final valid loss"] == "1.5 ± 0.5"
+    assert rows["both"]["valid loss AUC (loss x 1k steps)"] == "3 ± 1"
+    assert rows["both"]["final valid WER %"] == "15 ± 5"
+    assert rows["both"]["dev WER %"] == "7.5 ± 2.5"
+    assert rows["both"]["seeds"] == "3" and rows["both"]["train min"] == "2 ± 0"
+    numbers = aggregate([r.convergence for r in runs[3:]])
+    assert numbers["final_loss"] == {"mean": 1.5, "std": 0.5, "n": 3}
+    assert numbers["loss_target"]["reached"] == 2 and numbers["loss_target"]["step"]["mean"] == 200
+    json.dumps(numbers)  # it goes into convergence.json
+
+
+def test_per_run_convergence_table_says_not_reached():
+    runs, grid = fake_study()
+    rows = table_rows(convergence_table(runs, grid, Targets(loss=2.0)))
+    assert rows[0][:5] == ["none", "0", "4", "400", "not reached"]
+    assert rows[3][:5] == ["both", "0", "4", "400", "100 (epoch 1, 1.0 min)"]
+
+
+def test_bands_average_aligned_points_and_the_plot_is_written(tmp_path):
+    b = band("both", [[100, 200, 300], [110, 210]], [[3.0, 2.0, 1.0], [2.0, 1.0]])
+    assert b.x == [105, 205] and b.mean == [2.5, 1.5] and b.cut and b.runs == 2
+    spread = math.sqrt(0.5)  # sample std of two values 1 apart
+    assert b.low == pytest.approx([2.5 - spread, 1.5 - spread]) and b.high == pytest.approx([2.5 + spread, 1.5 + spread])
+    minmax = band("both", [[1, 2], [1, 2]], [[3.0, 2.0], [1.0, 4.0]], spread="minmax")
+    assert (minmax.low, minmax.high, minmax.cut) == ([1.0, 2.0], [3.0, 4.0], False)
+    out = tmp_path / "bands.png"
+    plot_bands({"valid/loss": [b, minmax]}, out, "optimizer step", zoom=True)
+    image = matplotlib.image.imread(out)
+    assert image.ndim == 3 and image.shape[0] > 100
+
+
+def test_tiled_pictures_make_one_image(tmp_path):
+    from asr.plots import tile_images
+
+    picture = tmp_path / "a.png"
+    plot_bands({"valid/loss": [band("x", [[1, 2]], [[2.0, 1.0]])]}, picture, "epoch")
+    out = tmp_path / "tiles.png"
+    tile_images([[("run a", str(picture)), ("run b", None)], [("run c", str(picture))]], out)
+    tiles, single = matplotlib.image.imread(out), matplotlib.image.imread(picture)
+    assert tiles.shape[1] > single.shape[1]  # two columns wide
