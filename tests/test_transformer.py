@@ -524,6 +524,7 @@ def test_greedy_equals_beam_of_one():
         assert any(len(h) > 0 for h in greedy)
 
 
+@pytest.mark.slow  # the fixture trains a model
 def test_batched_beam_search_equals_per_utterance(overfit):
     model, (features, lengths, tokens, token_lengths), _ = overfit
     options = DecodingOptions(beam_size=3, ctc_weight=0.3, max_len_ratio=2.0)
