@@ -35,7 +35,6 @@ load as they are.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import sys
@@ -101,6 +100,24 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
         raise CheckpointError(f"{path} is not a checkpoint written by this toolkit")
     return payload
+
+
+def save_epoch_checkpoints(
+    exp_dir: str | Path, epoch: int, payload: dict[str, Any], keep_last: int, best_epochs: set[int]
+) -> None:
+    """Write ``epoch{E}.pt`` and keep the last ``keep_last`` of them; keep ``best_epoch{E}.pt`` for
+    exactly the epochs in ``best_epochs`` (the trainer ranks them by its validation metric)."""
+    exp_dir = Path(exp_dir)
+    save_checkpoint(exp_dir / f"epoch{epoch}.pt", payload)
+    stale = exp_dir / f"epoch{epoch - keep_last}.pt"
+    if stale.exists():
+        stale.unlink()
+    if epoch in best_epochs:
+        save_checkpoint(exp_dir / f"best_epoch{epoch}.pt", payload)
+    for path in exp_dir.glob("best_epoch*.pt"):
+        number = path.stem.removeprefix("best_epoch")
+        if number.isdigit() and int(number) not in best_epochs:
+            path.unlink()
 
 
 def convert_checkpoint(source: str | Path, target: str | Path, trust_source: bool) -> None:
@@ -169,35 +186,7 @@ def _check_plain(value: Any, where: str) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m asr.checkpoint",
-        description="Checkpoint tools. 'convert' rewrites a checkpoint of an older lnasr version "
-        "(a last.pt with numpy RNG state) into today's format, which loads without running code.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    convert = commands.add_parser("convert", help="rewrite an older checkpoint in today's safe format")
-    convert.add_argument("source", type=Path, help="the older checkpoint")
-    convert.add_argument("target", type=Path, help="where to write the converted one (may be the same path)")
-    convert.add_argument(
-        "--trust-this-file",
-        action="store_true",
-        help="required: reading the old format can run code inside the file, so convert only files you trust",
-    )
-    args = parser.parse_args(argv)
-    if not args.trust_this_file:
-        parser.error(
-            f"converting {args.source} unpickles it in full, which runs any code inside it; "
-            "pass --trust-this-file if (and only if) you trust where the file comes from"
-        )
-    try:
-        convert_checkpoint(args.source, args.target, trust_source=True)
-        load_checkpoint(args.target)  # the result must pass the safe reader
-    except CheckpointError as err:
-        parser.error(str(err))
-    print(f"converted {args.source} into {args.target} (checkpoint format {FORMAT_VERSION})")
-    return 0
-
-
 if __name__ == "__main__":
+    from asr.cli.checkpoint import main
+
     sys.exit(main())

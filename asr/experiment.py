@@ -1,9 +1,8 @@
-"""The experiment config (a whole recipe) and the model factory.
+"""The experiment config: a whole recipe.
 
 A recipe YAML has five sections: ``exp_dir``, ``features`` (features.config),
-``data`` (asr.data.config), ``model`` (``type: las`` -> asr.models.las.LASConfig,
-``type: transformer`` -> asr.models.transformer.TransformerConfig) and ``train``
-(:class:`TrainConfig`). Command-line overrides ``key.sub=value`` are applied to
+``data`` (asr.data.config), ``model`` (the config class ``model.type`` names in
+:mod:`asr.models.registry`) and ``train`` (:class:`TrainConfig`). Command-line overrides ``key.sub=value`` are applied to
 the YAML before validation, so they are checked exactly like the file.
 """
 
@@ -11,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from asr.config import ConfigError, apply_overrides, from_dict, read_yaml, to_dict
 from asr.data.config import DataConfig
+from asr.models.interface import ModelConfig
+from asr.models.registry import model_config_from_dict
 from asr.schedulers import SchedulerConfig
 from features.config import FeatureConfig
 
@@ -36,6 +37,7 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
     accum_grad: int = 1                 # batches per optimizer step
+    curriculum_epochs: int = 0          # first N epochs present batches shortest first (SortaGrad); 0 = off
     amp: bool = False                   # mixed precision; used on CUDA only
     early_stopping_patience: int | None = None  # epochs without improvement before stopping
     best_metric: Literal["valid_loss", "valid_wer", "valid_cer"] = "valid_loss"
@@ -47,36 +49,25 @@ class TrainConfig:
     valid_beam_size: int = 1            # decoding for the per-epoch validation WER (1 = greedy)
     valid_max_utterances: int | None = None  # decode only the first N validation utterances for WER
 
+    def __post_init__(self) -> None:
+        if self.curriculum_epochs < 0:
+            raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
+
 
 @dataclass
 class ExperimentConfig:
     exp_dir: str = "exp/default"
     features: FeatureConfig = field(default_factory=FeatureConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    model: Any = None                   # LASConfig or TransformerConfig, chosen by model.type
+    model: ModelConfig = None           # the config class model.type names (asr.models.registry)
     train: TrainConfig = field(default_factory=TrainConfig)
-
-
-def _model_config_class(model_type: str):
-    if model_type == "las":
-        from asr.models.las import LASConfig
-
-        return LASConfig
-    if model_type == "transformer":
-        from asr.models.transformer import TransformerConfig
-
-        return TransformerConfig
-    raise ConfigError(f"model.type: {model_type!r} is not one of 'las', 'transformer'")
 
 
 def experiment_config_from_dict(data: dict) -> ExperimentConfig:
     data = dict(data)
     model_data = data.pop("model", None) or {}
-    if not isinstance(model_data, dict):
-        raise ConfigError("model: expected a mapping")
     config = from_dict(ExperimentConfig, data)
-    model_cls = _model_config_class(model_data.get("type", "las"))
-    config.model = from_dict(model_cls, model_data, "model")
+    config.model = model_config_from_dict(model_data)
     return config
 
 
@@ -91,16 +82,3 @@ def load_experiment_config(recipe: str | Path, overrides: list[str] | None = Non
 
 def experiment_config_to_dict(config: ExperimentConfig) -> dict:
     return to_dict(config)
-
-
-def build_model(model_config, input_dim: int, tokenizer):
-    """Instantiate the model a config names, sized for the features and tokenizer."""
-    ids = dict(pad_id=tokenizer.pad_id, sos_id=tokenizer.sos_id, eos_id=tokenizer.eos_id)
-    if model_config.type == "las":
-        from asr.models.las import LAS
-
-        return LAS(model_config, input_dim, tokenizer.vocab_size, **ids)
-    from asr.models.transformer import Transformer
-
-    return Transformer(model_config, input_dim, tokenizer.vocab_size, **ids)
-

@@ -183,3 +183,54 @@ def alignment_report(refs: list[str], hyps: list[str], ids: list[str] | None = N
         f"N={totals['ref_words']}  WER {100 * totals['wer']:.2f}%  CER {100 * totals['cer']:.2f}%"
     )
     return "\n\n".join(blocks) + "\n"
+
+
+# Bins of reference length (words) for utterances longer than PER_LENGTH_UP_TO words:
+# roughly doubling widths, the shape of read-speech corpora (LibriSpeech's are 1-80+ words).
+LENGTH_BIN_EDGES = (5, 10, 20, 40, 80)
+PER_LENGTH_UP_TO = 10  # up to this many words, each length is its own bin (digit strings, commands)
+
+
+def length_bins(lengths: list[int]) -> list[tuple[int, int]]:
+    """Inclusive ``(low, high)`` word-count bins covering ``lengths``: one per length when no reference
+    is longer than :data:`PER_LENGTH_UP_TO` words, else :data:`LENGTH_BIN_EDGES` (the last bin open-ended)."""
+    if not lengths:
+        return []
+    longest = max(lengths)
+    if longest <= PER_LENGTH_UP_TO:
+        return [(n, n) for n in range(min(lengths), longest + 1)]
+    bins, low = [], 1
+    for edge in LENGTH_BIN_EDGES:
+        bins.append((low, edge))
+        low = edge + 1
+    bins.append((low, max(longest, low)))
+    return [b for b in bins if any(b[0] <= n <= b[1] for n in lengths)]
+
+
+def error_rates_by_length(refs: list[str], hyps: list[str], ids: list[str] | None = None) -> list[dict]:
+    """:func:`error_rates` per bin of reference length in words (:func:`length_bins`), each with
+    ``"words": [low, high]`` and ``"utterances"``; bins without utterances are left out."""
+    norm_refs, _ = normalized_pairs(refs, hyps, ids)
+    lengths = [len(r.split()) for r in norm_refs]
+    ids = ids if ids is not None else [str(i) for i in range(len(refs))]
+    result = []
+    for low, high in length_bins(lengths):
+        chosen = [i for i, n in enumerate(lengths) if low <= n <= high]
+        if not chosen:
+            continue
+        rates = error_rates([refs[i] for i in chosen], [hyps[i] for i in chosen], [ids[i] for i in chosen])
+        result.append({"words": [low, high], "utterances": len(chosen), **rates})
+    return result
+
+
+def length_table(bins: list[dict]) -> str:
+    """The by-length breakdown as printed lines: ``words  utts  WER  S  D  I  N``."""
+    lines = [f"{'words':>7} {'utts':>5} {'WER %':>7} {'S':>5} {'D':>5} {'I':>5} {'N':>6}"]
+    for b in bins:
+        low, high = b["words"]
+        label = str(low) if low == high else f"{low}-{high}"
+        lines.append(
+            f"{label:>7} {b['utterances']:>5} {100 * b['wer']:>7.2f} {b['substitutions']:>5} "
+            f"{b['deletions']:>5} {b['insertions']:>5} {b['ref_words']:>6}"
+        )
+    return "\n".join(lines)

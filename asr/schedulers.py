@@ -60,6 +60,11 @@ class SchedulerConfig:
             raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
 
 
+def warmup_updates(config: SchedulerConfig) -> int:
+    """The updates over which ``config`` warms the learning rate up (0 for ``constant``, which has no warmup)."""
+    return 0 if config.kind == "constant" else config.warmup_steps
+
+
 def _check_warmup(warmup_steps: int) -> None:
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")

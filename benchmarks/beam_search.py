@@ -35,8 +35,9 @@ import torch
 from asr.data.batching import collate
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
-from asr.decoding import beam_search
-from asr.experiment import build_model, load_experiment_config
+from asr.decoding import DecodingOptions, beam_search
+from asr.experiment import load_experiment_config
+from asr.models.registry import build_model
 from features.pipeline import FeaturePipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,14 +78,14 @@ def main() -> None:
     audio_seconds = sum(u.duration for u in utterances)
     batch = collate(items)
     singles = [collate([item]) for item in items]
-    options = {"beam_size": args.beam, "ctc_weight": args.ctc_weight}
+    options = DecodingOptions(beam_size=args.beam, ctc_weight=args.ctc_weight)
 
     @torch.no_grad()
     def batched() -> tuple[float, float, list[list[int]]]:
         start = clock()
         encoder = model.encode(batch.features, batch.feature_lengths)
         encoded = clock()
-        hypotheses = beam_search(model, encoder, **options)
+        hypotheses = beam_search(model, encoder, options)
         return encoded - start, clock() - encoded, hypotheses
 
     @torch.no_grad()
@@ -95,7 +96,7 @@ def main() -> None:
             start = clock()
             encoder = model.encode(single.features, single.feature_lengths)
             encoded = clock()
-            hypotheses += beam_search(model, encoder, **options)
+            hypotheses += beam_search(model, encoder, options)
             encode_s, search_s = encode_s + encoded - start, search_s + clock() - encoded
         return encode_s, search_s, hypotheses
 

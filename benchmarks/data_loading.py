@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from asr.experiment import load_experiment_config
-from asr.train import Trainer
+from asr.training import Trainer
+from asr.training.data import make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,17 +33,18 @@ def measure(overrides: list[str], workers: int, steps: int, warmup: int) -> tupl
             ROOT / "recipes" / "fsdd_las.yaml", overrides + [f"exp_dir={exp_dir}", f"data.num_workers={workers}"]
         )
         trainer = Trainer(config)
-        trainer.sampler.set_epoch(0)
-        trainer.train_set.set_epoch(0)
-        batches = list(trainer.sampler)[: steps + warmup]
-        iterator = iter(trainer._loader(batches, trainer.train_set, 0))
+        data = trainer.data
+        data.sampler.set_epoch(0)
+        data.train_set.set_epoch(0)
+        batches = list(data.sampler)[: steps + warmup]
+        iterator = iter(make_loader(batches, data.train_set, workers, config.data.seed, pin_memory=False))
         wait = total = 0.0
         for index in range(len(batches)):
             start = time.perf_counter()
             batch = next(iterator)
             fetched = time.perf_counter()
-            if trainer._forward_backward(batch, 1.0) is not None:
-                trainer._optimizer_step(batch.ids)
+            if trainer.step.backward(batch).loss is not None:
+                trainer.step.update()
             end = time.perf_counter()
             if index >= warmup:  # the first batches include worker start-up
                 wait += fetched - start

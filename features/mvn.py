@@ -154,7 +154,7 @@ def apply_mvn(feats: Tensor, mode: str, stats: GlobalStats | None = None) -> Ten
         if stats is None:
             raise ValueError(
                 "mvn: global needs global statistics, but none were given: accumulate them over the training set "
-                "with FeaturePipeline.compute_global_stats(paths), or load them from the model checkpoint"
+                "(asr.data.dataset.compute_global_stats), or load them from the model checkpoint"
             )
         return stats.normalize(feats)
     raise ValueError(f"mvn must be one of none, utterance, global; got {mode!r}")

@@ -19,7 +19,6 @@ D = :attr:`FeaturePipeline.feature_dim`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -38,7 +37,8 @@ class FeaturePipeline:
     """Audio -> normalised ``(T, D)`` features, configured by a :class:`FeatureConfig`.
 
     ``stats`` are the global MVN statistics (needed only for ``mvn: global``);
-    they can also be set later by :meth:`compute_global_stats`.
+    they can also be set later (``pipeline.stats = ...``; training accumulates them
+    with :func:`asr.data.dataset.compute_global_stats`).
     """
 
     def __init__(self, config: FeatureConfig, stats: GlobalStats | None = None):
@@ -116,25 +116,6 @@ class FeaturePipeline:
     def raw_features(self, waveform: Tensor, sample_rate: int) -> Tensor:
         """Features ``(T, D)`` before MVN and SpecAugment, without dither: what global stats are accumulated on."""
         return self._base_features(waveform, sample_rate, train=False, generator=None)
-
-    def compute_global_stats(self, paths: Iterable[str | Path]) -> GlobalStats:
-        """Accumulate global MVN statistics over the raw features of ``paths`` (the training set).
-
-        Dither is left out: with the usual 1-LSB dither its effect on the
-        statistics is negligible, and the result does not depend on an RNG.
-        Also sets ``self.stats``.
-        """
-        stats = GlobalStats(self.feature_dim)
-        for path in paths:
-            waveform, sample_rate = load_audio(path)
-            try:
-                stats.update(self.raw_features(waveform, sample_rate))
-            except AudioError as err:
-                raise AudioError(f"{path}: {err}") from err
-        if stats.count == 0:
-            raise ValueError("compute_global_stats: no audio files were given")
-        self.stats = stats
-        return stats
 
     def state_dict(self) -> dict:
         """``{"config": plain dict, "stats": GlobalStats state or None}``, for the model checkpoint."""

@@ -124,3 +124,23 @@ def test_config_errors_name_the_key():
         from_dict(AttentionConfig, {"conv_kernel": 4}, "model.attention")
     with pytest.raises(ConfigError, match="model.attention.head"):
         from_dict(AttentionConfig, {"head": 2}, "model.attention")
+
+
+def test_a_window_confines_attention_around_the_previous_focus():
+    config = AttentionConfig(type="location", dim=8, conv_channels=3, conv_kernel=5, window=[1, 2])
+    torch.manual_seed(0)
+    att = Attention(config, QUERY, KEY).double()
+    mask = lengths_to_mask(torch.tensor([9, 4]), 9)
+    focus = torch.tensor([5, 3])
+    attend = att.window_mask(mask, focus)
+    assert attend[0].nonzero().flatten().tolist() == [4, 5, 6, 7]
+    assert attend[1].nonzero().flatten().tolist() == [2, 3]  # clipped at the row's own end
+    keys = torch.randn(2, 9, KEY, dtype=torch.float64)
+    _, weights = att(torch.randn(2, QUERY, dtype=torch.float64), keys, mask, random_prev(mask, 1), attend=attend)
+    assert torch.all(weights.masked_select(~attend.unsqueeze(1)) == 0.0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 1, dtype=torch.float64))
+    # The focus of a step is the median frame of its weights.
+    peaked = torch.tensor([[[0.1, 0.2, 0.3, 0.4]], [[0.6, 0.2, 0.1, 0.1]]])
+    assert Attention.focus(peaked).tolist() == [2, 0]
+    with pytest.raises(ValueError, match="window"):
+        AttentionConfig(window=[3])

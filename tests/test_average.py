@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from asr.average import average_checkpoints, main, select_checkpoints
+from asr.averaging import average_checkpoints, select_checkpoints
+from asr.cli.average import main
 from asr.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline

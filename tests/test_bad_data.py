@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import PROJECT_ROOT, SHARED_DATA
-from test_train import TINY, tiny_valid
+from conftest import LAS_RECIPE as RECIPE
+from conftest import SHARED_DATA, TINY, subprocess_env, tiny_valid
 
-from asr import average, evaluate, transcribe
+from asr.cli import average, check, evaluate, transcribe
 from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.data import report as reasons
 from asr.data.batching import collate
@@ -24,13 +24,12 @@ from asr.data.dataset import SpeechDataset, compute_global_stats
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import CharTokenizer
-from asr.train import main as train_main
-from asr.train import rng_state, set_rng_state
+from asr.cli.train import main as train_main
+from asr.training.state import rng_state, set_rng_state
 from features.audio import AudioError, NonFiniteAudioError, load_audio
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
-RECIPE = PROJECT_ROOT / "recipes" / "fsdd_las.yaml"
 DEV = SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev" / "9000" / "1"
 NAN_ID, CUT_ID = "9000-1-9901", "9000-1-9902"
 
@@ -103,6 +102,7 @@ def test_a_batch_loses_only_its_bad_items_and_says_which(tmp_path):
         strict[3]
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_global_statistics_never_see_a_bad_frame(tmp_path):
     utterances = read_subset(make_corpus(tmp_path, good=4), cache_dir=tmp_path / "cache")
     clean = FeaturePipeline(FeatureConfig(mvn="global"))
@@ -137,6 +137,7 @@ def run_on_bad_data(tmp_path_factory):
     return code, exp, corpus
 
 
+@pytest.mark.slow
 def test_training_goes_on_past_bad_files_and_counts_them_every_epoch(run_on_bad_data):
     code, exp, corpus = run_on_bad_data
     assert code == 0
@@ -156,6 +157,7 @@ def test_training_goes_on_past_bad_files_and_counts_them_every_epoch(run_on_bad_
     assert checkpoint["training"]["progress"]["step"] > 0
 
 
+@pytest.mark.slow
 def test_strict_training_stops_at_the_bad_file_and_names_it(tmp_path, capsys):
     corpus = make_corpus(tmp_path, good=6)
     args = [
@@ -167,6 +169,7 @@ def test_strict_training_stops_at_the_bad_file_and_names_it(tmp_path, capsys):
     assert "data.strict is true" in err and (f"{NAN_ID}.wav" in err or f"{CUT_ID}.flac" in err)
 
 
+@pytest.mark.slow
 def test_evaluation_scores_the_rest_and_lists_what_it_skipped(run_on_bad_data, tmp_path, capsys):
     _, exp, corpus = run_on_bad_data
     clean = make_corpus(tmp_path / "clean", bad=False)
@@ -194,6 +197,7 @@ def test_evaluation_scores_the_rest_and_lists_what_it_skipped(run_on_bad_data, t
     assert vtln["skipped"] == 4 and vtln["skips"]["by_reason"][reasons.NONFINITE_AUDIO] == 1
 
 
+@pytest.mark.slow
 def test_transcribe_names_the_bad_files_and_transcribes_the_others(run_on_bad_data, capsys):
     _, exp, corpus = run_on_bad_data
     folder = corpus / "9000" / "1"
@@ -227,6 +231,7 @@ def write_malicious(path: Path, marker: Path, template: dict) -> None:
     torch.save({**template, "model": {"weight": _Payload(marker)}}, path)
 
 
+@pytest.mark.slow
 def test_no_entry_point_runs_code_from_a_checkpoint(run_on_bad_data, tmp_path, capsys):
     _, exp, corpus = run_on_bad_data
     marker = tmp_path / "marker"
@@ -265,6 +270,7 @@ def test_no_entry_point_runs_code_from_a_checkpoint(run_on_bad_data, tmp_path, c
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_old_last_pt_is_refused_until_converted_by_a_user_who_trusts_it(run_on_bad_data, tmp_path, capsys):
     _, exp, _ = run_on_bad_data
     state = load_checkpoint(exp / "last.pt")
@@ -282,7 +288,7 @@ def test_an_old_last_pt_is_refused_until_converted_by_a_user_who_trusts_it(run_o
         load_checkpoint(old)
 
     command = [sys.executable, "-m", "asr.checkpoint", "convert", str(old), str(tmp_path / "new.pt")]
-    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    env = subprocess_env()
     refused = subprocess.run(command, capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "--trust-this-file" in refused.stderr
     assert not (tmp_path / "new.pt").exists()
@@ -323,9 +329,8 @@ def test_rng_state_round_trips_through_a_safe_checkpoint(tmp_path):
 # ---------------------------------------------------------------- the corpus checker
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_the_checker_finds_before_training_what_training_would_skip(tmp_path, capsys):
-    from asr import check
-
     corpus = make_corpus(tmp_path, good=5, bad_line=True)
     out = tmp_path / "folder.json"
     assert check.main([str(corpus), "--jobs", "1", "--out", str(out)]) == 1

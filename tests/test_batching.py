@@ -125,3 +125,16 @@ def test_collate_rejects_mixed_feature_dims():
              {"id": "b", "features": torch.zeros(3, 6), "tokens": torch.ones(1, dtype=torch.long)}]
     with pytest.raises(ValueError, match="dimensions"):
         collate(items)
+
+
+def test_a_length_curriculum_gives_the_first_epochs_shortest_first(lengths):
+    sampler = BucketBatchSampler(lengths, BUDGET, shuffle=True, seed=3, shortest_first_epochs=2)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        longest = [max(lengths[i] for i in batch) for batch in sampler]
+        assert longest == sorted(longest)
+    sampler.set_epoch(2)
+    longest = [max(lengths[i] for i in batch) for batch in sampler]
+    assert longest != sorted(longest)  # shuffled again from here on
+    # Every utterance still comes once per epoch.
+    assert sorted(i for batch in sampler for i in batch) == list(range(len(lengths)))

@@ -6,7 +6,8 @@ import matplotlib.image
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from asr.compare import Curve, main, smooth, zoom_limits
+from asr.cli.compare import main
+from asr.curves import Curve, smooth, zoom_limits
 
 # Values exactly representable in float32 and in 4 significant digits, so the
 # table can be compared with what was written without tolerance games.

@@ -15,6 +15,7 @@ from asr.data.config import DataConfig
 from asr.data.corpus import load_split
 from asr.data.dataset import (
     SpeechDataset,
+    compute_global_stats,
     make_data_loader,
     prepare_utterances,
     set_loader_epoch,
@@ -49,7 +50,7 @@ def augmenting_pipeline(mini) -> FeaturePipeline:
     """Global MVN, dither and SpecAugment: everything that must be on in training and off in evaluation."""
     config = FeatureConfig(mvn="global", dither=1.0, spec_augment=SpecAugmentConfig(enabled=True, time_warp=5))
     pipeline = FeaturePipeline(config)
-    pipeline.compute_global_stats(u.audio for u in mini)
+    compute_global_stats(mini, pipeline)
     return pipeline
 
 
@@ -79,6 +80,7 @@ def test_train_draws_depend_only_on_seed_epoch_and_index(mini, tokenizer, augmen
     assert not torch.equal(twice[0]["features"], twice[1]["features"])  # each index draws its own
 
 
+@pytest.mark.slow  # starts worker processes
 def test_loader_batches_are_the_same_with_several_workers(mini, tokenizer, augmenting_pipeline):
     config = DataConfig(max_frames_per_batch=1500, seed=4)
     batches = {}
@@ -218,6 +220,7 @@ def test_data_config_from_recipe_and_load_split(shared_data, tmp_path):
         load_split(from_dict(DataConfig, {"root": str(tmp_path), "test": ["no-such-subset"]}), "test")
 
 
+@pytest.mark.slow  # starts worker processes
 def test_the_demo_corpus_is_synthesised_once_and_read_as_three_splits(tmp_path):
     demo = {"enabled": True, "train_utterances": 6, "dev_utterances": 2, "test_utterances": 3}
     config = from_dict(DataConfig, {"demo": demo, "cache_dir": str(tmp_path)}, "data")

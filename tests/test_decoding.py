@@ -1,5 +1,6 @@
 """Greedy and beam search (asr/decoding.py) and the CTC prefix scorer (asr/models/ctc.py)."""
 
+import dataclasses
 import itertools
 import math
 
@@ -7,7 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from asr.decoding import beam_search, ctc_best_path, decode, greedy_search, max_steps, sequence_log_probs
+from asr.decoding import (
+    CoverageScorer, DecoderScorer, DecodingOptions, beam_search, ctc_best_path, decode, greedy_search, max_steps, search,
+    sequence_log_probs,
+)
 from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.ctc import CTCPrefixScorer
@@ -175,8 +179,8 @@ def test_greedy_picks_the_argmax_and_respects_lengths():
     model = ToyModel().eval()
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
-    hyps = greedy_search(model, encoder, max_len_ratio=2.0)
-    limits = max_steps(encoder, 2.0, None).tolist()
+    hyps = greedy_search(model, encoder, DecodingOptions(max_len_ratio=2.0))
+    limits = max_steps(encoder, DecodingOptions(max_len_ratio=2.0)).tolist()
     for b, hyp in enumerate(hyps):
         assert len(hyp) <= limits[b]
         assert all(t not in (PAD, SOS, EOS) for t in hyp)
@@ -189,7 +193,7 @@ def test_greedy_picks_the_argmax_and_respects_lengths():
             log_probs[:, [PAD, SOS]] = float("-inf")
             assert log_probs.argmax(-1).item() == t
             token = torch.tensor([t])
-    capped = greedy_search(model, encoder, max_len_ratio=2.0, max_len=2)
+    capped = greedy_search(model, encoder, DecodingOptions(max_len_ratio=2.0, max_len=2))
     assert all(len(h) <= 2 for h in capped)
 
 
@@ -199,9 +203,9 @@ def test_min_len_forbids_an_early_end():
         model.out.bias[EOS] = 50.0  # <eos> is always the argmax
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
-    assert greedy_search(model, encoder, max_len_ratio=3.0) == [[], [], [], []]
-    assert all(len(h) == 3 for h in greedy_search(model, encoder, max_len_ratio=3.0, min_len=3))
-    assert all(len(h) == 3 for h in beam_search(model, encoder, beam_size=3, max_len_ratio=3.0, min_len=3))
+    assert greedy_search(model, encoder, DecodingOptions(max_len_ratio=3.0)) == [[], [], [], []]
+    assert all(len(h) == 3 for h in greedy_search(model, encoder, DecodingOptions(max_len_ratio=3.0, min_len=3)))
+    assert all(len(h) == 3 for h in beam_search(model, encoder, DecodingOptions(beam_size=3, max_len_ratio=3.0, min_len=3)))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -209,9 +213,7 @@ def test_beam_size_one_equals_greedy(seed):
     model = ToyModel(seed=seed).eval()
     features, lengths = toy_batch(seed=seed + 10)
     encoder = model.encode(features, lengths)
-    assert beam_search(model, encoder, beam_size=1, max_len_ratio=2.0) == greedy_search(
-        model, encoder, max_len_ratio=2.0
-    )
+    assert beam_search(model, encoder, DecodingOptions(beam_size=1, max_len_ratio=2.0)) == greedy_search(model, encoder, DecodingOptions(max_len_ratio=2.0))
 
 
 @pytest.mark.parametrize("ctc_weight", [0.0, 0.4])
@@ -219,11 +221,11 @@ def test_batched_beam_search_equals_one_utterance_at_a_time(ctc_weight):
     model = ToyModel(seed=3).eval()
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
-    batched = beam_search(model, encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight, nbest=3)
+    batched = beam_search(model, encoder, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight), nbest=3)
     for b in range(len(lengths)):
         n = int(lengths[b])
         alone_encoder = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
-        alone = beam_search(model, alone_encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight, nbest=3)[0]
+        alone = beam_search(model, alone_encoder, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight), nbest=3)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in batched[b]]
         for h1, h2 in zip(alone, batched[b]):
             assert h1.score == pytest.approx(h2.score, abs=1e-4)
@@ -234,13 +236,13 @@ def test_beam_finds_at_least_the_greedy_score_and_reports_true_scores(seed):
     model = ToyModel(seed=seed, sharpness=1.5).eval()
     features, lengths = toy_batch(seed=seed)
     encoder = model.encode(features, lengths)
-    greedy = greedy_search(model, encoder, max_len_ratio=3.0)
-    nbest = beam_search(model, encoder, beam_size=5, max_len_ratio=3.0, nbest=5)
+    greedy = greedy_search(model, encoder, DecodingOptions(max_len_ratio=3.0))
+    nbest = beam_search(model, encoder, DecodingOptions(beam_size=5, max_len_ratio=3.0), nbest=5)
     best = [hyps[0].tokens for hyps in nbest]
-    assert best == beam_search(model, encoder, beam_size=5, max_len_ratio=3.0)
+    assert best == beam_search(model, encoder, DecodingOptions(beam_size=5, max_len_ratio=3.0))
     greedy_scores = sequence_log_probs(model, encoder, greedy)
     beam_scores = sequence_log_probs(model, encoder, best)
-    ended = [len(g) < max_steps(encoder, 3.0, None)[b] for b, g in enumerate(greedy)]
+    ended = [len(g) < max_steps(encoder, DecodingOptions(max_len_ratio=3.0))[b] for b, g in enumerate(greedy)]
     for b in range(len(greedy)):
         if ended[b]:  # greedy's hypothesis ended with <eos>, so both are scored the same way
             assert beam_scores[b] >= greedy_scores[b] - 1e-5
@@ -258,7 +260,7 @@ def test_beam_with_ctc_scores_are_the_mixed_log_probabilities():
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
     # 2 T' steps: more than CTC allows (T' labels + <eos>), so every hypothesis must end
-    nbest = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, ctc_weight=0.5, nbest=4)
+    nbest = beam_search(model, encoder, DecodingOptions(beam_size=4, max_len_ratio=2.0, ctc_weight=0.5), nbest=4)
     for b, hyps in enumerate(nbest):
         assert len(hyps) >= 4
         one = encoder.index_select(torch.tensor([b]))
@@ -274,34 +276,36 @@ def test_length_normalisation_and_penalty():
     model = ToyModel(seed=7, sharpness=1.0, eos_ramp=0.0).eval()
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
-    normalised = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, length_normalization=True, nbest=4)
+    normalised = beam_search(model, encoder, DecodingOptions(beam_size=4, max_len_ratio=2.0, length_normalization=True), nbest=4)
     for hyps in normalised:
         for h in hyps:
             assert h.score == pytest.approx(h.log_prob / (len(h.tokens) + int(h.ended)))
-    short = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, length_penalty=-2.0)
-    long = beam_search(model, encoder, beam_size=4, max_len_ratio=2.0, length_penalty=2.0, nbest=4)
+    short = beam_search(model, encoder, DecodingOptions(beam_size=4, max_len_ratio=2.0, length_penalty=-2.0))
+    long = beam_search(model, encoder, DecodingOptions(beam_size=4, max_len_ratio=2.0, length_penalty=2.0), nbest=4)
     assert sum(len(hyps[0].tokens) for hyps in long) > sum(map(len, short))
     for hyps in long:
         for h in hyps:
             assert h.score == pytest.approx(h.log_prob + 2.0 * (len(h.tokens) + int(h.ended)))
     with pytest.raises(ValueError, match="either length_normalization or length_penalty"):
-        beam_search(model, encoder, length_normalization=True, length_penalty=1.0)
+        beam_search(model, encoder, DecodingOptions(length_normalization=True, length_penalty=1.0))
 
 
 def test_decode_dispatches_and_checks_options():
     model = ToyModel(seed=8).eval()
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
-    assert decode(model, features, lengths, max_len_ratio=2.0) == greedy_search(model, encoder, max_len_ratio=2.0)
-    assert decode(model, features, lengths, beam_size=3, max_len_ratio=2.0) == beam_search(
-        model, encoder, beam_size=3, max_len_ratio=2.0
-    )
-    assert decode(model, features, lengths, ctc_weight=0.3) == beam_search(model, encoder, beam_size=1, ctc_weight=0.3)
-    with pytest.raises(TypeError, match="unknown option"):
-        decode(model, features, lengths, beam=3)
+    assert decode(model, features, lengths, DecodingOptions(max_len_ratio=2.0)) == greedy_search(model, encoder, DecodingOptions(max_len_ratio=2.0))
+    assert decode(model, features, lengths, DecodingOptions(beam_size=3, max_len_ratio=2.0)) == beam_search(model, encoder, DecodingOptions(beam_size=3, max_len_ratio=2.0))
+    assert decode(model, features, lengths, DecodingOptions(ctc_weight=0.3)) == beam_search(model, encoder, DecodingOptions(beam_size=1, ctc_weight=0.3))
+    with pytest.raises(TypeError, match="beam"):
+        DecodingOptions(beam=3)  # an unknown option is refused when the options are made
+    for bad, match in (({"beam_size": 0}, "beam_size"), ({"ctc_weight": 1.5}, "ctc_weight"),
+                       ({"max_len_ratio": 0.0}, "max_len_ratio"), ({"max_len": 0}, "max_len")):
+        with pytest.raises(ValueError, match=match):
+            DecodingOptions(**bad)
     no_ctc = EncoderOutput(encoder.out, encoder.mask, encoder.lengths, None)
     with pytest.raises(ValueError, match="CTC head"):
-        beam_search(model, no_ctc, ctc_weight=0.3)
+        beam_search(model, no_ctc, DecodingOptions(ctc_weight=0.3))
 
 
 @pytest.mark.parametrize("ctc_weight", [0.0, 0.4])
@@ -316,13 +320,10 @@ def test_finished_utterances_leave_the_batch_and_each_keeps_its_own_max_length(c
             with torch.no_grad():
                 model.out.bias[EOS] = -50.0
         encoder = model.encode(features, lengths)
-        batched = beam_search(model, encoder, beam_size=k, max_len_ratio=ratio, ctc_weight=ctc_weight, nbest=k)
+        batched = beam_search(model, encoder, DecodingOptions(beam_size=k, max_len_ratio=ratio, ctc_weight=ctc_weight), nbest=k)
         steps, reorders = model.step_sizes[:], model.reorders[:]
         for b, n in enumerate(lengths.tolist()):
-            alone = beam_search(
-                model, model.encode(features[b : b + 1, :n], lengths[b : b + 1]),
-                beam_size=k, max_len_ratio=ratio, ctc_weight=ctc_weight, nbest=k,
-            )[0]
+            alone = beam_search(model, model.encode(features[b : b + 1, :n], lengths[b : b + 1]), DecodingOptions(beam_size=k, max_len_ratio=ratio, ctc_weight=ctc_weight), nbest=k)[0]
             assert [h.tokens for h in alone] == [h.tokens for h in batched[b]]
             assert [h.ended for h in alone] == [h.ended for h in batched[b]]
             for h1, h2 in zip(alone, batched[b]):
@@ -339,12 +340,12 @@ def test_finished_utterances_leave_the_batch_and_each_keeps_its_own_max_length(c
         assert sum(steps) < k * len(limits) * max(limits)  # the batch did shrink
         model.step_sizes.clear()
         model.reorders.clear()
-    greedy = greedy_search(model, encoder, max_len_ratio=ratio)
+    greedy = greedy_search(model, encoder, DecodingOptions(max_len_ratio=ratio))
     sizes = model.step_sizes[:]
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < len(limits)  # greedy shrinks its batch too
     for b, n in enumerate(lengths.tolist()):
         alone = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
-        assert greedy_search(model, alone, max_len_ratio=ratio)[0] == greedy[b]
+        assert greedy_search(model, alone, DecodingOptions(max_len_ratio=ratio))[0] == greedy[b]
         assert len(greedy[b]) <= limits[b]
 
 
@@ -352,8 +353,9 @@ def test_a_static_state_part_gives_the_same_search():
     features, lengths = toy_batch()
     plain, static = ToyModel(seed=4).eval(), StaticToyModel(seed=4).eval()
     for options in ({}, {"ctc_weight": 0.5}):
-        one = beam_search(plain, plain.encode(features, lengths), beam_size=3, max_len_ratio=2.0, nbest=3, **options)
-        two = beam_search(static, static.encode(features, lengths), beam_size=3, max_len_ratio=2.0, nbest=3, **options)
+        search = DecodingOptions(beam_size=3, max_len_ratio=2.0, **options)
+        one = beam_search(plain, plain.encode(features, lengths), search, nbest=3)
+        two = beam_search(static, static.encode(features, lengths), search, nbest=3)
         assert [[h.tokens for h in hyps] for hyps in one] == [[h.tokens for h in hyps] for hyps in two]
         assert [[h.score for h in hyps] for hyps in one] == [[h.score for h in hyps] for hyps in two]
 
@@ -371,12 +373,102 @@ def test_las_beam_search_batched_equals_alone_and_beam_one_equals_greedy():
         model.speller.output.weight.mul_(8.0)  # peaky distributions, so that the searches differ
     features, lengths = torch.randn(3, 13, 5), torch.tensor([13, 8, 5])
     encoder = model.encode(features, lengths)
-    assert beam_search(model, encoder, beam_size=1, max_len_ratio=2.0) == greedy_search(
-        model, encoder, max_len_ratio=2.0
-    )
+    assert beam_search(model, encoder, DecodingOptions(beam_size=1, max_len_ratio=2.0)) == greedy_search(model, encoder, DecodingOptions(max_len_ratio=2.0))
     for ctc_weight in (0.0, 0.3):
-        batched = beam_search(model, encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight)
+        batched = beam_search(model, encoder, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight))
         for b in range(3):
             n = int(lengths[b])
             alone = model.encode(features[b : b + 1, :n], lengths[b : b + 1])
-            assert beam_search(model, alone, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight)[0] == batched[b]
+            assert beam_search(model, alone, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight))[0] == batched[b]
+
+
+# ----------------------------------------------------------------------------- remedies for long utterances
+
+
+class FixedModel(nn.Module):
+    """A decoder whose every step gives the same distribution and the same attention, both chosen by the test."""
+
+    def __init__(self, probs: list[float], attention: list[float] | None = None):
+        super().__init__()
+        self.pad_id, self.sos_id, self.eos_id = PAD, SOS, EOS
+        self.log_probs = torch.tensor(probs).log()
+        self.attention = None if attention is None else torch.tensor(attention)
+
+    def init_decoder_state(self, encoder):
+        return {"n": torch.zeros(encoder.out.size(0))}
+
+    def decode_step(self, tokens, state, encoder):
+        return self.log_probs.expand(tokens.size(0), -1).clone(), state
+
+    def decoder_attention(self, state):
+        return None if self.attention is None else self.attention.expand(state["n"].size(0), -1)
+
+    def reorder_decoder_state(self, state, index):
+        return reorder_nested(state, index)
+
+
+def test_the_eos_threshold_allows_eos_only_near_the_best_other_token():
+    # p(<eos>) = 0.3, best other token 0.5: allowed at a threshold of 0.5 (0.3 >= 0.25), not at 0.7 (0.3 < 0.35).
+    model = FixedModel([1e-9, 1e-9, 0.3, 0.5, 0.2 - 2e-9])
+    encoder = EncoderOutput(torch.zeros(1, 4, 2), torch.ones(1, 4, dtype=torch.bool), torch.tensor([4]))
+    tokens = torch.tensor([SOS])
+    for threshold, allowed in ((0.0, True), (0.5, True), (0.7, False)):
+        scorer = DecoderScorer(model, 1.0, eos_threshold=threshold)
+        log_probs, _ = scorer.score(tokens, scorer.start(encoder), None, step=3)
+        assert torch.isfinite(log_probs[0, EOS]).item() is allowed, threshold
+        assert log_probs[0, 3].item() == pytest.approx(math.log(0.5))  # other tokens untouched
+    # In the search: without the threshold the best hypothesis ends at once, with it later.
+    assert beam_search(model, encoder, DecodingOptions(beam_size=2, max_len=3)) == [[]]
+    assert beam_search(model, encoder, DecodingOptions(beam_size=2, max_len=3, eos_threshold=0.7)) == [[3, 3, 3]]
+
+
+def test_coverage_counts_the_frames_whose_summed_attention_passes_the_threshold():
+    # Each step attends 0.3 to frame 0, 0.6 to frame 1, 0.1 to frame 2.
+    model = FixedModel([0.1, 0.1, 0.4, 0.4], attention=[0.3, 0.6, 0.1])
+    encoder = EncoderOutput(torch.zeros(2, 3, 2), torch.ones(2, 3, dtype=torch.bool), torch.tensor([3, 3]))
+    decoder = DecoderScorer(model, 1.0)
+    coverage = CoverageScorer(decoder, weight=1.0, threshold=0.5)
+    decoder_state, state = decoder.start(encoder), coverage.start(encoder)
+    tokens = torch.tensor([SOS, SOS])
+    gains = []
+    for step in range(3):
+        _, decoder_state = decoder.score(tokens, decoder_state, None, step)
+        gain, state = coverage.score(tokens, state, None, step)
+        gains.append(gain[:, 0].tolist())
+    # Summed: (0.3, 0.6, 0.1) -> frame 1 covered; (0.6, 1.2, 0.2) -> frame 0 too; (0.9, 1.8, 0.3) -> nothing new.
+    assert gains == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+    assert coverage.select(state, torch.tensor([1]), None, None, True, encoder).shape == (1, 3)
+
+
+def test_coverage_keeps_beam_search_per_utterance_and_needs_attention():
+    config = LASConfig(
+        listener=ListenerConfig(hidden_size=8, num_layers=2, pyramid_layers=1),
+        attention=AttentionConfig(type="location", dim=8, conv_channels=2, conv_kernel=3),
+        speller=SpellerConfig(embedding_dim=4, hidden_size=8, num_layers=1),
+        ctc_weight=0.3,
+    )
+    torch.manual_seed(0)
+    model = LAS(config, input_dim=5, vocab_size=9).eval()
+    with torch.no_grad():
+        model.speller.output.weight.mul_(8.0)
+    features, lengths = torch.randn(3, 13, 5), torch.tensor([13, 8, 5])
+    encoder = model.encode(features, lengths)
+    options = DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=0.3, coverage_weight=0.5)
+    batched = beam_search(model, encoder, options, nbest=3)
+    for b in range(3):
+        alone = model.encode(features[b : b + 1, : int(lengths[b])], lengths[b : b + 1])
+        assert [h.tokens for h in beam_search(model, alone, options, nbest=3)[0]] == [h.tokens for h in batched[b]]
+    # The coverage bonus is what the ranking adds to the log-probabilities: without it the scores are those.
+    plain = beam_search(model, encoder, dataclasses.replace(options, coverage_weight=0.0), nbest=3)
+    for hyps in plain:
+        for h in hyps:
+            assert h.score == h.log_prob
+    with pytest.raises(ValueError, match="decoder_attention"):
+        beam_search(FixedModel([0.1, 0.1, 0.4, 0.4]), encoder, options)
+
+
+def test_ctc_greedy_is_the_ctc_best_path():
+    model = ToyModel(seed=3).eval()
+    features, lengths = toy_batch()
+    encoder = model.encode(features, lengths)
+    assert search(model, encoder, DecodingOptions(ctc_greedy=True)) == ctc_best_path(encoder, PAD)

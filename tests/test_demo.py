@@ -21,7 +21,7 @@ from asr.data.demo import (
     draw_transcript,
     speaker_ids,
 )
-from asr.data.fsdd import DIGIT_WORDS
+from asr.data.text import DIGIT_WORDS
 from asr.data.librispeech import read_subset
 from asr.data.text import normalize_text
 from features.audio import resample
@@ -60,6 +60,7 @@ def tiny_corpus(tmp_path_factory):
     return demo_corpus(DemoConfig(**TINY), tmp_path_factory.mktemp("cache"))
 
 
+@pytest.mark.slow  # starts worker processes
 def test_subsets_read_back_with_their_counts_transcripts_and_sample_rate(tiny_corpus, tmp_path):
     config = DemoConfig(**TINY)
     assert set(tiny_corpus) == {"train", "dev", "test"}
@@ -113,6 +114,7 @@ def test_second_call_reuses_the_corpus_without_synthesising(tiny_corpus, monkeyp
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
+@pytest.mark.slow  # starts worker processes
 def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus, tmp_path):
     again = demo_corpus(DemoConfig(**TINY), tmp_path / "elsewhere")
     assert again["train"].parent.name == tiny_corpus["train"].parent.name
@@ -210,6 +212,7 @@ def test_unknown_voice_fails_before_anything_is_written(tmp_path):
     assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())
 
 
+@pytest.mark.slow  # starts worker processes
 def test_interrupted_generation_leaves_no_corpus_behind(tmp_path, monkeypatch):
     real_write, written = soundfile.write, []
 

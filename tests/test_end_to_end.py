@@ -4,14 +4,16 @@ import json
 import subprocess
 import sys
 
-from test_train import RECIPE, TINY, _env, tiny_valid
+import pytest
+from conftest import LAS_RECIPE as RECIPE
+from conftest import PROJECT_ROOT, TINY, subprocess_env, tiny_valid
 
-from conftest import PROJECT_ROOT
+pytestmark = pytest.mark.slow
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=_env(), capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, f"{args[0]} failed:\n{result.stderr[-3000:]}"
     return result

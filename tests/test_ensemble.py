@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from asr.decoding import beam_search, greedy_search, sequence_log_probs
+from asr.decoding import DecodingOptions, beam_search, greedy_search, sequence_log_probs
 from asr.models.attention import AttentionConfig
 from asr.models.ensemble import Ensemble
 from asr.models.las import LAS, LASConfig
@@ -59,10 +59,10 @@ def test_an_ensemble_of_copies_searches_like_the_model(ctc_weight):
     features, lengths = batch()
     ensemble = Ensemble([model, model])
     alone, together = model.encode(features, lengths), ensemble.encode(features, lengths)
-    assert greedy_search(ensemble, together, max_len_ratio=2.0) == greedy_search(model, alone, max_len_ratio=2.0)
+    assert greedy_search(ensemble, together, DecodingOptions(max_len_ratio=2.0)) == greedy_search(model, alone, DecodingOptions(max_len_ratio=2.0))
     # Beam search reorders the members' states (static parts included) at every step.
-    expected = beam_search(model, alone, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight, nbest=3)
-    found = beam_search(ensemble, together, beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight, nbest=3)
+    expected = beam_search(model, alone, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight), nbest=3)
+    found = beam_search(ensemble, together, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=ctc_weight), nbest=3)
     assert [[h.tokens for h in hyps] for hyps in found] == [[h.tokens for h in hyps] for hyps in expected]
     for hyps, others in zip(found, expected):
         assert [h.score for h in hyps] == pytest.approx([h.score for h in others], abs=1e-4)

@@ -69,6 +69,7 @@ def test_available_variants_lists_the_standard_ones_sorted():
     assert variants == sorted(set(variants))
 
 
+@pytest.mark.slow
 def test_synthesize_many_is_reproducible_and_in_request_order():
     requests = [
         espeak.SynthesisRequest("one", "en-us+m3", 175, 50),
@@ -95,6 +96,7 @@ def test_synthesize_many_is_reproducible_and_in_request_order():
         assert audio.size == pytest.approx(here.size, rel=0.1)
 
 
+@pytest.mark.slow
 def test_synthesize_many_reports_the_worker_error_after_the_good_results():
     requests = [
         espeak.SynthesisRequest("one", "en-us+m3", 175, 50),

@@ -327,6 +327,7 @@ def test_non_float_waveform_is_rejected(digit_wav):
         FeaturePipeline(FeatureConfig()).from_waveform(torch.zeros(8000, dtype=torch.int16), 8000)
 
 
+@pytest.mark.slow
 def test_features_package_does_not_import_asr():
     code = "import sys, features.pipeline; print(sorted(m for m in sys.modules if m.split('.')[0] == 'asr'))"
     result = subprocess.run(

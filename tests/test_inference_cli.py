@@ -13,25 +13,36 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT
-from test_train import TINY, tiny_valid
+from conftest import tiny_run
 
-from asr import average, evaluate, transcribe
-from asr.adapt import AdaptationSettings, adapt_and_transcribe
 from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from asr.cli import average, evaluate, transcribe
+from asr.cli.train import main as train_main
+from asr.data.dataset import compute_global_stats
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
 from asr.data.utterance import Utterance
-from asr.experiment import ExperimentConfig, build_model, experiment_config_to_dict
-from asr.inference import load_recogniser, warp_list
+from asr.experiment import ExperimentConfig, experiment_config_to_dict
+from asr.inference import (
+    AdaptationSettings, DecodeSettings, SelfTraining, VTLNSearch, load_recogniser, parse_warps, transcribe_speakers,
+)
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
+from asr.models.registry import build_model
 from asr.models.speller import SpellerConfig
-from asr.train import main as train_main
 from features.audio import load_audio
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
+
+
+def file_utterances(paths) -> list[Utterance]:
+    """Files as the utterances of one speaker, as asr.transcribe takes them."""
+    found = []
+    for path in paths:
+        waveform, rate = load_audio(path)
+        found.append(Utterance(str(path), path, "", waveform.shape[-1] / rate, "files"))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +51,7 @@ def untrained(tmp_path_factory, librivox_mini) -> Path:
     utterances = read_subset(librivox_mini)
     features = FeatureConfig(kind="fbank", num_mel_bins=80, mvn="global")
     pipeline = FeaturePipeline(features)
-    pipeline.compute_global_stats(u.audio for u in utterances)
+    compute_global_stats(utterances, pipeline)
     tokenizer = CharTokenizer.train(u.text for u in utterances)
     model_config = LASConfig(
         listener=ListenerConfig(hidden_size=8, num_layers=2, pyramid_layers=1),
@@ -68,11 +79,8 @@ def untrained(tmp_path_factory, librivox_mini) -> Path:
 def trained(tmp_path_factory) -> tuple[Path, Path]:
     """(experiment folder, validation folder) of a 2-epoch tiny LAS run on real connected digits."""
     tmp = tmp_path_factory.mktemp("trained")
-    valid = tiny_valid(tmp)
-    exp = tmp / "exp"
-    args = [str(PROJECT_ROOT / "recipes" / "fsdd_las.yaml"), *TINY, f"exp_dir={exp}", f"data.dev=[{valid}]"]
-    assert train_main(args + ["train.max_epochs=2", "train.keep_last=2"]) == 0
-    return exp, valid
+    assert train_main(tiny_run(tmp, "train.max_epochs=2", "train.keep_last=2")) == 0
+    return tmp / "exp", tmp / "valid"
 
 
 def _alignment_totals(text: str) -> list[int]:
@@ -95,7 +103,7 @@ def test_recogniser_is_rebuilt_from_the_checkpoint_alone(untrained, librivox_min
     # Same features as the pipeline the checkpoint was made with, global MVN statistics included.
     utterances = read_subset(librivox_mini)
     original = FeaturePipeline(FeatureConfig(kind="fbank", num_mel_bins=80, mvn="global"))
-    original.compute_global_stats(u.audio for u in utterances)
+    compute_global_stats(utterances, original)
     feats = recogniser.pipeline.from_file(utterances[1].audio)
     assert feats.shape[1] == 80
     torch.testing.assert_close(feats, original.from_file(utterances[1].audio))
@@ -180,7 +188,7 @@ def test_evaluate_errors_are_one_line_and_exit_2(untrained, tmp_path, capsys, li
     message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(not_ours), "--data", str(librivox_mini)]))
     assert f"{not_ours} is not a checkpoint" in message
     message = _one_line_error(capsys, lambda: evaluate.main(["--checkpoint", str(untrained), "--data", str(librivox_mini), "--beam", "0"]))
-    assert "--beam must be at least 1" in message
+    assert "--beam: beam_size must be >= 1" in message
 
 
 def test_transcribe_missing_checkpoint_exits_2(tmp_path, capsys, fsdd_recordings):
@@ -201,6 +209,7 @@ def test_checkpoint_that_does_not_fit_its_model_names_the_file(untrained, tmp_pa
 # ---------------------------------------------------------------- a checkpoint written by the trainer
 
 
+@pytest.mark.slow
 def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
     exp, valid = trained
     out = exp / "eval"
@@ -213,9 +222,19 @@ def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
         s, d, i, n = (result[k] for k in ("substitutions", "deletions", "insertions", "ref_words"))
         assert result["wer"] == pytest.approx((s + d + i) / n)
         assert _alignment_totals((out / "alignment.txt").read_text()) == [s, d, i, n]
-    assert capsys.readouterr().out.count("real-time factor") == 2
+        # The by-length breakdown partitions the utterances and the errors.
+        bins = result["by_length"]
+        assert sum(b["utterances"] for b in bins) == 6
+        assert [sum(b[k] for b in bins) for k in ("substitutions", "deletions", "insertions", "ref_words")] == [s, d, i, n]
+        refs = dict(line.split(" ", 1) for line in (out / "ref.txt").read_text().splitlines())
+        for b in bins:
+            low, high = b["words"]
+            assert b["utterances"] == sum(low <= len(r.split()) <= high for r in refs.values())
+    printed = capsys.readouterr().out
+    assert printed.count("real-time factor") == 2 and "by reference length" in printed
 
 
+@pytest.mark.slow
 def test_evaluate_a_split_of_the_recipe_in_the_checkpoint(trained, tmp_path):
     exp, valid = trained
     by_folder, by_split = tmp_path / "folder", tmp_path / "split"
@@ -229,16 +248,18 @@ def test_evaluate_a_split_of_the_recipe_in_the_checkpoint(trained, tmp_path):
         evaluate.main(["--checkpoint", str(exp / "last.pt"), "--split", "test", "--out", str(tmp_path / "test")])
 
 
+@pytest.mark.slow
 def test_transcribe_matches_the_recogniser_and_batching_does_not_change_results(trained, capsys, fsdd_recordings):
     exp, _ = trained
     files = [fsdd_recordings / f"{d}_{s}_{t}.wav" for d, s, t in [(3, "george", 0), (7, "nicolas", 2), (1, "yweweler", 4)]]
     assert transcribe.main([str(exp / "last.pt"), *map(str, files)]) == 0
     printed = [line.split("\t", 1)[1] for line in capsys.readouterr().out.splitlines()]
     recogniser = load_recogniser(exp / "last.pt")
-    assert recogniser.transcribe_files(files, batch_size=1) == printed
-    assert recogniser.transcribe_files(files, batch_size=3) == printed  # padded together, same words
+    assert recogniser.transcribe(file_utterances(files), batch_size=1).texts == printed
+    assert recogniser.transcribe(file_utterances(files), batch_size=3).texts == printed  # padded together, same words
 
 
+@pytest.mark.slow
 def test_average_last_two_epochs_of_a_real_run(trained):
     exp, _ = trained
     assert average.main([str(exp), "--last", "2"]) == 0
@@ -254,6 +275,7 @@ def test_average_last_two_epochs_of_a_real_run(trained):
 # ---------------------------------------------------------------- ensembles and test-time VTLN
 
 
+@pytest.mark.slow
 def test_ensemble_of_two_checkpoints_evaluates_and_names_its_members(trained):
     exp, valid = trained
     members = [str(exp / "epoch0.pt"), str(exp / "last.pt")]
@@ -264,36 +286,39 @@ def test_ensemble_of_two_checkpoints_evaluates_and_names_its_members(trained):
     alone = load_recogniser(exp / "last.pt")
     twice = load_recogniser([exp / "last.pt", exp / "last.pt"])
     utterances = read_subset(valid)
-    assert twice.transcribe_utterances(utterances) == alone.transcribe_utterances(utterances)
+    assert twice.transcribe(utterances).texts == alone.transcribe(utterances).texts
 
 
+@pytest.mark.slow
 def test_ensemble_members_must_share_tokenizer_and_features(trained, untrained):
     exp, _ = trained
     with pytest.raises(CheckpointError, match=rf"cannot decode {re.escape(str(untrained))} together with .*tokenizers differ"):
         load_recogniser([exp / "last.pt", untrained])
 
 
+@pytest.mark.slow
 def test_test_time_vtln_keeps_each_speakers_best_scored_warp(trained):
     exp, valid = trained
     recogniser = load_recogniser(exp / "last.pt")
     # Two made-up speakers of three utterances each.
     utterances = [dataclasses.replace(u, speaker="ab"[i % 2]) for i, u in enumerate(read_subset(valid))]
-    warps = [0.9, 1.0, 1.1]
-    texts = recogniser.transcribe_utterances(utterances, warps=warps)
-    assert set(recogniser.chosen_warps) == {"a", "b"}
-    for speaker, chosen in recogniser.chosen_warps.items():
-        scores = recogniser.warp_scores[speaker]
-        assert list(scores) == warps and chosen == max(scores, key=scores.get)
+    warps = (0.9, 1.0, 1.1)
+    result = transcribe_speakers(recogniser, utterances, VTLNSearch(warps))
+    assert set(result.warps) == {"a", "b"}
+    for speaker, chosen in result.warps.items():
+        scores = result.warp_scores[speaker]
+        assert list(scores) == list(warps) and chosen == max(scores, key=scores.get)
         own = [u for u in utterances if u.speaker == speaker]
-        texts_alone = [t for u, t in zip(utterances, texts) if u.speaker == speaker]
+        texts_alone = [t for u, t in zip(utterances, result.texts) if u.speaker == speaker]
         # Each speaker's choice is its own: the same without the other speaker, and the same as decoding
         # every utterance under the chosen warp.
-        assert recogniser.transcribe_utterances(own, warps=warps) == texts_alone
-        assert recogniser.transcribe_utterances(own, warps=[chosen]) == texts_alone
+        assert transcribe_speakers(recogniser, own, VTLNSearch(warps)).texts == texts_alone
+        assert recogniser.transcribe(own, warp=chosen).texts == texts_alone
     # A single candidate of 1.0 is plain decoding.
-    assert recogniser.transcribe_utterances(utterances, warps=[1.0]) == recogniser.transcribe_utterances(utterances)
+    assert transcribe_speakers(recogniser, utterances, VTLNSearch((1.0,))).texts == recogniser.transcribe(utterances).texts
 
 
+@pytest.mark.slow
 def test_evaluate_with_vtln_writes_the_chosen_warps(trained, tmp_path):
     exp, valid = trained
     out = tmp_path / "vtln"
@@ -306,6 +331,7 @@ def test_evaluate_with_vtln_writes_the_chosen_warps(trained, tmp_path):
     assert result["vtln_warps"]["9000"] == float(max(scores, key=scores.get))
 
 
+@pytest.mark.slow
 def test_evaluate_with_speaker_adaptation_scores_every_round(trained, tmp_path, capsys):
     exp, valid = trained
     base = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid)]
@@ -321,39 +347,40 @@ def test_evaluate_with_speaker_adaptation_scores_every_round(trained, tmp_path, 
     assert len(adaptation["wer_per_round"]) == 3
     assert adaptation["wer_per_round"][0] == plain["wer"] and adaptation["wer_per_round"][2] == result["wer"]
     assert "WER before adaptation and after each round" in capsys.readouterr().out
-    for bad in (["--adapt-rounds", "1", "--adapt-epochs", "0"], ["--adapt-rounds", "1", "--adapt-lr", "-1"]):
+    for bad, reason in ((["--adapt-rounds", "1", "--adapt-epochs", "0"], "at least one round and one epoch"),
+                        (["--adapt-rounds", "1", "--adapt-lr", "-1"], "learning rate must be positive"),
+                        (["--adapt-epochs", "2"], "--adapt-epochs needs --adapt-rounds")):
         with pytest.raises(SystemExit) as exit:
             evaluate.main(base + bad)
-        assert exit.value.code == 2 and "--adapt-rounds/--adapt-epochs/--adapt-lr" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and "--adapt-*" in err and reason in err
 
 
+@pytest.mark.slow
 def test_transcribe_adapted_to_the_files_matches_the_library(trained, capsys, fsdd_recordings):
     exp, _ = trained
     files = [fsdd_recordings / f"{d}_jackson_{t}.wav" for d, t in [(2, 1), (8, 3), (5, 0)]]
     assert transcribe.main([str(exp / "last.pt"), "--adapt-rounds", "2", *map(str, files)]) == 0
     captured = capsys.readouterr()
     printed = [line.split("\t", 1)[1] for line in captured.out.splitlines()]
-    utterances = []
-    for path in files:
-        waveform, rate = load_audio(path)
-        utterances.append(Utterance(str(path), path, "", waveform.shape[-1] / rate, "files"))
-    adapted = adapt_and_transcribe(load_recogniser(exp / "last.pt"), utterances, AdaptationSettings(rounds=2))
+    adapted = transcribe_speakers(load_recogniser(exp / "last.pt"), file_utterances(files), SelfTraining(AdaptationSettings(rounds=2)))
     assert printed == adapted.texts
     assert "adapted in 2 rounds for these 3 files" in captured.err
     with pytest.raises(SystemExit):
         transcribe.main([str(exp / "last.pt"), "--adapt-rounds", "-1", str(files[0])])
-    assert "--adapt-rounds" in capsys.readouterr().err
+    assert "--adapt-*" in capsys.readouterr().err
 
 
 def test_vtln_warp_lists_are_parsed_and_checked(untrained, librivox_mini, capsys):
-    assert warp_list("0.8:1.2:0.1") == [0.8, 0.9, 1.0, 1.1, 1.2]
-    assert warp_list("1.1,0.9,1.1") == [0.9, 1.1]
+    assert parse_warps("0.8:1.2:0.1") == (0.8, 0.9, 1.0, 1.1, 1.2)
+    assert parse_warps("1.1,0.9,1.1") == (0.9, 1.1)
     for bad, reason in (("1.2:0.8:0.1", "LOW <= HIGH"), ("0.9,x", "not a comma list"), ("0.5,1.0", "outside [0.7, 1.3]")):
         argv = ["--checkpoint", str(untrained), "--data", str(librivox_mini), "--vtln-warps", bad]
         message = _one_line_error(capsys, lambda argv=argv: evaluate.main(argv))
         assert "--vtln-warps" in message and reason in message
 
 
+@pytest.mark.slow
 def test_transcribe_with_an_ensemble_and_vtln_matches_the_recogniser(trained, capsys, fsdd_recordings, tmp_path):
     exp, _ = trained
     files = [fsdd_recordings / f"{d}_nicolas_{t}.wav" for d, t in [(3, 0), (7, 2), (1, 4)]]
@@ -364,7 +391,31 @@ def test_transcribe_with_an_ensemble_and_vtln_matches_the_recogniser(trained, ca
     captured = capsys.readouterr()
     assert [line.split("\t")[0] for line in captured.out.splitlines()] == list(map(str, files))
     recogniser = load_recogniser([exp / "last.pt", exp / "epoch0.pt"])
-    expected = recogniser.transcribe_files(files, warps=[0.9, 1.0, 1.1])
-    assert [line.split("\t", 1)[1] for line in captured.out.splitlines()] == expected
+    expected = transcribe_speakers(recogniser, file_utterances(files), VTLNSearch((0.9, 1.0, 1.1)))
+    assert [line.split("\t", 1)[1] for line in captured.out.splitlines()] == expected.texts
     assert str(bad) in captured.err
-    assert f"VTLN warp {recogniser.chosen_warps['files']:g} for these 3 files" in captured.err
+    assert f"VTLN warp {expected.warps['files']:g} for these 3 files" in captured.err
+
+
+@pytest.mark.slow
+def test_a_decode_config_file_gives_the_same_settings_as_the_options(trained, tmp_path, capsys):
+    exp, valid = trained
+    config = tmp_path / "decode.yaml"
+    config.write_text("decoding:\n  beam_size: 3\n  ctc_weight: 0.3\nvtln_warps: 0.9:1.1:0.1\nbatch_size: 4\n")
+    base = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid)]
+    assert evaluate.main(base + ["--decode-config", str(config), "--out", str(tmp_path / "file")]) == 0
+    flags = ["--beam", "3", "--ctc-weight", "0.3", "--vtln-warps", "0.9,1.0,1.1", "--batch-size", "4"]
+    assert evaluate.main(base + flags + ["--out", str(tmp_path / "flags")]) == 0
+    from_file = json.loads((tmp_path / "file" / "wer.json").read_text())
+    from_flags = json.loads((tmp_path / "flags" / "wer.json").read_text())
+    assert from_file["settings"] == from_flags["settings"]
+    assert from_file["settings"] == DecodeSettings(
+        dataclasses.replace(DecodeSettings().decoding, beam_size=3, ctc_weight=0.3), (0.9, 1.0, 1.1), None, 4
+    ).to_dict()
+    assert (tmp_path / "file" / "hyp.txt").read_text() == (tmp_path / "flags" / "hyp.txt").read_text()
+    # An option on the command line overrides the file.
+    assert evaluate.main(base + ["--decode-config", str(config), "--beam", "1", "--out", str(tmp_path / "over")]) == 0
+    assert json.loads((tmp_path / "over" / "wer.json").read_text())["settings"]["decoding"]["beam_size"] == 1
+    config.write_text("decoding:\n  beam: 3\n")
+    message = _one_line_error(capsys, lambda: evaluate.main(base + ["--decode-config", str(config)]))
+    assert "decoding.beam" in message and str(config) in message

@@ -9,7 +9,7 @@ import torchaudio
 from torch.nn.utils.rnn import pad_sequence
 
 from asr.config import ConfigError, from_dict, to_dict
-from asr.decoding import beam_search, greedy_search
+from asr.decoding import DecodingOptions, beam_search, greedy_search
 from asr.models.attention import AttentionConfig
 from asr.models.common import add_sos_eos
 from asr.models.las import LAS, LASConfig
@@ -179,6 +179,7 @@ def load_utterances(root, count: int) -> list[tuple[torch.Tensor, str]]:
     return utterances
 
 
+@pytest.mark.slow
 def test_small_las_learns_real_connected_digits(fsdd_dev):
     utterances = load_utterances(fsdd_dev, 6)
     chars = sorted(set("".join(text for _, text in utterances)))
@@ -209,7 +210,7 @@ def test_small_las_learns_real_connected_digits(fsdd_dev):
         first_loss = first_loss if first_loss is not None else out.loss.item()
         if step >= 30 and step % 5 == 4:
             model.eval()
-            hyps = greedy_search(model, model.encode(features, feature_lengths), max_len_ratio=2.0)
+            hyps = greedy_search(model, model.encode(features, feature_lengths), DecodingOptions(max_len_ratio=2.0))
             errors = sum(h != t for h, t in zip(hyps, targets))
             if errors == 0:
                 break
@@ -217,5 +218,5 @@ def test_small_las_learns_real_connected_digits(fsdd_dev):
     assert out.loss.item() < 0.5 * first_loss
     # The trained model decodes the same with beam search (with and without CTC).
     encoder = model.encode(features, feature_lengths)
-    assert beam_search(model, encoder, beam_size=3, max_len_ratio=2.0) == targets
-    assert beam_search(model, encoder, beam_size=3, max_len_ratio=2.0, ctc_weight=0.3) == targets
+    assert beam_search(model, encoder, DecodingOptions(beam_size=3, max_len_ratio=2.0)) == targets
+    assert beam_search(model, encoder, DecodingOptions(beam_size=3, max_len_ratio=2.0, ctc_weight=0.3)) == targets

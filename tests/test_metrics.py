@@ -97,3 +97,28 @@ def test_report_counts_agree_with_error_rates():
     for utt in ids:
         assert f"\n{utt}  S=" in "\n" + report
     assert f"N={totals['ref_words']}" in report.splitlines()[-1]
+
+
+def test_length_bins_are_per_length_for_short_references_and_doubling_for_long_ones():
+    from asr.metrics import length_bins
+
+    assert length_bins([3, 1, 7]) == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)]
+    assert length_bins([4, 12, 35, 300]) == [(1, 5), (11, 20), (21, 40), (81, 300)]
+    assert length_bins([]) == []
+
+
+def test_error_rates_by_length_partition_the_corpus():
+    from asr.metrics import error_rates, error_rates_by_length
+
+    refs = ["ONE", "ONE TWO", "THREE FOUR", "FIVE SIX SEVEN"]
+    hyps = ["ONE", "ONE", "THREE FOUR FOUR", "FIVE SEVEN"]
+    bins = error_rates_by_length(refs, hyps)
+    assert [b["words"] for b in bins] == [[1, 1], [2, 2], [3, 3]]
+    assert [b["utterances"] for b in bins] == [1, 2, 1]
+    assert bins[1]["deletions"] == 1 and bins[1]["insertions"] == 1 and bins[1]["ref_words"] == 4
+    total = error_rates(refs, hyps)
+    for key in ("substitutions", "deletions", "insertions", "ref_words"):
+        assert sum(b[key] for b in bins) == total[key]
+    # Lengths no reference has are no bins.
+    gaps = error_rates_by_length(["ONE", "ONE TWO THREE FOUR"], ["ONE", "ONE TWO"])
+    assert [b["words"] for b in gaps] == [[1, 1], [4, 4]]

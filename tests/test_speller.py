@@ -4,7 +4,7 @@ scheduled sampling, masking."""
 import pytest
 import torch
 
-from asr.models.attention import AttentionConfig
+from asr.models.attention import Attention, AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.interface import reorder_nested
 from asr.models.speller import Speller, SpellerConfig
@@ -124,3 +124,17 @@ def test_config_validation():
         SpellerConfig(sampling_probability=1.5)
     with pytest.raises(ValueError, match="num_layers"):
         SpellerConfig(num_layers=0)
+
+
+def test_a_windowed_speller_never_attends_outside_its_window():
+    torch.manual_seed(0)
+    attention = AttentionConfig(type="location", dim=8, conv_channels=2, conv_kernel=3, window=[1, 3])
+    speller = Speller(SpellerConfig(embedding_dim=4, hidden_size=8), attention, vocab_size=7, context_dim=6).eval()
+    keys, mask = torch.randn(2, 20, 6), lengths_to_mask(torch.tensor([20, 12]), 20)
+    decoder_input = torch.randint(3, 7, (2, 6))
+    _, weights = speller(decoder_input, keys, mask)
+    focus = torch.zeros(2, dtype=torch.long)  # the first step's window starts at frame 0
+    for step in range(weights.size(1)):
+        outside = (torch.arange(20) < focus.unsqueeze(1) - 1) | (torch.arange(20) > focus.unsqueeze(1) + 3)
+        assert torch.all(weights[:, step].masked_select(outside) == 0.0), step
+        focus = Attention.focus(weights[:, step].unsqueeze(1))

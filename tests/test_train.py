@@ -1,7 +1,6 @@
 """The trainer end to end on real speech: experiment directory, checkpoints,
 non-finite steps, exact resume after SIGKILL, DDP with gloo, recipe errors."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,48 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import LAS_RECIPE as RECIPE
+from conftest import PROJECT_ROOT, TINY, subprocess_env, tiny_run, tiny_valid
+
 from asr.checkpoint import load_checkpoint
+from asr.cli.train import main
 from asr.experiment import load_experiment_config
-from asr.train import Trainer, TrainingError, main
+from asr.training import Trainer, TrainingError
+from asr.training.data import make_loader
 
-from conftest import PROJECT_ROOT, SHARED_DATA
-
-# A tiny LAS on a few connected-digit utterances: seconds per run on one core.
-TINY = [
-    f"data.root={SHARED_DATA}",
-    "data.digits.utterances=24",
-    "data.digits.digits_per_utterance=[1,2]",
-    "data.demo.train_utterances=12",  # the recipe adds synthetic voices to training: a few here
-    "data.num_workers=0",
-    "data.max_frames_per_batch=1200",
-    "features.num_mel_bins=23",
-    "model.listener.hidden_size=16",
-    "model.listener.num_layers=2",
-    "model.listener.pyramid_layers=1",
-    "model.attention.dim=16",
-    "model.speller.embedding_dim=8",
-    "model.speller.hidden_size=16",
-    "train.valid_max_utterances=4",
-    "train.log_every_steps=1",
-]
-RECIPE = PROJECT_ROOT / "recipes" / "fsdd_las.yaml"
-
-
-def tiny_valid(tmp_path: Path, count: int = 6) -> Path:
-    """A LibriSpeech-layout copy (symlinks) of the first ``count`` dev utterances, to keep validation short."""
-    source = SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev" / "9000" / "1"
-    target = tmp_path / "valid" / "9000" / "1"
-    target.mkdir(parents=True)
-    lines = (source / "9000-1.trans.txt").read_text().splitlines()[:count]
-    (target / "9000-1.trans.txt").write_text("\n".join(lines) + "\n")
-    for line in lines:
-        name = line.split()[0] + ".flac"
-        (target / name).symlink_to(source / name)
-    return tmp_path / "valid"
+pytestmark = pytest.mark.slow  # every test here trains
 
 
 def overrides(tmp_path: Path, *extra: str) -> list[str]:
-    return TINY + [f"exp_dir={tmp_path / 'exp'}", f"data.dev=[{tiny_valid(tmp_path)}]", *extra]
+    return tiny_run(tmp_path, *extra)[1:]
 
 
 def test_a_run_fills_the_experiment_directory(tmp_path):
@@ -70,6 +41,9 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/grad_norm", "valid/loss", "valid/wer", "valid/cer"} <= tags
     assert [e.step for e in events.Scalars("valid/loss")] == [1, 2]
+    # The attention of a few dev utterances, drawn over their features, at every validation.
+    images = [tag for tag in events.Tags()["images"] if tag.startswith("alignment/")]
+    assert len(images) == 3 and [e.step for e in events.Images(images[0])] == [1, 2]
     # A checkpoint is self-contained: config, tokenizer and feature statistics travel with it.
     ckpt = load_checkpoint(exp / "last.pt")
     assert ckpt["config"]["model"]["type"] == "las"
@@ -105,10 +79,12 @@ def test_a_nan_loss_skips_the_step_and_names_the_batch(tmp_path, caplog):
 
     model.forward = poisoned
     steps_before = trainer.progress.step
-    # Run the first batch only: the poisoned one.
-    trainer.sampler.set_epoch(0)
-    first = next(iter(trainer._loader(list(trainer.sampler)[:1], trainer.train_set, 0)))
-    assert trainer._forward_backward(first, 1.0) is None
+    # Run the first batch only: the poisoned one, through the trainer's own step.
+    trainer.data.sampler.set_epoch(0)
+    first = next(iter(make_loader(list(trainer.data.sampler)[:1], trainer.data.train_set, 0, 0, False)))
+    outcome = trainer.step.backward(first)
+    assert outcome.loss is None and "non-finite loss" in outcome.skipped
+    trainer._skipped(outcome.skipped, first.ids)
     assert trainer.progress.step == steps_before and trainer.progress.nonfinite_in_a_row == 1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
@@ -134,11 +110,6 @@ def _train_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "asr.train", str(RECIPE), *args]
 
 
-def _env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT))
-    return env
-
-
 def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path):
     """Kill a run with SIGKILL mid-epoch, resume it, compare with an uninterrupted run."""
     common = TINY + [
@@ -148,11 +119,11 @@ def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path):
         "model.listener.dropout=0.2",  # dropout and SpecAugment draw random numbers: resume must restore them
     ]
     reference = tmp_path / "reference"
-    subprocess.run(_train_command(common + [f"exp_dir={reference}"]), check=True, env=_env(), capture_output=True)
+    subprocess.run(_train_command(common + [f"exp_dir={reference}"]), check=True, env=subprocess_env(), capture_output=True)
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(
-        _train_command(common + [f"exp_dir={killed}"]), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _train_command(common + [f"exp_dir={killed}"]), env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -165,7 +136,7 @@ def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path):
     progress = load_checkpoint(killed / "last.pt")["training"]["progress"]
     assert progress["epoch"] < 2, "the run finished before it could be killed"
     subprocess.run(
-        _train_command(common + [f"exp_dir={killed}", "--resume"]), check=True, env=_env(), capture_output=True
+        _train_command(common + [f"exp_dir={killed}", "--resume"]), check=True, env=subprocess_env(), capture_output=True
     )
     expected = load_checkpoint(reference / "last.pt")
     resumed = load_checkpoint(killed / "last.pt")
@@ -181,7 +152,7 @@ def test_distributed_training_with_gloo_on_two_processes(tmp_path):
         "-m", "asr.train", str(RECIPE), *TINY, f"data.dev=[{tiny_valid(tmp_path)}]",
         f"exp_dir={exp}", "train.max_epochs=1", "train.device=cpu",
     ]
-    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = load_checkpoint(exp / "last.pt")
     assert ckpt["training"]["progress"]["epoch"] == 1

@@ -14,7 +14,7 @@ import torchaudio
 from torch import nn
 
 from asr.config import ConfigError, from_dict
-from asr.decoding import beam_search, greedy_search
+from asr.decoding import DecodingOptions, beam_search, greedy_search
 from asr.models.common import add_sos_eos
 from asr.models.interface import EncoderOutput
 from asr.models.norms import FixNorm, ScaleNorm
@@ -495,16 +495,18 @@ def _assert_learned(model, batch, losses):
     features, lengths, tokens, token_lengths = batch
     with torch.no_grad():
         final = model(features, lengths, tokens, token_lengths)
-        hypotheses = greedy_search(model, model.encode(features, lengths), max_len_ratio=2.0)
+        hypotheses = greedy_search(model, model.encode(features, lengths), DecodingOptions(max_len_ratio=2.0))
     assert final.attention_loss.item() < 0.1 * losses[0], (losses[0], final.attention_loss.item())
     references = [tokens[b, : token_lengths[b]].tolist() for b in range(len(hypotheses))]
     assert hypotheses == references
 
 
+@pytest.mark.slow
 def test_small_transformer_overfits_real_utterances(overfit):
     _assert_learned(*overfit)
 
 
+@pytest.mark.slow
 def test_post_norm_transformer_learns_with_warmup(fsdd_dev):
     _assert_learned(*_train_on_real_speech(fsdd_dev, "post", SchedulerConfig(kind="inverse_sqrt", warmup_steps=20)))
 # ---------------------------------------------------------------- asr.decoding on the Transformer
@@ -516,20 +518,20 @@ def test_greedy_equals_beam_of_one():
         features, lengths, _, _ = random_batch([64, 40, 52], [1, 1, 1], seed=seed)
         with torch.no_grad():
             encoder = model.encode(features, lengths)
-            greedy = greedy_search(model, encoder, max_len=12)
-            beam = beam_search(model, encoder, beam_size=1, max_len=12)
+            greedy = greedy_search(model, encoder, DecodingOptions(max_len=12))
+            beam = beam_search(model, encoder, DecodingOptions(beam_size=1, max_len=12))
         assert beam == greedy
         assert any(len(h) > 0 for h in greedy)
 
 
 def test_batched_beam_search_equals_per_utterance(overfit):
     model, (features, lengths, tokens, token_lengths), _ = overfit
-    options = dict(beam_size=3, ctc_weight=0.3, max_len_ratio=2.0)
+    options = DecodingOptions(beam_size=3, ctc_weight=0.3, max_len_ratio=2.0)
     with torch.no_grad():
-        batched = beam_search(model, model.encode(features, lengths), nbest=3, **options)
+        batched = beam_search(model, model.encode(features, lengths), options, nbest=3)
         for b in range(len(batched)):
             single_encoder = model.encode(features[b : b + 1, : lengths[b]], lengths[b : b + 1])
-            (single,) = beam_search(model, single_encoder, nbest=3, **options)
+            (single,) = beam_search(model, single_encoder, options, nbest=3)
             assert [h.tokens for h in single] == [h.tokens for h in batched[b]]
             assert [h.score for h in single] == pytest.approx([h.score for h in batched[b]], abs=1e-4)
     assert [hyps[0].tokens for hyps in batched] == [tokens[b, : token_lengths[b]].tolist() for b in range(len(batched))]

@@ -33,6 +33,9 @@ class BucketBatchSampler(Sampler[list[int]]):
                           one, differently each epoch; the draw depends only on ``seed + epoch``
                           (call :meth:`set_epoch` before each epoch). Without shuffling, batches
                           come shortest first.
+    shortest_first_epochs: a length curriculum (SortaGrad, Amodei et al. 2016): in the first N
+                          epochs the batches come shortest first (ties still drawn per epoch), so
+                          the model learns to align on short utterances before it meets long ones.
     num_replicas, rank:   distributed training: rank ``r`` gets batches ``r, r + R, r + 2R, ...``
                           of the epoch's list, a disjoint share. So that every rank takes the same
                           number of steps (a rank that stops early would hang the others' gradient
@@ -51,6 +54,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         drop_last: bool = False,
+        shortest_first_epochs: int = 0,
     ):
         if max_frames_per_batch <= 0:
             raise ValueError(f"max_frames_per_batch must be positive, got {max_frames_per_batch}")
@@ -65,6 +69,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.drop_last = drop_last
+        self.shortest_first_epochs = shortest_first_epochs
         self.epoch = 0
         # Ties are the only thing the epoch changes in the packing, and packing depends
         # only on the sorted lengths, so the number of batches is the same every epoch.
@@ -81,7 +86,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             rng.shuffle(order)  # the stable sort below then breaks length ties in a random order
         order.sort(key=self.num_frames.__getitem__)
         batches = self._pack(order)
-        if self.shuffle:
+        if self.shuffle and self.epoch >= self.shortest_first_epochs:
             rng.shuffle(batches)
         return batches
 

@@ -8,8 +8,7 @@ from typing import Literal
 
 from asr.config import check_range
 from asr.data.demo import DemoConfig
-
-SPLITS = ("train", "dev", "test")
+from asr.data.utterance import SPLITS
 
 
 @dataclass

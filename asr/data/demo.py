@@ -57,7 +57,8 @@ import torch
 
 from asr.config import check_range
 from asr.data import espeak
-from asr.data.fsdd import DIGIT_WORDS
+from asr.data.text import DIGIT_WORDS
+from asr.data.utterance import SPLITS
 from features.audio import resample
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,6 @@ logger = logging.getLogger(__name__)
 # Bump when the generation changes in a way the config does not show (grammar,
 # rendering, layout), so corpora made by older code are not reused.
 FORMAT_VERSION = 1
-SPLITS = ("train", "dev", "test")
 USE_OPTIONS = ("enabled", "splits")  # how a recipe uses the corpus; they do not change its audio
 _CHAPTER = {"train": 1, "dev": 2, "test": 3}
 _FIRST_SPEAKER_ID = 100

@@ -15,20 +15,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
 
 from asr.data import report as reasons
+from asr.data.config import DataConfig
 from asr.data.report import DataError, SkipReport
+from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import InMemoryAudio, Utterance
 from features.audio import AudioError, NonFiniteAudioError, load_audio, to_mono
 
-if TYPE_CHECKING:  # a runtime import would be circular: asr.data.config -> asr.data.demo -> here
-    from asr.data.config import DataConfig
-
-# The words digits are transcribed as, already in normalize_text's form.
-DIGIT_WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
 _FILE_NAME = re.compile(r"^(?P<digit>[0-9])_(?P<speaker>[^_]+)_(?P<take>[0-9]+)\.wav$")
 
 

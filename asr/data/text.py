@@ -16,6 +16,9 @@ import re
 _NOT_KEPT = re.compile(r"[^\w']|_")
 _SPACES = re.compile(r"\s+")
 
+# The words digits are transcribed as (FSDD's connected digits, the demo corpus), in normalize_text's form.
+DIGIT_WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
+
 
 def normalize_text(text: str) -> str:
     """Upper-case; keep letters, digits, apostrophes and spaces; collapse spaces.

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+# The splits a recipe's data is divided into (asr.data.config, asr.data.demo).
+SPLITS = ("train", "dev", "test")
+
 
 @dataclass(frozen=True, eq=False)
 class InMemoryAudio:

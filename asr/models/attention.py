@@ -30,7 +30,7 @@ as in the LAS paper (no output projection).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -46,6 +46,11 @@ class AttentionConfig:
     heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
     conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
     conv_kernel: int = 31     # odd width in encoder frames; ESPnet's 201 is meant for little or no time reduction
+    # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
+    # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
+    # restrict it; [] attends everywhere. A window keeps attention from jumping over words in utterances
+    # longer than any heard in training.
+    window: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.type not in ("content", "dot", "location"):
@@ -56,6 +61,8 @@ class AttentionConfig:
         if self.conv_kernel % 2 == 0:
             # An odd kernel centred on each frame keeps frame t's filter output aligned with frame t.
             raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
+        if self.window and (len(self.window) != 2 or min(self.window) < 0):
+            raise ValueError(f"window must be [] or [left, right] with both >= 0, got {self.window}")
 
 
 class Attention(nn.Module):
@@ -114,6 +121,23 @@ class Attention(nn.Module):
         # Contiguous once here, so no step has to copy it (a no-op for one head).
         return projected.view(batch, time, self.heads, self.dim).transpose(1, 2).contiguous()
 
+    def window_mask(self, mask: torch.Tensor, focus: torch.Tensor) -> torch.Tensor:
+        """(B, T) bool: the valid frames within the window around ``focus`` (B,) (all valid frames
+        when no window is configured). The focus frame itself is always inside."""
+        if not self.config.window:
+            return mask
+        left, right = self.config.window
+        frames = torch.arange(mask.size(1), device=mask.device).unsqueeze(0)
+        focus = focus.unsqueeze(1)
+        return mask & (frames >= focus - left) & (frames <= focus + right)
+
+    @staticmethod
+    def focus(weights: torch.Tensor) -> torch.Tensor:
+        """(B,) long: the median frame of ``weights`` (B, heads, T) averaged over heads, the first
+        frame where the cumulative weight reaches one half."""
+        cumulative = weights.mean(1).cumsum(-1)
+        return (cumulative < 0.5).sum(-1).clamp(max=weights.size(-1) - 1)
+
     def initial_weights(self, mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Weights before the first step, (B, heads, T) of ``dtype``: uniform over the valid frames.
 
@@ -130,13 +154,16 @@ class Attention(nn.Module):
         mask: torch.Tensor,
         prev_weights: torch.Tensor | None = None,
         projected_keys: torch.Tensor | None = None,
+        attend: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One attention step.
 
         query: (B, Q); keys: (B, T, H); mask: (B, T) bool, True = valid frame
         (every row needs at least one); prev_weights: (B, heads, T) weights of the
         previous step (location-aware only; None = :meth:`initial_weights`);
-        projected_keys: :meth:`project_keys` of ``keys``, or None to compute it.
+        projected_keys: :meth:`project_keys` of ``keys``, or None to compute it;
+        attend: (B, T) bool, the frames this step may attend to (a window, :meth:`window_mask`),
+        None = every valid frame.
 
         Returns context (B, H) and weights (B, heads, T), each head's weights
         summing to 1 over the valid frames and exactly 0 on padded frames.
@@ -150,7 +177,7 @@ class Attention(nn.Module):
         # activation, matrix-vector products), since this is where decoding
         # spends most of its time. For the same reason the additive energies use
         # tanh(x) = 2 sigmoid(2x) - 1, i.e. v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v):
-        # torch's float sigmoid is ~3x faster than its tanh, the factor 2 rides
+        # torch's float sigmoid is much faster than its tanh on CPU, the factor 2 rides
         # on the multiply-adds, and the result differs from the tanh form only
         # by float rounding (~1e-6 on the energies).
         if self.type == "dot":
@@ -180,7 +207,8 @@ class Attention(nn.Module):
             per_head = gates.transpose(0, 1).reshape(heads, batch * time, dim)
             energies = torch.bmm(per_head, 2.0 * self.energy.unsqueeze(-1)).view(heads, batch, time).transpose(0, 1)
             energies = energies - self.energy.sum(-1).view(1, heads, 1)
-        energies = energies.masked_fill(~mask.unsqueeze(1), float("-inf"))
+        allowed = mask if attend is None else attend
+        energies = energies.masked_fill(~allowed.unsqueeze(1), float("-inf"))
         weights = torch.softmax(energies, dim=-1)  # (B, heads, T)
         context = torch.bmm(weights, keys)  # (B, heads, H)
         if self.output_proj is None:

@@ -72,6 +72,11 @@ class Ensemble(nn.Module):
         self.models = nn.ModuleList(models)
         self.sos_id, self.eos_id, self.pad_id = ids[0]
 
+    @property
+    def has_ctc(self) -> bool:
+        """True when every member has a CTC head (their posteriors are averaged)."""
+        return all(model.has_ctc for model in self.models)
+
     def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EnsembleEncoderOutput:
         return _combine([model.encode(features, feature_lengths) for model in self.models])
 
@@ -90,6 +95,11 @@ class Ensemble(nn.Module):
         if len(sizes) != 1:
             raise ValueError(f"ensemble members have different vocabulary sizes: {sorted(sizes)}")
         return _log_mean_exp(log_probs), states
+
+    def decoder_attention(self, state: list) -> torch.Tensor | None:
+        """The mean of the members' attention, when every member exposes it."""
+        found = [model.decoder_attention(s) for model, s in zip(self.models, state)]
+        return None if any(a is None for a in found) else torch.stack(found).mean(0)
 
     def reorder_decoder_state(self, state: list, index: torch.Tensor) -> list:
         return [model.reorder_decoder_state(s, index) for model, s in zip(self.models, state)]

@@ -1,6 +1,11 @@
 """The contract every recogniser implements, so training and decoding are shared.
 
-A model is an ``nn.Module`` with:
+:class:`SpeechModel` states it as a ``typing.Protocol`` and :class:`ModelConfig`
+holds the options every model's config has; :mod:`asr.models.registry` maps a
+recipe's ``model.type`` to a (config class, model class) pair.
+
+A model is an ``nn.Module`` with the special ids ``sos_id``, ``eos_id`` and
+``pad_id`` (the pad id doubles as the CTC blank) and:
 
 ``forward(features, feature_lengths, tokens, token_lengths) -> ModelOutput``
     features (B, T, D) float, feature_lengths (B,) int, tokens (B, L) int padded
@@ -41,11 +46,108 @@ everything, so any ``index`` stays valid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 # Key of a dict decoder state's per-utterance part (see the module docstring).
 STATIC_STATE_KEY = "static"
+
+
+@dataclass
+class ModelConfig:
+    """What every model's config (the recipe's ``model:`` section) has; each model's config extends it.
+
+    ``type`` names the model in :mod:`asr.models.registry`.
+    """
+
+    type: str = ""
+    ctc_weight: float = 0.3        # CTC share of the loss; 0 builds no CTC head. 0.3 as in ESPnet's recipes:
+                                   # CTC's monotonic alignment makes attention converge much faster
+    label_smoothing: float = 0.1   # on the attention loss only; spreads this share of the target mass over V
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.ctc_weight < 1.0:
+            # 1.0 would leave the decoder untrained while decoding still needs it.
+            raise ValueError(f"ctc_weight must be in [0, 1), got {self.ctc_weight}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+    @property
+    def schedule_dim(self) -> int | None:
+        """The model width a ``noam`` learning-rate schedule scales by (None: the model has none)."""
+        return None
+
+
+@runtime_checkable
+class SpeechModel(Protocol):
+    """The interface training (:mod:`asr.training`) and decoding (:mod:`asr.decoding`) rely on."""
+
+    sos_id: int
+    eos_id: int
+    pad_id: int
+
+    @property
+    def has_ctc(self) -> bool:
+        """Whether ``encode`` gives CTC log-probabilities (the model has a CTC head)."""
+        ...
+
+    def forward(
+        self, features: torch.Tensor, feature_lengths: torch.Tensor, tokens: torch.Tensor, token_lengths: torch.Tensor
+    ) -> ModelOutput: ...
+
+    def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EncoderOutput: ...
+
+    def init_decoder_state(self, encoder: EncoderOutput) -> Any: ...
+
+    def decode_step(self, tokens: torch.Tensor, state: Any, encoder: EncoderOutput) -> tuple[torch.Tensor, Any]: ...
+
+    def reorder_decoder_state(self, state: Any, index: torch.Tensor) -> Any: ...
+
+    def decoder_attention(self, state: Any) -> torch.Tensor | None:
+        """The attention over the encoder frames of the step that made ``state``, (N, T') summing to 1
+        over valid frames (averaged over heads), or None for a decoder that does not expose one."""
+        ...
+
+
+# Optional capabilities. A model offers one by having its methods; the one place
+# that needs it checks ``isinstance(model, Capability)`` (the protocols are
+# runtime-checkable), so a model without it is refused or skipped there, by name.
+
+
+@runtime_checkable
+class ScheduledRegularisation(Protocol):
+    """Regularisers whose strength follows training progress (the Transformer's scheduled DropHead).
+
+    :class:`asr.training.Trainer` calls this before every training batch.
+    """
+
+    def set_regularisation_progress(self, step: int, total_steps: int, warmup_steps: int) -> dict[str, float]:
+        """Set the rates for the update after ``step`` completed ones, of ``total_steps`` planned, with a
+        learning-rate warmup of ``warmup_steps`` (0: none). Returns the rates now in force by name
+        (e.g. ``{"drophead_encoder": 0.05}``) for the training log; empty when there is nothing to schedule."""
+        ...
+
+
+@dataclass(frozen=True)
+class LayerStack:
+    """A stack of layers inference may cut (LayerDrop pruning, :mod:`asr.models.pruning`)."""
+
+    num_layers: int
+    layerdrop: float  # the LayerDrop rate it was trained with; 0 means it never learnt to lose layers
+
+
+@runtime_checkable
+class PrunableLayers(Protocol):
+    """A model whose layer stacks can be pruned after training (the Transformer's encoder and decoder)."""
+
+    def layer_stacks(self) -> dict[str, LayerStack]:
+        """The stacks by name (``"encoder"``, ``"decoder"``)."""
+        ...
+
+    def keep_layers(self, keep: dict[str, list[int]]) -> None:
+        """Keep only layers ``keep[stack]`` (increasing indices) of each named stack, in place."""
+        ...
 
 
 @dataclass

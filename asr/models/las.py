@@ -32,7 +32,7 @@ from torch import nn
 from asr.models.attention import AttentionConfig
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
-from asr.models.interface import EncoderOutput, ModelOutput, reorder_nested
+from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
 from asr.models.listener import Listener, ListenerConfig
 from asr.models.speller import Speller, SpellerConfig
 
@@ -40,8 +40,8 @@ LAYER_NORM_PLACES = ("both", "listener", "speller", "none")
 
 
 @dataclass
-class LASConfig:
-    """The ``model:`` section of an LAS recipe."""
+class LASConfig(ModelConfig):
+    """The ``model:`` section of an LAS recipe (``ctc_weight`` and ``label_smoothing``: :class:`ModelConfig`)."""
 
     type: Literal["las"] = "las"
     listener: ListenerConfig = field(default_factory=ListenerConfig)
@@ -49,22 +49,15 @@ class LASConfig:
     speller: SpellerConfig = field(default_factory=SpellerConfig)
     # Which LSTMs are layer-normalised: both | listener | speller | none.
     layer_norm: Literal["both", "listener", "speller", "none"] = "both"
-    ctc_weight: float = 0.3        # CTC share of the loss; 0 = no CTC head. 0.3 as in ESPnet's LAS recipes:
-                                   # CTC's monotonic alignment makes attention converge much faster
-    label_smoothing: float = 0.1   # on the attention loss only; spreads 10% of the target mass uniformly over V
     lnlstm_eps: float = 1e-5       # epsilon of every layer norm inside the LN-LSTMs
     forget_bias: float = 1.0       # added to every LSTM's forget gate, so fresh cells remember (Jozefowicz et al. 2015)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.type != "las":
             raise ValueError(f"type must be 'las', got {self.type!r}")
         if self.layer_norm not in LAYER_NORM_PLACES:
             raise ValueError(f"layer_norm must be one of {', '.join(LAYER_NORM_PLACES)}, got {self.layer_norm!r}")
-        if not 0.0 <= self.ctc_weight < 1.0:
-            # 1.0 would leave the speller untrained while decoding still needs it.
-            raise ValueError(f"ctc_weight must be in [0, 1), got {self.ctc_weight}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.lnlstm_eps <= 0.0:
             raise ValueError(f"lnlstm_eps must be positive, got {self.lnlstm_eps}")
 
@@ -111,6 +104,10 @@ class LAS(nn.Module):
             self.ctc = CTCHead(self.listener.output_dim, vocab_size, blank_id=pad_id)
         else:
             self.register_module("ctc", None)
+
+    @property
+    def has_ctc(self) -> bool:
+        return self.ctc is not None
 
     def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EncoderOutput:
         """features (B, T, D), feature_lengths (B,) -> :class:`EncoderOutput` with
@@ -159,6 +156,10 @@ class LAS(nn.Module):
         :class:`Speller`), so ``encoder`` is not read again here.
         """
         return self.speller.step(tokens, state)
+
+    def decoder_attention(self, state: dict) -> torch.Tensor:
+        """(N, T') the speller's attention at the step that made ``state``, averaged over heads."""
+        return state["weights"].mean(1)
 
     def reorder_decoder_state(self, state: dict, index: torch.Tensor) -> dict:
         """Rows ``index`` (N',) of every tensor in ``state``, its static part included when present."""

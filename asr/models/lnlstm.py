@@ -28,12 +28,18 @@ Two implementations compute the same function:
 * the reference PyTorch path (:func:`_reference_direction`): a loop over time,
   works on every device and is what gradcheck and the equivalence tests pin down;
 * a fused C++ operator for CPU (``asr/models/csrc/lnlstm.cpp``, loaded by
-  :mod:`asr.models.lnlstm_ext`), JIT-compiled on first use and cached, within
-  1.1-1.2x of torch.nn.LSTM's time where the reference path takes 1.6-1.8x or
-  more (docs/performance.md). It is used for CPU float32/float64 tensors when
+  :mod:`asr.models.lnlstm_ext`), JIT-compiled for this CPU on first use and
+  cached; its speed against torch.nn.LSTM is in docs/performance.md. It is used for CPU float32/float64 tensors when
   it builds; otherwise the reference path runs (with one warning).
   ``ASR_LNLSTM_IMPL=python`` (environment) or ``set_implementation("python")``
-  forces the reference path.
+  forces the reference path;
+* for CUDA tensors, fused Triton kernels (:mod:`asr.models.lnlstm_triton`): one
+  fused kernel per time step and a hand-written backward, the time loop
+  replayed as a CUDA graph. Used for float32 parameters (autocast included)
+  when Triton compiles; otherwise the reference path runs (with one warning).
+  ``set_implementation("triton")`` forces it, and with ``TRITON_INTERPRET=1``
+  it also runs CPU tensors (slowly: that is for testing). The single-step
+  :meth:`LNLSTMCell.forward` (the speller's) uses the same kernels.
 """
 
 from __future__ import annotations
@@ -45,17 +51,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.models import lnlstm_ext
+from asr.models import lnlstm_ext, lnlstm_triton
 from asr.models.common import lengths_to_mask
 
-_IMPLEMENTATIONS = ("auto", "python", "cpp")
-# "auto": fused C++ on CPU when it builds, else reference; "python": always the
-# reference path; "cpp": fused C++ on CPU, raising if it cannot be built.
+_IMPLEMENTATIONS = ("auto", "python", "cpp", "triton")
+# "auto": fused C++ on CPU when it builds, Triton on CUDA when it compiles, else
+# reference; "python": always the reference path; "cpp": fused C++ on CPU,
+# raising if it cannot be built; "triton": the Triton kernels (CUDA, or CPU
+# under TRITON_INTERPRET=1), raising if they cannot run.
 _implementation = os.environ.get("ASR_LNLSTM_IMPL", "auto")
 
 
 def set_implementation(name: str) -> None:
-    """Choose the LNLSTM implementation: ``"auto"`` (default), ``"python"`` or ``"cpp"``.
+    """Choose the LNLSTM implementation: ``"auto"`` (default), ``"python"``, ``"cpp"`` or ``"triton"``.
 
     The environment variable ``ASR_LNLSTM_IMPL`` sets the initial value.
     """
@@ -73,6 +81,18 @@ def get_implementation() -> str:
     if _implementation not in _IMPLEMENTATIONS:
         raise ValueError(f"ASR_LNLSTM_IMPL must be one of {_IMPLEMENTATIONS}, got {_implementation!r}")
     return _implementation
+
+
+def _use_triton(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the Triton path runs for input x: forced by "triton", or "auto" with a CUDA
+    tensor. It takes float32 parameters only (under autocast too); other parameter
+    dtypes use the reference path, as the C++ operator does for dtypes it lacks."""
+    implementation = get_implementation()
+    if weight.dtype != torch.float32:
+        return False
+    if implementation == "triton":
+        return lnlstm_triton.usable(x.device, strict=True)
+    return implementation == "auto" and x.device.type == "cuda" and lnlstm_triton.usable(x.device)
 
 
 class LNLSTMCell(nn.Module):
@@ -178,6 +198,8 @@ class LNLSTMCell(nn.Module):
             zeros = x.new_zeros(x.size(0), self.hidden_size)
             state = (zeros, zeros)
         h, c = state
+        if _use_triton(x, self.weight_h):
+            return lnlstm_triton.cell_step(self, x, h, c)
         return self.recurrent_step(self.input_gates(x), h, c)
 
 
@@ -330,7 +352,7 @@ class LNLSTM(nn.Module):
                     f"LNLSTM state must be two tensors of shape {expected}, got {tuple(h0.shape)} and {tuple(c0.shape)}"
                 )
 
-        use_fused = self._use_fused(x)
+        path = self._fused_path(x)
         h_n, c_n = [], []
         layer_input = x
         for layer in range(self.num_layers):
@@ -338,8 +360,10 @@ class LNLSTM(nn.Module):
             first = layer * self.num_directions
             h_layer = h0[first : first + self.num_directions]
             c_layer = c0[first : first + self.num_directions]
-            if use_fused:
+            if path == "cpp":
                 out, h_last, c_last = lnlstm_ext.fused_layer(cells, layer_input, lengths, h_layer, c_layer)
+            elif path == "triton":
+                out, h_last, c_last = lnlstm_triton.fused_layer(cells, layer_input, lengths, h_layer, c_layer)
             else:
                 out, h_last, c_last = self._reference_layer(cells, layer_input, lengths, h_layer, c_layer)
             h_n.append(h_last)
@@ -361,16 +385,19 @@ class LNLSTM(nn.Module):
             )
         return lengths
 
-    def _use_fused(self, x: torch.Tensor) -> bool:
+    def _fused_path(self, x: torch.Tensor) -> str | None:
+        """"triton", "cpp" or None (the reference path) for input x."""
+        if _use_triton(x, self.cells[0].weight_h):
+            return "triton"
         implementation = get_implementation()
-        if implementation == "python" or x.device.type != "cpu":
-            return False
+        if implementation not in ("auto", "cpp") or x.device.type != "cpu":
+            return None
         if x.dtype not in (torch.float32, torch.float64):
-            return False
+            return None
         if implementation == "cpp":
             lnlstm_ext.load(strict=True)
-            return True
-        return lnlstm_ext.load(strict=False) is not None
+            return "cpp"
+        return "cpp" if lnlstm_ext.load(strict=False) is not None else None
 
     @staticmethod
     def _reference_layer(

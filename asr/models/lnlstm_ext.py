@@ -3,6 +3,9 @@
 The operator is JIT-compiled with ``torch.utils.cpp_extension.load`` on first
 use and cached (under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``); later processes only load the cached library.
+It is built for the CPU it runs on (``-march=native``, or portable flags where
+the compiler lacks that, or where ``ASR_LNLSTM_BUILD=portable`` asks for them),
+under a name that identifies the flags and the CPU (:func:`build_configurations`).
 Where no compiler is available or the build fails, :func:`load` warns once and
 returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
 path instead.
@@ -13,6 +16,7 @@ hand (no autograd inside): :class:`_FusedLayer` connects it to autograd.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -26,20 +30,52 @@ from torch.autograd.function import once_differentiable
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
 
+_log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _module = None
 _error: Exception | None = None
+_flags: list[str] | None = None  # of the loaded build
 
 
-def _cpu_flags() -> set[str]:
+def _cpu_description() -> dict[str, str]:
+    """The CPU's vendor, model and feature flags from /proc/cpuinfo (empty where unreadable)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return {}
+    # x86 names them vendor_id ... flags; ARM CPU implementer, CPU part, Features.
+    keys = ("vendor_id", "cpu family", "model", "model name", "flags", "CPU implementer", "CPU part", "Features")
+    fields: dict[str, str] = {}
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            fields.setdefault(key.strip(), value.strip())  # the first CPU's; all are alike
+    return fields
+
+
+def build_configurations(cpu: dict[str, str] | None = None) -> list[tuple[str, list[str]]]:
+    """(extension name, compiler flags) to try in order: native first, then portable.
+
+    The native build (-march=native) uses every vector extension of this CPU
+    (AVX-512 where there is one); a compiler without the flag gets the portable
+    build. The name, which keys the build cache, carries a hash of the flags and
+    of the CPU's model and feature flags: a cache shared between machines (a
+    network home, a copied image) never loads a binary built for another CPU.
+    cpu: :func:`_cpu_description`'s fields (default: this machine's).
+    """
+    cpu = _cpu_description() if cpu is None else cpu
+    # -fno-trapping-math lets the compiler vectorise the branch-free exp/tanh
+    # (torch itself is built with it and -fno-math-errno).
+    base = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+    portable = list(base)
+    if {"avx2", "fma"} <= set(cpu.get("flags", "").split()):
+        portable += ["-mavx2", "-mfma"]
+    cpu_key = "\n".join(f"{key}: {value}" for key, value in sorted(cpu.items()))
+    configurations = []
+    for kind, flags in (("native", base + ["-march=native"]), ("portable", portable)):
+        digest = hashlib.sha256("\n".join([*flags, cpu_key]).encode()).hexdigest()[:12]
+        configurations.append((f"asr_lnlstm_{kind}_{digest}", flags))
+    return configurations
 
 
 def _build():
@@ -61,23 +97,34 @@ def _build():
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
             pass
-    name = "asr_lnlstm"
-    # -fno-trapping-math lets the compiler vectorise the branch-free exp/tanh
-    # (torch itself is built with it and -fno-math-errno).
-    cflags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-    if {"avx2", "fma"} <= _cpu_flags():
-        # Separate name: a cached AVX2 build must never load on a CPU without it.
-        cflags += ["-mavx2", "-mfma"]
-        name += "_avx2"
+    global _flags
+    (native_name, native_flags), (portable_name, portable_flags) = build_configurations()
+    if os.environ.get("ASR_LNLSTM_BUILD", "native") == "portable":
+        # For measuring what a CPU without this one's extensions gets.
+        _compile(cpp_extension, portable_name, portable_flags)
+        _flags = portable_flags
+        return torch.ops.asr_lnlstm
+    try:
+        _compile(cpp_extension, native_name, native_flags)
+        _flags = native_flags
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        # A compiler without -march=native: the portable build is as correct,
+        # only slower, so this is logged, not warned.
+        _log.info("LNLSTM: native build of %s failed (%s); building it portably", SOURCE, exc)
+        _compile(cpp_extension, portable_name, portable_flags)
+        _flags = portable_flags
+    return torch.ops.asr_lnlstm
+
+
+def _compile(cpp_extension, name: str, flags: list[str]) -> None:
     cpp_extension.load(
         name=name,
         sources=[str(SOURCE)],
-        extra_cflags=cflags,
+        extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
         is_python_module=False,  # registers torch.ops.asr_lnlstm (TORCH_LIBRARY)
         verbose=False,
     )
-    return torch.ops.asr_lnlstm
 
 
 def load(strict: bool = False):
@@ -106,6 +153,11 @@ def load(strict: bool = False):
     if _module is None and strict:
         raise RuntimeError(f"LNLSTM: the fused C++ operator ({SOURCE}) could not be built: {_error}")
     return _module
+
+
+def build_flags() -> list[str] | None:
+    """The compiler flags of the loaded operator (None before :func:`load` or where it failed)."""
+    return list(_flags) if _flags is not None else None
 
 
 class _FusedLayer(torch.autograd.Function):

@@ -71,7 +71,8 @@ class Speller(nn.Module):
     hypothesis (so :func:`asr.models.interface.reorder_nested` reorders it):
     ``h``, ``c``: lists of (N, hidden) per layer; ``context`` (N, H);
     ``weights`` (N, heads, T) the previous attention (read by location-aware
-    attention); and under ``"static"``
+    attention); with a windowed attention, ``focus`` (N,) the frame the
+    window is centred on; and under ``"static"``
     (:data:`asr.models.interface.STATIC_STATE_KEY`) what depends only on the
     utterance and is computed once: ``keys`` (N, T, H), ``mask`` (N, T) and
     ``projected_keys`` (N, heads, T, dim). Beam search never reorders the
@@ -113,13 +114,16 @@ class Speller(nn.Module):
         """State before the first step: keys (N, T, H) listener output, mask (N, T) True = valid."""
         num = keys.size(0)
         zeros = keys.new_zeros(num, self.config.hidden_size)
-        return {
+        state = {
             "h": [zeros] * self.config.num_layers,
             "c": [zeros] * self.config.num_layers,
             "context": keys.new_zeros(num, keys.size(2)),
             "weights": self.attention.initial_weights(mask, keys.dtype),
             STATIC_STATE_KEY: {"keys": keys, "mask": mask, "projected_keys": self.attention.project_keys(keys)},
         }
+        if self.attention.config.window:
+            state["focus"] = torch.zeros(num, dtype=torch.long, device=keys.device)  # the first frame
+        return state
 
     def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
         """One output step: tokens (N,) previous tokens -> log-probs (N, V) and the new state."""
@@ -131,11 +135,14 @@ class Speller(nn.Module):
             new_c.append(c)
             x = self.dropout(h)
         static = state[STATIC_STATE_KEY]
+        attend = self.attention.window_mask(static["mask"], state["focus"]) if "focus" in state else None
         context, weights = self.attention(
-            x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"]
+            x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend
         )
         log_probs = F.log_softmax(self.output(torch.cat([x, context], dim=-1)), dim=-1)
         new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
+        if "focus" in state:
+            new_state["focus"] = self.attention.focus(weights)
         return log_probs, new_state
 
     def forward(

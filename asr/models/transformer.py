@@ -15,6 +15,13 @@ Norm placement, per stack (``model.encoder.layer_norm``, ``model.decoder.layer_n
 * ``pre``: ``x = x + Dropout(Sublayer(Norm(x)))`` and one ``final_norm`` after
   the stack, because the residual stream itself is never normalised.
 
+Regularisers besides dropout, per stack: LayerDrop (``layerdrop``, Fan et al.
+2019) skips a whole layer per training batch, and the layers of a model trained
+with it can be pruned at inference (:mod:`asr.models.pruning`); DropHead
+(``drophead``, Zhou et al. 2020, :mod:`asr.models.drophead`) drops whole
+attention heads per example, on a schedule the trainer drives through
+:meth:`Transformer.set_regularisation_progress`.
+
 Every norm is an attribute with a fixed name so placement can be inspected:
 ``layer.self_attn_norm``, ``layer.cross_attn_norm`` (decoder), ``layer.ff_norm``
 and ``stack.final_norm`` (``None`` in post-norm). ``norm_type`` picks LayerNorm
@@ -28,6 +35,7 @@ may attend / valid. They go straight into
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -38,7 +46,8 @@ from torch import Tensor, nn
 
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
-from asr.models.interface import EncoderOutput, ModelOutput, reorder_nested
+from asr.models.drophead import DROPHEAD_SCHEDULES, drop_heads, scheduled_rate
+from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
 from asr.models.norms import NORM_TYPES, FixNorm, make_norm
 
 LAYER_NORM_PLACEMENTS = ("pre", "post")
@@ -54,6 +63,9 @@ class EncoderConfig:
     # "post" is the original paper's placement and needs warmup (docs/normalization.md).
     layer_norm: Literal["pre", "post"] = "pre"
     layerdrop: float = 0.0         # probability of skipping a whole layer per training batch (Fan et al. 2019)
+    # Peak probability of dropping a self-attention head per example (DropHead, Zhou et al. 2020);
+    # the paper's best machine-translation setting is 0.1-0.2. Its schedule: model.drophead_schedule.
+    drophead: float = 0.0
 
     def __post_init__(self) -> None:
         _check_stack(self, "encoder")
@@ -67,14 +79,16 @@ class DecoderConfig:
     ff_dim: int = 2048
     layer_norm: Literal["pre", "post"] = "pre"
     layerdrop: float = 0.0
+    drophead: float = 0.0          # the same for the decoder's self- and cross-attention heads
 
     def __post_init__(self) -> None:
         _check_stack(self, "decoder")
 
 
 @dataclass
-class TransformerConfig:
-    """A Transformer recogniser (``model:`` with ``type: transformer``)."""
+class TransformerConfig(ModelConfig):
+    """A Transformer recogniser (``model:`` with ``type: transformer``; ``ctc_weight`` and
+    ``label_smoothing``: :class:`ModelConfig`, on the attention cross-entropy as in Vaswani et al.)."""
 
     type: Literal["transformer"] = "transformer"
     d_model: int = 256             # width of both stacks; cross-attention needs them equal
@@ -87,13 +101,19 @@ class TransformerConfig:
     fixnorm: bool = False
     scale_embedding: bool = True   # token embedding * sqrt(d_model), so it is not drowned by the positions
     tie_embeddings: bool = True    # output projection = decoder input embedding (one Parameter)
-    ctc_weight: float = 0.3        # loss = (1 - w) * attention CE + w * CTC; 0 builds no CTC head (ESPnet uses 0.3)
-    label_smoothing: float = 0.1   # on the attention cross-entropy only, as in Vaswani et al.
     eps: float = 1e-5              # added inside every LayerNorm / lower bound of the ScaleNorm/FixNorm length
+    # How the DropHead rate moves: "vshape" (the paper's) falls from the peak to 0 over the
+    # learning-rate warmup and rises back to the peak by the last update; "constant" keeps the peak.
+    drophead_schedule: Literal["vshape", "constant"] = "vshape"
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
 
+    @property
+    def schedule_dim(self) -> int:
+        return self.d_model
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.type != "transformer":
             raise ValueError(f"type must be 'transformer', got {self.type!r}")
         if self.d_model < 2 or self.d_model % 2:
@@ -101,16 +121,15 @@ class TransformerConfig:
             raise ValueError(f"d_model must be a positive even number, got {self.d_model}")
         if self.heads < 1 or self.d_model % self.heads:
             raise ValueError(f"heads must divide d_model={self.d_model}, got {self.heads}")
-        for name in ("dropout", "attention_dropout", "label_smoothing"):
+        for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if not 0.0 <= self.ctc_weight < 1.0:
-            # 1.0 would leave the decoder untrained while decoding still needs it.
-            raise ValueError(f"ctc_weight must be in [0, 1), got {self.ctc_weight}")
         if self.norm_type not in NORM_TYPES:
             raise ValueError(f"norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
+        if self.drophead_schedule not in DROPHEAD_SCHEDULES:
+            raise ValueError(f"drophead_schedule must be one of {DROPHEAD_SCHEDULES}, got {self.drophead_schedule!r}")
 
 
 def _check_stack(config: EncoderConfig | DecoderConfig, name: str) -> None:
@@ -120,8 +139,9 @@ def _check_stack(config: EncoderConfig | DecoderConfig, name: str) -> None:
         raise ValueError(f"{name}.ff_dim must be >= 1, got {config.ff_dim}")
     if config.layer_norm not in LAYER_NORM_PLACEMENTS:
         raise ValueError(f"{name}.layer_norm must be one of {LAYER_NORM_PLACEMENTS}, got {config.layer_norm!r}")
-    if not 0.0 <= config.layerdrop < 1.0:
-        raise ValueError(f"{name}.layerdrop must be in [0, 1), got {config.layerdrop}")
+    for regulariser in ("layerdrop", "drophead"):
+        if not 0.0 <= getattr(config, regulariser) < 1.0:
+            raise ValueError(f"{name}.{regulariser} must be in [0, 1), got {getattr(config, regulariser)}")
 
 
 def sinusoidal_positions(positions: Tensor, dim: int) -> Tensor:
@@ -144,13 +164,19 @@ class MultiHeadAttention(nn.Module):
     attention itself, so callers can cache them: the decoder projects the
     encoder output once per utterance and appends one step's keys to the
     self-attention cache per token.
+
+    ``drophead`` is the current DropHead rate (moved along its schedule by
+    :meth:`Transformer.set_regularisation_progress`): in training, whole heads
+    of each example are dropped after attending and before the output
+    projection joins them (:func:`asr.models.drophead.drop_heads`).
     """
 
-    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+    def __init__(self, d_model: int, heads: int, dropout: float, drophead: float = 0.0) -> None:
         super().__init__()
         self.heads = heads
         self.head_dim = d_model // heads
         self.dropout = dropout
+        self.drophead = drophead
         self.query = nn.Linear(d_model, d_model)
         self.key = nn.Linear(d_model, d_model)
         self.value = nn.Linear(d_model, d_model)
@@ -172,6 +198,8 @@ class MultiHeadAttention(nn.Module):
         queries = self._split(self.query(x))
         dropout = self.dropout if self.training else 0.0
         attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
+        if self.training:
+            attended = drop_heads(attended, self.drophead)
         batch, _, length, _ = attended.shape
         return self.out(attended.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
 
@@ -216,7 +244,7 @@ class EncoderLayer(_ResidualLayer):
         super().__init__(stack.layer_norm, config.dropout)
         d_model = config.d_model
         self.self_attn_norm = make_norm(config.norm_type, d_model, config.eps)
-        self.self_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout, stack.drophead)
         self.ff_norm = make_norm(config.norm_type, d_model, config.eps)
         self.feed_forward = FeedForward(d_model, stack.ff_dim)
 
@@ -236,9 +264,9 @@ class DecoderLayer(_ResidualLayer):
         super().__init__(stack.layer_norm, config.dropout)
         d_model = config.d_model
         self.self_attn_norm = make_norm(config.norm_type, d_model, config.eps)
-        self.self_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout, stack.drophead)
         self.cross_attn_norm = make_norm(config.norm_type, d_model, config.eps)
-        self.cross_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout, stack.drophead)
         self.ff_norm = make_norm(config.norm_type, d_model, config.eps)
         self.feed_forward = FeedForward(d_model, stack.ff_dim)
 
@@ -495,6 +523,56 @@ class Transformer(nn.Module):
         self.decoder = TransformerDecoder(config, vocab_size)
         self.ctc = CTCHead(config.d_model, vocab_size, blank_id=pad_id) if config.ctc_weight > 0 else None
 
+    @property
+    def has_ctc(self) -> bool:
+        return self.ctc is not None
+
+    # Optional capabilities (asr.models.interface): scheduled DropHead and LayerDrop pruning.
+
+    def set_regularisation_progress(self, step: int, total_steps: int, warmup_steps: int) -> dict[str, float]:
+        """Move every attention module's DropHead rate to ``model.drophead_schedule``'s value after
+        ``step`` of ``total_steps`` updates (warmup: ``warmup_steps``). Returns
+        ``{"drophead_encoder": r, "drophead_decoder": r}`` for the stacks that use DropHead."""
+        rates = {}
+        for name, stack, peak in (
+            ("encoder", self.encoder, self.config.encoder.drophead),
+            ("decoder", self.decoder, self.config.decoder.drophead),
+        ):
+            if peak == 0.0:
+                continue
+            rate = scheduled_rate(peak, self.config.drophead_schedule, step, total_steps, warmup_steps)
+            for module in stack.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.drophead = rate
+            rates[f"drophead_{name}"] = rate
+        return rates
+
+    def layer_stacks(self) -> dict[str, LayerStack]:
+        return {
+            "encoder": LayerStack(len(self.encoder.layers), self.config.encoder.layerdrop),
+            "decoder": LayerStack(len(self.decoder.layers), self.config.decoder.layerdrop),
+        }
+
+    def keep_layers(self, keep: dict[str, list[int]]) -> None:
+        """Keep only the layers ``keep["encoder"]`` / ``keep["decoder"]`` (increasing indices) of those stacks.
+
+        The kept layers are the very modules (weights shared, not copied); ``self.config``
+        is replaced by one whose ``num_layers`` describe the pruned model.
+        """
+        config = self.config
+        for name, indices in keep.items():
+            if name not in ("encoder", "decoder"):
+                raise ValueError(f"the Transformer has no layer stack {name!r} (it has 'encoder' and 'decoder')")
+            stack = self.encoder if name == "encoder" else self.decoder
+            count = len(stack.layers)
+            indices = list(indices)
+            if not indices or indices != sorted(set(indices)) or indices[0] < 0 or indices[-1] >= count:
+                raise ValueError(f"{name} layers to keep must be increasing indices in 0..{count - 1}, got {indices}")
+            stack.layers = nn.ModuleList(stack.layers[i] for i in indices)
+            stack_config = dataclasses.replace(getattr(config, name), num_layers=len(indices))
+            config = dataclasses.replace(config, **{name: stack_config})
+        self.config = config
+
     def encode(self, features: Tensor, feature_lengths: Tensor) -> EncoderOutput:
         """features (B, T, F), feature_lengths (B,) -> EncoderOutput with T' = T/4 frames."""
         out, mask, lengths = self.encoder(features, feature_lengths)
@@ -559,6 +637,10 @@ class Transformer(nn.Module):
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:
         logits, state = self.decoder.step(tokens, state, encoder.mask)
         return F.log_softmax(logits, dim=-1), state
+
+    def decoder_attention(self, state: dict[str, list[Tensor]]) -> None:
+        """None: the cross-attention of the decoder's layers and heads is not reduced to one alignment."""
+        return None
 
     def reorder_decoder_state(self, state: dict[str, list[Tensor]], index: Tensor) -> dict[str, list[Tensor]]:
         return reorder_nested(state, index)

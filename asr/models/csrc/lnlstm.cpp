@@ -10,14 +10,17 @@
 // * Each direction runs in its own thread (at::parallel_for over directions;
 //   BLAS calls inside run single-threaded, as nested OpenMP regions do), so
 //   two directions use two cores without any per-step synchronisation.
-// * W_x x_t does not depend on the recurrence: it is one GEMM per chunk of
-//   time steps (chunk * B rows, large enough to run at full GEMM speed),
+// * W_x x_t does not depend on the recurrence: it is one product per chunk of
+//   time steps (chunk * B rows, large enough to run at full speed),
 //   computed by the direction's thread just before the chunk is needed, so the
 //   input projections of a whole sequence are never all materialised when
 //   nothing is saved for backward.
-// * Per time step: one small GEMM (W_h h_{t-1} for the batch), then one pass
-//   over each row fusing LN_x, LN_h, the gates, the cell, LN_c and the output,
-//   with a vectorisable exp.
+// * Per time step: one small product (W_h h_{t-1} for the batch), then a
+//   pass over each row fusing LN_x, LN_h, the gates, the cell, LN_c and the
+//   output, in loops the compiler vectorises (a branch-free exp).
+// * The products with W_h and W_x run in this file's register-blocked kernel
+//   on weights packed once per call (PackedMatrix), not in BLAS, which repacks
+//   the weights on every call; BLAS computes only the weight gradients.
 // * The backward pass is hand-written from saved normalised values and inverse
 //   standard deviations; dW_h, dW_x and dx come from one GEMM per chunk.
 //
@@ -37,10 +40,15 @@
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 // The BLAS inside libtorch (MKL on x86 wheels) exports the Fortran GEMMs. They
@@ -107,6 +115,98 @@ void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const double* a, in
   dgemm_(&ta, &tb, &im, &in, &ik, &alpha, a, &ilda, b, &ildb, &beta, c, &ildc);
 }
 
+// ---- products with a weight matrix: packed once, register-blocked -------
+// The per-step products (W_h h_{t-1} forward, dG W_h backward) have only B
+// rows. A BLAS call repacks its weight operand on every call, and MKL runs its
+// AVX2 code on AMD CPUs (docs/performance.md has the profile). The weights do
+// not change during a layer call, so each direction packs them once, in
+// panels of kPanelVectors vectors of columns, and a small kernel keeps a block
+// of rows x one panel of outputs in registers while it walks the inner
+// dimension: each weight vector loaded feeds a whole block of rows. The same
+// kernel computes the input projections and dx, where it matches the BLAS.
+// The vector width is that of the ISA the module is compiled for
+// (-march=native where the compiler has it).
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+constexpr int kRowBlock = 8;  // 16 accumulators of 32 vector registers
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+constexpr int kRowBlock = 6;  // 12 accumulators, 2 weight vectors, 1 broadcast: of 16 registers
+#else  // SSE2 or NEON; on x86 without AVX (and FMA) slower than the BLAS
+constexpr int kVectorBytes = 16;
+constexpr int kRowBlock = 6;
+#endif
+constexpr int kPanelVectors = 2;
+
+// out (M x N, row stride ldo) = a (M x K, row stride lda) W, with W (K x N)
+// read through strides when packed: W(k, n) = w[k * k_stride + n * n_stride].
+template <typename T>
+class PackedMatrix {
+ public:
+  typedef T Vec __attribute__((vector_size(kVectorBytes)));
+  static constexpr int64_t kLanes = kVectorBytes / sizeof(T);
+  static constexpr int64_t kPanel = kPanelVectors * kLanes;  // columns per panel
+
+  PackedMatrix(const T* w, int64_t K, int64_t N, int64_t k_stride, int64_t n_stride)
+      : K_(K), N_(N), panels_((N + kPanel - 1) / kPanel), data_(panels_ * K * kPanel) {
+    // Layout [panel][k][column in panel]; columns past N are zero.
+    for (int64_t p = 0; p < panels_; ++p)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < kPanel; ++c) {
+          const int64_t n = p * kPanel + c;
+          data_[(p * K + k) * kPanel + c] = n < N ? w[k * k_stride + n * n_stride] : T(0);
+        }
+  }
+
+  void multiply(const T* a, int64_t lda, int64_t M, T* out, int64_t ldo) const {
+    for (int64_t p = 0; p < panels_; ++p) {
+      const T* panel = data_.data() + p * K_ * kPanel;
+      const int64_t n0 = p * kPanel, cols = std::min(kPanel, N_ - n0);
+      int64_t m = 0;
+      for (; m + kRowBlock <= M; m += kRowBlock) block<kRowBlock>(a + m * lda, lda, panel, out + m * ldo + n0, ldo, cols);
+      if (m < M) remainder<kRowBlock - 1>(M - m, a + m * lda, lda, panel, out + m * ldo + n0, ldo, cols);
+    }
+  }
+
+ private:
+  template <int R>
+  void block(const T* __restrict__ a, int64_t lda, const T* __restrict__ panel, T* __restrict__ out, int64_t ldo,
+             int64_t cols) const {
+    Vec acc[R][kPanelVectors];
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < kPanelVectors; ++v) acc[r][v] = Vec{};
+    for (int64_t k = 0; k < K_; ++k) {
+      Vec w[kPanelVectors];
+      for (int v = 0; v < kPanelVectors; ++v) std::memcpy(&w[v], panel + k * kPanel + v * kLanes, sizeof(Vec));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const T ark = a[r * lda + k];
+#pragma GCC unroll 4
+        for (int v = 0; v < kPanelVectors; ++v) acc[r][v] += ark * w[v];
+      }
+    }
+    // Through a fixed-size copy: a copy of variable size from acc would make
+    // the compiler keep the accumulators in memory instead of registers.
+    for (int r = 0; r < R; ++r) {
+      T row[kPanel];
+      std::memcpy(row, acc[r], sizeof(row));
+      std::memcpy(out + r * ldo, row, cols * sizeof(T));
+    }
+  }
+
+  // The last rows (fewer than a block): one instantiation per count.
+  template <int R>
+  void remainder(int64_t rows, const T* a, int64_t lda, const T* panel, T* out, int64_t ldo, int64_t cols) const {
+    if constexpr (R > 1) {
+      if (rows < R) return remainder<R - 1>(rows, a, lda, panel, out, ldo, cols);
+    }
+    block<R>(a, lda, panel, out, ldo, cols);
+  }
+
+  int64_t K_, N_, panels_;
+  std::vector<T> data_;
+};
+
 // ---- elementwise math ----------------------------------------------------
 // float: a branch-free exp (Cephes polynomial, ~1 ulp) that the compiler can
 // vectorise, since libm calls would keep the row loops scalar. double: libm,
@@ -145,7 +245,9 @@ inline float tanh_(float x) {
 }
 inline double tanh_(double x) { return std::tanh(x); }
 
-constexpr int kLanes = 16;  // independent partial sums so reductions vectorise
+// Independent partial sums, so reductions vectorise, in several vector
+// registers, so the adds do not wait for each other.
+constexpr int kLanes = 64;
 
 template <typename T>
 inline T sum(const T* x, int64_t n) {
@@ -252,11 +354,70 @@ void gather_frames(const Layer<T>& p, int64_t d, int64_t s0, int64_t k, T* xc) {
     }
 }
 
+// The forward row kernels: one row (batch element) of one step. They take
+// __restrict__ pointers: without them the compiler cannot prove the arrays
+// distinct and leaves the loops scalar.
+
+// pre = LN_x(gx) + LN_h(gh) + bsum (bsum: b and both LN biases), from the
+// rows' means and inverse standard deviations; LN_h's x_hat into xh.
+template <typename T>
+inline void gates_ln(int64_t G, const T* __restrict__ gx, const T* __restrict__ gh, T mx, T rx, T mh, T rh,
+                     const T* __restrict__ gxg, const T* __restrict__ ghg, const T* __restrict__ bsum,
+                     T* __restrict__ xh, T* __restrict__ pre) {
+  for (int64_t k = 0; k < G; ++k) {
+    xh[k] = (gh[k] - mh) * rh;
+    pre[k] = (gx[k] - mx) * rx * gxg[k] + xh[k] * ghg[k] + bsum[k];
+  }
+}
+
+template <typename T>
+inline void gates_plain(int64_t G, const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ bsum,
+                        T* __restrict__ pre) {
+  for (int64_t k = 0; k < G; ++k) pre[k] = gx[k] + gh[k] + bsum[k];
+}
+
+// act = sigmoid(i), tanh(j), sigmoid(f + forget_bias), sigmoid(o).
+template <typename T>
+inline void activations(int64_t H, const T* __restrict__ pre, T forget_bias, T* __restrict__ act) {
+  for (int64_t k = 0; k < H; ++k) act[k] = sigmoid(pre[k]);
+  for (int64_t k = H; k < 2 * H; ++k) act[k] = tanh_(pre[k]);
+  for (int64_t k = 2 * H; k < 3 * H; ++k) act[k] = sigmoid(pre[k] + forget_bias);
+  for (int64_t k = 3 * H; k < 4 * H; ++k) act[k] = sigmoid(pre[k]);
+}
+
+// c = c_prev * sigmoid(f) + sigmoid(i) * tanh(j); h = y = tanh(LN_c(c)) * sigmoid(o).
+// LN_c's x_hat into xc; returns its inverse standard deviation.
+template <typename T>
+inline T cell_and_output_ln(int64_t H, const T* __restrict__ act, const T* __restrict__ c_prev,
+                            const T* __restrict__ gcg, const T* __restrict__ gcb, T eps, T* __restrict__ c,
+                            T* __restrict__ xc, T* __restrict__ h, T* __restrict__ y) {
+  for (int64_t k = 0; k < H; ++k) c[k] = c_prev[k] * act[2 * H + k] + act[k] * act[H + k];
+  T mc, rc;
+  moments(c, H, eps, mc, rc);
+  for (int64_t k = 0; k < H; ++k) {
+    xc[k] = (c[k] - mc) * rc;
+    h[k] = tanh_(xc[k] * gcg[k] + gcb[k]) * act[3 * H + k];
+    y[k] = h[k];
+  }
+  return rc;
+}
+
+template <typename T>
+inline void cell_and_output_plain(int64_t H, const T* __restrict__ act, const T* __restrict__ c_prev,
+                                  T* __restrict__ c, T* __restrict__ h, T* __restrict__ y) {
+  for (int64_t k = 0; k < H; ++k) {
+    c[k] = c_prev[k] * act[2 * H + k] + act[k] * act[H + k];
+    h[k] = tanh_(c[k]) * act[3 * H + k];
+    y[k] = h[k];
+  }
+}
+
 template <typename T>
 void forward_direction(const Layer<T>& p, int64_t d) {
   const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
-  const T* Wx = p.w_x + d * G * I;
-  const T* Wh = p.w_h + d * G * H;
+  // gx = x W_x^T and gates_h = h W_h^T: W(k, n) = w[n][k].
+  const PackedMatrix<T> Wx_t(p.w_x + d * G * I, I, G, 1, I);
+  const PackedMatrix<T> Wh_t(p.w_h + d * G * H, H, G, 1, H);
   std::vector<T> bsum(G);
   for (int64_t k = 0; k < G; ++k)
     bsum[k] = p.bias[d * G + k] + (p.layer_norm ? p.lxb[d * G + k] + p.lhb[d * G + k] : T(0));
@@ -265,7 +426,9 @@ void forward_direction(const Layer<T>& p, int64_t d) {
   const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
   const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
 
-  std::vector<T> gates_h(B * G), pre(G), act_row(G), xc_row(H), tc_row(H);
+  // Per-row scratch where nothing is saved.
+  std::vector<T> gates_h(B * G), pre(G), act_row(G), xh_row(G), xc_row(H);
+  T stats_row[4];
   std::vector<T> x_chunk(p.chunk * B * I);
   std::vector<T> gx_chunk(p.save ? 0 : p.chunk * B * G);  // saved runs write into p.gx
   // Saved runs write every state into states_h/c[s]; inference ping-pongs
@@ -283,17 +446,17 @@ void forward_direction(const Layer<T>& p, int64_t d) {
 
   for (int64_t s = 0; s < S; ++s) {
     if (s % p.chunk == 0) {
-      // gx (k*B x 4H, row-major) = x_chunk (k*B x I) W_x^T, written column-major.
+      // gx (k*B x 4H) = x_chunk (k*B x I) W_x^T.
       chunk_start = s;
       const int64_t k = std::min(p.chunk, S - s);
       gather_frames(p, d, s, k, x_chunk.data());
       gx = p.save ? p.gx + (d * S + s) * B * G : gx_chunk.data();
-      gemm('t', 'n', G, k * B, I, Wx, I, x_chunk.data(), I, false, gx, G);
+      Wx_t.multiply(x_chunk.data(), I, k * B, gx, G);
     }
     T* h_next = slot(h_base, s + 1);
     T* c_next = slot(c_base, s + 1);
-    // gates_h (B x 4H, row-major) = h_prev (B x H) W_h^T.
-    gemm('t', 'n', G, B, H, Wh, H, h_prev, H, false, gates_h.data(), G);
+    // gates_h (B x 4H) = h_prev (B x H) W_h^T.
+    Wh_t.multiply(h_prev, H, B, gates_h.data(), G);
     for (int64_t b = 0; b < B; ++b) {
       T* hn = h_next + b * H;
       T* cn = c_next + b * H;
@@ -306,51 +469,24 @@ void forward_direction(const Layer<T>& p, int64_t d) {
       }
       const int64_t t = p.frame(d, s, b);
       const T* xr = gx + ((s - chunk_start) * B + b) * G;
-      T* gh = gates_h.data() + b * G;
+      const T* gh = gates_h.data() + b * G;
       const int64_t saved = (d * S + s) * B + b;
       T* act = p.save ? p.act + saved * G : act_row.data();
       T* xc = p.save ? p.xhat_c + saved * H : xc_row.data();
-      T* tc = tc_row.data();
-      T* a = pre.data();
-      if (p.layer_norm) {
-        T mx, rx, mh, rh;
-        moments(xr, G, p.eps, mx, rx);
-        moments(gh, G, p.eps, mh, rh);
-        T* xh = p.save ? p.xhat_h + saved * G : gh;
-        for (int64_t k = 0; k < G; ++k) {
-          const T xhk = (gh[k] - mh) * rh;
-          xh[k] = xhk;
-          a[k] = (xr[k] - mx) * rx * gxg[k] + xhk * ghg[k] + bsum[k];
-        }
-        if (p.save) {
-          T* st = p.stats + saved * 4;
-          st[0] = mx;
-          st[1] = rx;
-          st[2] = rh;
-        }
-      } else {
-        for (int64_t k = 0; k < G; ++k) a[k] = xr[k] + gh[k] + bsum[k];
-      }
-      for (int64_t k = 0; k < H; ++k) act[k] = sigmoid(a[k]);
-      for (int64_t k = H; k < 2 * H; ++k) act[k] = tanh_(a[k]);
-      for (int64_t k = 2 * H; k < 3 * H; ++k) act[k] = sigmoid(a[k] + p.forget_bias);
-      for (int64_t k = 3 * H; k < G; ++k) act[k] = sigmoid(a[k]);
-      for (int64_t k = 0; k < H; ++k) cn[k] = cp[k] * act[2 * H + k] + act[k] * act[H + k];
-      if (p.layer_norm) {
-        T mc, rc;
-        moments(cn, H, p.eps, mc, rc);
-        for (int64_t k = 0; k < H; ++k) {
-          xc[k] = (cn[k] - mc) * rc;
-          tc[k] = tanh_(xc[k] * gcg[k] + gcb[k]);
-        }
-        if (p.save) p.stats[saved * 4 + 3] = rc;
-      } else {
-        for (int64_t k = 0; k < H; ++k) tc[k] = tanh_(cn[k]);
-      }
       T* yr = p.y + (b * p.Tn + t) * D * H + d * H;
-      for (int64_t k = 0; k < H; ++k) {
-        hn[k] = tc[k] * act[3 * H + k];
-        yr[k] = hn[k];
+      if (p.layer_norm) {
+        T* st = p.save ? p.stats + saved * 4 : stats_row;
+        T* xh = p.save ? p.xhat_h + saved * G : xh_row.data();
+        moments(xr, G, p.eps, st[0], st[1]);
+        T mh;
+        moments(gh, G, p.eps, mh, st[2]);
+        gates_ln(G, xr, gh, st[0], st[1], mh, st[2], gxg, ghg, bsum.data(), xh, pre.data());
+        activations(H, pre.data(), p.forget_bias, act);
+        st[3] = cell_and_output_ln(H, act, cp, gcg, gcb, p.eps, cn, xc, hn, yr);
+      } else {
+        gates_plain(G, xr, gh, bsum.data(), pre.data());
+        activations(H, pre.data(), p.forget_bias, act);
+        cell_and_output_plain(H, act, cp, cn, hn, yr);
       }
     }
     h_prev = h_next;
@@ -441,8 +577,9 @@ inline void affine_ln_backward(int64_t n, const T* __restrict__ xh, T rstd, cons
 template <typename T>
 void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
   const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
-  const T* Wx = p.w_x + d * G * I;
-  const T* Wh = p.w_h + d * G * H;
+  // dh_{t-1} = dG_h W_h and dx = dG_x W_x, both weights read as stored (4H x H), (4H x I).
+  const PackedMatrix<T> Wh(p.w_h + d * G * H, G, H, H, 1);
+  const PackedMatrix<T> Wx(p.w_x + d * G * I, G, I, I, 1);
   const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
   const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
   const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
@@ -506,11 +643,11 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
         std::copy(dgates.begin(), dgates.end(), dGhb);
       }
     }
-    // dh_{t-1} (B x H) = dGh (B x 4H) W_h (4H x H), column-major.
+    // dh_{t-1} (B x H) = dGh (B x 4H) W_h (4H x H).
     if (all_active) {
-      gemm('n', 'n', H, B, G, Wh, H, dGh, G, false, dh.data(), H);
+      Wh.multiply(dGh, G, B, dh.data(), H);
     } else {
-      gemm('n', 'n', H, B, G, Wh, H, dGh, G, false, dh_prev.data(), H);
+      Wh.multiply(dGh, G, B, dh_prev.data(), H);
       for (int64_t b = 0; b < B; ++b)
         if (p.active(s, b)) std::copy(dh_prev.begin() + b * H, dh_prev.begin() + (b + 1) * H, dh.begin() + b * H);
     }
@@ -523,7 +660,7 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
       gather_frames(p, d, chunk_start, rows / B, x_chunk.data());
       gemm('n', 't', I, G, rows, x_chunk.data(), I, dGx_chunk.data(), G, true, dw_x, I);
       if (dx) {
-        gemm('n', 'n', I, rows, G, Wx, I, dGx_chunk.data(), G, false, dx_chunk.data(), I);
+        Wx.multiply(dGx_chunk.data(), G, rows, dx_chunk.data(), I);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t sr = chunk_start + r / B, b = r % B;
           if (!p.active(sr, b)) continue;
@@ -557,6 +694,98 @@ void for_each_direction(int64_t D, const F& fn) {
   at::parallel_for(0, D, 1, [&](int64_t begin, int64_t end) {
     for (int64_t d = begin; d < end; ++d) fn(d);
   });
+}
+
+// ---- memory for the tensors saved for backward --------------------------
+// Training saves some 150 MB per layer and step (at the benchmark's sizes) and
+// frees it after backward. Fresh memory every step costs page faults and
+// zeroing, and in a virtual machine at times the host's faults as well
+// (docs/performance.md has the system times measured). So freed
+// buffers are kept for the next step: a later forward takes the smallest
+// cached buffer that fits (up to twice its size). The cache never makes the
+// process hold more than the most this operator had in use at once: buffers
+// in use plus cached stay under that peak, the smallest cached going first.
+// New buffers are 2 MB-aligned with transparent huge pages requested (fewer
+// faults where the kernel grants them on request, Debian's default).
+class SavedMemory {
+ public:
+  static SavedMemory& instance() {
+    static SavedMemory* memory = new SavedMemory();  // never destroyed: tensors may outlive statics
+    return *memory;
+  }
+
+  // A buffer of at least `bytes` (a multiple of kHugePage) and its length, or
+  // {nullptr, 0} where the system refuses.
+  std::pair<void*, size_t> take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto fit = cached_.lower_bound(bytes);
+    if (fit != cached_.end() && fit->first <= 2 * bytes) {
+      const auto [length, buffer] = *fit;
+      cached_.erase(fit);
+      cached_bytes_ -= length;
+      used_bytes_ += length;
+      return {buffer, length};
+    }
+    void* buffer = map(bytes);
+    if (buffer == nullptr) return {nullptr, 0};
+    used_bytes_ += bytes;
+    peak_bytes_ = std::max(peak_bytes_, used_bytes_);
+    evict();
+    return {buffer, bytes};
+  }
+
+  void give(void* buffer, size_t length) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    used_bytes_ -= length;
+    cached_.emplace(length, buffer);
+    cached_bytes_ += length;
+    evict();
+  }
+
+  static constexpr size_t kHugePage = size_t(2) << 20;
+
+ private:
+  // Smallest first: sizes grow with the longest utterance of a batch.
+  void evict() {
+    while (!cached_.empty() && used_bytes_ + cached_bytes_ > peak_bytes_) {
+      auto smallest = cached_.begin();
+      munmap(smallest->second, smallest->first);
+      cached_bytes_ -= smallest->first;
+      cached_.erase(smallest);
+    }
+  }
+
+  // A mapping of `length` bytes starting at a 2 MB boundary.
+  static void* map(size_t length) {
+    const size_t padded = length + kHugePage;
+    void* base = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return nullptr;
+    const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
+    const size_t head = start - reinterpret_cast<uintptr_t>(base);
+    if (head > 0) munmap(base, head);
+    if (padded - head > length) munmap(reinterpret_cast<char*>(start) + length, padded - head - length);
+    void* buffer = reinterpret_cast<void*>(start);
+#ifdef MADV_HUGEPAGE
+    madvise(buffer, length, MADV_HUGEPAGE);  // a refusal only costs speed
+#endif
+    return buffer;
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> cached_;  // length -> buffer
+  size_t cached_bytes_ = 0, used_bytes_ = 0, peak_bytes_ = 0;
+};
+
+at::Tensor empty_saved(at::IntArrayRef sizes, const at::TensorOptions& opts) {
+  constexpr size_t kHugePage = SavedMemory::kHugePage;
+  int64_t numel = 1;
+  for (int64_t size : sizes) numel *= size;
+  const size_t bytes = static_cast<size_t>(numel) * opts.dtype().itemsize();
+  if (bytes < 4 * kHugePage) return at::empty(sizes, opts);  // small: the allocator does well
+  const auto [buffer, length] = SavedMemory::instance().take((bytes + kHugePage - 1) / kHugePage * kHugePage);
+  if (buffer == nullptr) return at::empty(sizes, opts);
+  return at::from_blob(buffer, sizes, [length = length](void* data) { SavedMemory::instance().give(data, length); },
+                       opts);
 }
 
 void check_input(const at::Tensor& t, const char* name, at::ScalarType dtype) {
@@ -607,9 +836,10 @@ Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor
     max_len = std::max(max_len, p.len[b]);
   }
   p.S = max_len;
-  // About 512 rows per input-projection GEMM: enough for full GEMM speed,
-  // small enough to stay in cache.
-  p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (512 + p.B - 1) / std::max<int64_t>(p.B, 1)));
+  // About 128 rows per input projection: the packed kernel needs only a few
+  // blocks of rows for full speed, and the chunk's projections then stay in
+  // the core's L2 cache until the steps read them (512 rows were slower).
+  p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (128 + p.B - 1) / std::max<int64_t>(p.B, 1)));
   p.layer_norm = layer_norm;
   p.forget_bias = static_cast<T>(forget_bias);
   p.eps = static_cast<T>(eps);
@@ -664,18 +894,18 @@ std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_
     at::Tensor h_n = at::empty({D, B, H}, opts), c_n = at::empty({D, B, H}, opts);
     at::Tensor gx, states_h, states_c, act, xhat_h, stats, xhat_c;
     if (save) {
-      gx = at::empty({D, S, B, 4 * H}, opts);
-      states_h = at::empty({D, S + 1, B, H}, opts);
-      states_c = at::empty({D, S + 1, B, H}, opts);
-      act = at::empty({D, S, B, 4 * H}, opts);
+      gx = empty_saved({D, S, B, 4 * H}, opts);
+      states_h = empty_saved({D, S + 1, B, H}, opts);
+      states_c = empty_saved({D, S + 1, B, H}, opts);
+      act = empty_saved({D, S, B, 4 * H}, opts);
       p.gx = gx.mutable_data_ptr<T>();
       p.states_h = states_h.mutable_data_ptr<T>();
       p.states_c = states_c.mutable_data_ptr<T>();
       p.act = act.mutable_data_ptr<T>();
       if (layer_norm) {
-        xhat_h = at::empty({D, S, B, 4 * H}, opts);
-        stats = at::empty({D, S, B, 4}, opts);
-        xhat_c = at::empty({D, S, B, H}, opts);
+        xhat_h = empty_saved({D, S, B, 4 * H}, opts);
+        stats = empty_saved({D, S, B, 4}, opts);
+        xhat_c = empty_saved({D, S, B, H}, opts);
         p.xhat_h = xhat_h.mutable_data_ptr<T>();
         p.stats = stats.mutable_data_ptr<T>();
         p.xhat_c = xhat_c.mutable_data_ptr<T>();

@@ -1,4 +1,4 @@
-"""Unsupervised speaker adaptation (asr/adapt.py) on real FSDD speech with a tiny LAS."""
+"""Unsupervised speaker adaptation (asr/inference/adaptation.py) on real FSDD speech with a tiny LAS."""
 
 import copy
 import dataclasses
@@ -6,20 +6,30 @@ import dataclasses
 import pytest
 import torch
 
-import asr.adapt
-from asr.adapt import AdaptationSettings, adapt_and_transcribe, adapted_parameters, fine_tune
+import asr.inference.adaptation as adaptation
 from asr.data.batching import collate
 from asr.data.dataset import SpeechDataset
 from asr.data.fsdd import build_connected_digits, read_fsdd
 from asr.data.tokenizer import CharTokenizer
-from asr.experiment import ExperimentConfig, build_model
-from asr.inference import Recogniser
+from asr.experiment import ExperimentConfig
+from asr.inference import PlainDecoding, Recogniser, SelfTraining, Transcription, VTLNSearch, transcribe_speakers
+from asr.inference.adaptation import AdaptationSettings, adapted_parameters, fine_tune
+from asr.models.registry import build_model
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
 from asr.models.speller import SpellerConfig
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.pipeline import FeaturePipeline
+
+
+pytestmark = pytest.mark.slow  # fine-tuning is training
+
+
+def adapt(recogniser, utterances, settings, warps=None):
+    """Self-training per speaker, after VTLN over ``warps`` when given."""
+    first = VTLNSearch(tuple(warps)) if warps else PlainDecoding()
+    return transcribe_speakers(recogniser, utterances, SelfTraining(settings, first))
 
 
 @pytest.fixture(scope="module")
@@ -121,43 +131,44 @@ def test_adaptation_is_per_speaker_and_leaves_the_recogniser_unchanged(utterance
     weights = copy.deepcopy(rec.model.state_dict())
     settings = AdaptationSettings(rounds=2, epochs=2, lr=3e-3)
     warps = [0.9, 1.0, 1.1]
-    result = adapt_and_transcribe(rec, utterances, settings, warps=warps)
-    assert len(result.texts_per_round) == 3 and result.texts == result.texts_per_round[-1]
-    assert result.untranscribed < 6  # some transcripts were targets
+    result = adapt(rec, utterances, settings, warps)
+    assert len(result.rounds) == 3 and result.texts == result.rounds[-1]
+    assert result.counts["untranscribed"] < 6  # some transcripts were targets
     # Round 0 is decoding with test-time VTLN, each speaker at the warp it chose.
-    assert result.texts_per_round[0] == rec.transcribe_utterances(utterances, warps=warps)
-    assert result.warps == rec.chosen_warps and set(result.warps) == {"george", "jackson"}
+    vtln = transcribe_speakers(rec, utterances, VTLNSearch(tuple(warps)))
+    assert result.rounds[0] == vtln.texts
+    assert result.warps == vtln.warps and set(result.warps) == {"george", "jackson"}
     for name, tensor in rec.model.state_dict().items():
         assert torch.equal(tensor, weights[name]), name
     # Fine-tuning changed the models: some transcript differs after the rounds.
-    assert result.texts_per_round[2] != result.texts_per_round[0]
+    assert result.rounds[2] != result.rounds[0]
     # One speaker's adaptation does not depend on the other speaker's utterances.
-    alone = adapt_and_transcribe(rec, utterances[3:], settings, warps=warps)
-    assert alone.texts_per_round == [texts[3:] for texts in result.texts_per_round]
+    alone = adapt(rec, utterances[3:], settings, warps)
+    assert alone.rounds == [texts[3:] for texts in result.rounds]
 
 
 def test_empty_transcripts_are_left_out_and_counted(utterances, monkeypatch):
     rec = recogniser(utterances)
-    decode = Recogniser.transcribe_utterances
+    decode = Recogniser.transcribe
 
-    def first_is_empty(self, utts, **options):
-        decode(self, utts, **options)
-        return ["" if u is utterances[0] else u.text for u in utts]
+    def first_is_empty(self, utts, *args, **options):
+        decode(self, utts, *args, **options)
+        return Transcription(["" if u is utterances[0] else u.text for u in utts])
 
-    monkeypatch.setattr(Recogniser, "transcribe_utterances", first_is_empty)
-    result = adapt_and_transcribe(rec, utterances, AdaptationSettings(rounds=2, epochs=1))
-    assert result.untranscribed == 2  # once per round
-    assert result.warps == {"george": 1.0, "jackson": 1.0}  # no VTLN: no warp
+    monkeypatch.setattr(Recogniser, "transcribe", first_is_empty)
+    result = adapt(rec, utterances, AdaptationSettings(rounds=2, epochs=1))
+    assert result.counts["untranscribed"] == 2  # once per round
+    assert result.warps == {"george": 1.0, "jackson": 1.0}  # no VTLN: adapted and decoded at no warp
 
 
 @pytest.mark.parametrize("ctc_agreement", [True, False])
 def test_targets_are_the_transcripts_the_ctc_best_path_agrees_with(utterances, monkeypatch, ctc_agreement):
     rec = recogniser(utterances)
     # The decoder writes the references; the CTC head agrees on every other utterance.
-    monkeypatch.setattr(Recogniser, "transcribe_utterances", lambda self, utts, **options: [u.text for u in utts])
+    monkeypatch.setattr(Recogniser, "transcribe", lambda self, utts, *args, **options: Transcription([u.text for u in utts]))
     monkeypatch.setattr(
-        Recogniser, "ctc_transcribe_utterances",
-        lambda self, utts, batch_size, warp: [u.text if u.id[-1] in "02468" else "ONE" for u in utts],
+        Recogniser, "ctc_best_paths",
+        lambda self, utts, warp, batch_size: [u.text if u.id[-1] in "02468" else "ONE" for u in utts],
     )
     trained_on = []
 
@@ -165,15 +176,15 @@ def test_targets_are_the_transcripts_the_ctc_best_path_agrees_with(utterances, m
         trained_on.append([t.id for t in targets])
         return 0
 
-    monkeypatch.setattr(asr.adapt, "fine_tune", record)
+    monkeypatch.setattr(adaptation, "fine_tune", record)
     settings = AdaptationSettings(rounds=2, epochs=1, ctc_agreement=ctc_agreement)
-    result = adapt_and_transcribe(rec, utterances, settings)
+    result = adapt(rec, utterances, settings)
     agreed = [[u.id for u in utterances[:3] if u.id[-1] in "02468"], [u.id for u in utterances[3:] if u.id[-1] in "02468"]]
     everything = [[u.id for u in utterances[:3]], [u.id for u in utterances[3:]]]
     expected = agreed if ctc_agreement else everything
     # One model, two rounds per speaker, george first.
     assert trained_on == [expected[0], expected[0], expected[1], expected[1]]
-    assert result.disagreed == (2 * 2 if ctc_agreement else 0)  # one of three per speaker, per round
+    assert result.counts["disagreed"] == (2 * 2 if ctc_agreement else 0)  # one of three per speaker, per round
 
 
 @pytest.mark.parametrize("bad", [dict(rounds=0), dict(epochs=0), dict(lr=0.0), dict(parameters="weights")])

@@ -1,0 +1,46 @@
+"""Checkpoint tools: ``convert`` rewrites a checkpoint of an older lnasr version in today's safe format.
+
+    python -m asr.checkpoint convert --trust-this-file old/last.pt new/last.pt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from asr.checkpoint import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m asr.checkpoint",
+        description="Checkpoint tools. 'convert' rewrites a checkpoint of an older lnasr version "
+        "(a last.pt with numpy RNG state) into today's format, which loads without running code.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("convert", help="rewrite an older checkpoint in today's safe format")
+    convert.add_argument("source", type=Path, help="the older checkpoint")
+    convert.add_argument("target", type=Path, help="where to write the converted one (may be the same path)")
+    convert.add_argument(
+        "--trust-this-file",
+        action="store_true",
+        help="required: reading the old format can run code inside the file, so convert only files you trust",
+    )
+    args = parser.parse_args(argv)
+    if not args.trust_this_file:
+        parser.error(
+            f"converting {args.source} unpickles it in full, which runs any code inside it; "
+            "pass --trust-this-file if (and only if) you trust where the file comes from"
+        )
+    try:
+        convert_checkpoint(args.source, args.target, trust_source=True)
+        load_checkpoint(args.target)  # the result must pass the safe reader
+    except CheckpointError as err:
+        parser.error(str(err))
+    print(f"converted {args.source} into {args.target} (checkpoint format {FORMAT_VERSION})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Draw the learning curves of several runs over each other, and tabulate them.
+
+    python -m asr.compare exp/las_ln exp/las_noln --tag valid/loss --out ln_vs_noln.png
+    python -m asr.compare exp/pre exp/post --tag valid/wer --tag train/loss --labels pre-norm post-norm
+
+Reads the TensorBoard event files the trainer writes (every
+``events.out.tfevents.*`` under each experiment folder, at any depth), plots
+one line per run for each ``--tag`` (one panel per tag) into ``--out`` and
+prints a markdown table of each run's final and best value, which is also
+written next to the image (``FILE.md``).
+
+The trainer logs ``train/*`` tags per optimizer step and ``valid/*`` tags per
+epoch, which is what the x axis says. A run that was resumed logs some steps
+twice; for each step the value written last counts, so the curve is the one
+the resumed run actually followed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from asr.curves import CompareError, load_curves, markdown_table, plot
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asr.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("exp_dirs", nargs="+", type=Path, metavar="EXP_DIR", help="experiment folders to compare")
+    parser.add_argument(
+        "--tag", action="append", dest="tags", metavar="TAG",
+        help="scalar tag to plot (repeat for several panels; default valid/loss)",
+    )
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE.png", help="image to write (default compare_<tag>.png)")
+    parser.add_argument("--labels", nargs="+", default=None, help="one legend label per EXP_DIR (default: folder names)")
+    parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1) for the plotted lines only (default 0)")
+    parser.add_argument("--zoom", action="store_true", help="fit the y axis to every curve's points after its first")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    tags = args.tags or ["valid/loss"]
+    if args.labels is not None and len(args.labels) != len(args.exp_dirs):
+        parser.error(f"--labels: got {len(args.labels)} labels for {len(args.exp_dirs)} experiment folders")
+    if not 0.0 <= args.smooth < 1.0:
+        parser.error(f"--smooth must be in [0, 1), got {args.smooth}")
+    labels = args.labels or _default_labels(args.exp_dirs)
+    out = args.out or Path("compare_" + "_".join(t.replace("/", "_") for t in tags) + ".png")
+    if out.suffix.lower() != ".png":
+        parser.error(f"--out must name a .png file, got {out}")
+    try:
+        curves = load_curves(args.exp_dirs, labels, tags)
+    except CompareError as err:
+        parser.error(str(err))
+    table = markdown_table(curves)
+    plot(curves, out, args.smooth, args.zoom)
+    table_path = out.with_suffix(".md")
+    table_path.write_text(table)
+    sys.stdout.write(table)
+    print(f"wrote {out} and {table_path}")
+    return 0
+
+
+def _default_labels(exp_dirs: list[Path]) -> list[str]:
+    names = [p.resolve().name for p in exp_dirs]
+    # Folder names are the natural labels unless two runs share one (exp/a/run1, exp/b/run1).
+    return names if len(set(names)) == len(names) else [str(p) for p in exp_dirs]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

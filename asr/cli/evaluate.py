@@ -1,0 +1,235 @@
+"""Evaluate a checkpoint on a LibriSpeech-layout folder or a split of its recipe: WER, CER and what went wrong.
+
+    python -m asr.evaluate --checkpoint exp/fsdd_las/last.pt --data ../shared/data/fsdd_connected/LibriSpeech/fsdd-dev
+    python -m asr.evaluate --checkpoint exp/librispeech100/best_epoch30.pt --data /data/LibriSpeech/test-clean --beam 10
+    python -m asr.evaluate --checkpoint exp/demo/last.pt --split test
+    python -m asr.evaluate --checkpoint exp/a/avg_last5.pt exp/b/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05
+    python -m asr.evaluate --checkpoint exp/a/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05 --adapt-rounds 2
+
+``--split dev`` or ``--split test`` reads that split as the recipe stored in
+the checkpoint defines it (its ``data.dev``/``data.test`` folders and any
+built sets: the demo corpus's held-out voices, a leave-one-speaker-out fold's
+held-out speaker), with relative paths taken from the working directory as in
+training.
+
+Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or split>``):
+``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
+``alignment.txt`` (per-utterance word alignment with substitutions, deletions
+and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
+"utterances": ...}`` plus the counts, timing and the settings, and
+``by_length``: WER and S/D/I per bin of reference length in words, one bin per
+length up to 10 words, else 1-5, 6-10, 11-20, 21-40, 41-80, 81+). Prints the
+WER line, the by-length table and the real-time factor: wall time of feature extraction plus search
+(and adaptation), divided by the audio duration.
+
+Several checkpoints are decoded as one ensemble (the mean of their
+next-token distributions; they must share tokenizer and features). The
+search and the test-time strategies (VTLN, speaker adaptation) are the shared
+options of :mod:`asr.cli.options`; with VTLN, ``wer.json`` gets the chosen
+warp and every candidate's mean score per speaker, and with adaptation the
+WER before adaptation and after every round.
+
+``wer.json`` also records the model's ``parameters``. With ``--prune-layers``
+(LayerDrop pruning, :mod:`asr.models.pruning`) each model is decoded with some
+of its layers; the layers kept and the parameters before and after are
+printed and recorded under ``pruning``.
+
+Scores use the text normalisation of :mod:`asr.metrics` on both sides.
+Every utterance in the folder is scored (no duration limit, unlike training).
+Utterances that cannot be used (missing audio, audio whose header or samples
+cannot be read, NaN samples, an empty transcript) are left out with a logged
+reason and counted in ``wer.json``: ``skipped`` (how many) and ``skips``
+(counts by reason, and each one's message naming the file), never dropped
+silently. One bad file never stops the evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.cli.options import add_decode_arguments, decode_settings
+from asr.config import ConfigError
+from asr.data import report as reasons
+from asr.data.corpus import load_split
+from asr.data.librispeech import read_subset
+from asr.data.report import DataError, SkipReport
+from asr.data.utterance import Utterance
+from asr.experiment import experiment_config_from_dict
+from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
+from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asr.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--checkpoint", required=True, nargs="+",
+        help="a checkpoint written by asr.train or asr.average; several are decoded as an ensemble",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data", help="a LibriSpeech-layout subset folder")
+    source.add_argument("--split", choices=["dev", "test"], help="a split of the recipe stored in the checkpoint")
+    add_decode_arguments(parser)
+    parser.add_argument(
+        "--out",
+        help="output folder (default: <first checkpoint's folder>/eval_<data folder name or split>, "
+        "eval_ensemble<N>_... for N checkpoints)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = decode_settings(args, parser)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    checkpoints = [Path(c) for c in args.checkpoint]
+    for path in checkpoints:  # cheap checks first, so a typo fails before the model is loaded
+        if not path.is_file():
+            parser.error(f"checkpoint not found: {path}")
+    out = Path(args.out) if args.out else default_out(checkpoints, args.data, args.split)
+    report = SkipReport()
+    utterances, where = read_utterances(parser, args, checkpoints[0], report)
+    try:
+        recogniser = load_recogniser(
+            checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device, prune=settings.prune_layers
+        )
+        settings.check_for(recogniser, str(checkpoints[0]))
+    except (CheckpointError, ValueError) as err:
+        parser.error(str(err))
+
+    # Decode in order of length (less padding; beam search ends sooner), report in id order.
+    by_length = sorted(utterances, key=lambda u: u.duration)
+    start = time.perf_counter()
+    result = transcribe_speakers(recogniser, by_length, settings.strategy(), settings.decoding, settings.batch_size)
+    elapsed = time.perf_counter() - start
+    for skip in result.skipped:
+        report.add(skip)
+    if result.skipped:
+        report.log(f"{where} (after decoding)")
+    scored = [(u, text) for u, text in zip(by_length, result.texts) if text is not None]
+    if not scored:
+        print(f"error: {where}: no utterance could be read\n{report.summary()}", file=sys.stderr)
+        return 2
+    summary = write_results(out, scored, result, report, elapsed)
+    summary.update(
+        settings=settings.to_dict(), beam=settings.decoding.beam_size, ctc_weight=settings.decoding.ctc_weight,
+        length_penalty=settings.decoding.length_penalty, data=where,
+        checkpoint=str(checkpoints[0]) if len(checkpoints) == 1 else [str(c) for c in checkpoints],
+        parameters=recogniser.parameters,
+    )
+    if recogniser.pruned:
+        summary["pruning"] = [{"checkpoint": str(c), **p.to_dict()} for c, p in zip(checkpoints, recogniser.pruned)]
+    summary.update(strategy_summary(result, settings, by_length, {u.id for u, _ in scored}))
+    (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_summary(summary, where, report, out)
+    for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
+        print(f"model {checkpoint} {pruned.describe()}")
+    return 0
+
+
+def default_out(checkpoints: list[Path], data: str | None, split: str | None) -> Path:
+    name = Path(data).name if data else split
+    if len(checkpoints) > 1:
+        name = f"ensemble{len(checkpoints)}_{name}"
+    return checkpoints[0].parent / f"eval_{name}"
+
+
+def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple[list[Utterance], str]:
+    """The utterances to score (with a transcript) and a description of where they come from."""
+    try:
+        if args.data:
+            where = args.data
+            utterances = read_subset(args.data, report)
+        else:
+            config = experiment_config_from_dict(load_checkpoint(checkpoint)["config"])
+            where = f"the {args.split} split of {checkpoint}"
+            utterances, _ = load_split(config.data, args.split, report)
+    except (DataError, CheckpointError, ConfigError) as err:
+        parser.error(str(err))
+    usable = []
+    for u in utterances:
+        if u.text:
+            usable.append(u)
+        else:
+            report.skip(reasons.EMPTY_TRANSCRIPT, f"{u.source}: transcript of {u.id} is empty after normalisation")
+    report.log(where)
+    if not usable:
+        counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().most_common())
+        parser.error(f"{where}: no usable utterances ({counts or 'it lists none'})")
+    return usable, where
+
+
+def write_results(out: Path, scored: list[tuple[Utterance, str]], result: CorpusResult, report: SkipReport, elapsed: float) -> dict:
+    """``hyp.txt``, ``ref.txt`` and ``alignment.txt`` in id order; returns the summary's counts and timing."""
+    scored = sorted(scored, key=lambda pair: pair[0].id)
+    ids = [u.id for u, _ in scored]
+    refs = [u.text for u, _ in scored]
+    hyps = [text for _, text in scored]
+    audio_seconds = sum(u.duration for u, _ in scored)
+    rates = error_rates(refs, hyps, ids)
+    by_length = error_rates_by_length(refs, hyps, ids)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hyp.txt").write_text("".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
+    (out / "ref.txt").write_text("".join(f"{i} {r}\n" for i, r in zip(ids, refs)))
+    (out / "alignment.txt").write_text(alignment_report(refs, hyps, ids))
+    return {
+        **rates,
+        "by_length": by_length,
+        "utterances": len(scored),
+        "skipped": len(report),
+        "skips": report.as_dict(),
+        "audio_seconds": audio_seconds,
+        "decode_seconds": elapsed,
+        "rtf": elapsed / audio_seconds if audio_seconds > 0 else None,
+    }
+
+
+def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: list[Utterance], scored_ids: set[str]) -> dict:
+    """What VTLN chose and, with adaptation, the WER before it and after every round (the
+    references score each round here; adaptation itself never reads them). ``decoded`` are the
+    utterances in the order ``result`` is aligned with."""
+    summary = {}
+    if settings.vtln_warps:
+        summary["vtln_warps"] = result.warps
+        summary["vtln_scores"] = {
+            speaker: {f"{w:g}": score for w, score in scores.items()} for speaker, scores in result.warp_scores.items()
+        }
+    if settings.adaptation:
+        ids = sorted(scored_ids)
+        refs = {u.id: u.text for u in decoded}
+        rounds = [dict(zip((u.id for u in decoded), texts)) for texts in result.rounds]
+        summary["adaptation"] = {
+            **settings.to_dict()["adaptation"],
+            "wer_per_round": [error_rates([refs[i] for i in ids], [r[i] for i in ids], ids)["wer"] for r in rounds],
+            "warps": result.warps,
+            "untranscribed": result.counts["untranscribed"],
+            "disagreed": result.counts["disagreed"],
+            "nonfinite_steps": result.counts["nonfinite_steps"],
+        }
+    return summary
+
+
+def print_summary(summary: dict, where: str, report: SkipReport, out: Path) -> None:
+    print(
+        f"WER {100 * summary['wer']:.2f}% (S={summary['substitutions']} D={summary['deletions']} "
+        f"I={summary['insertions']} N={summary['ref_words']}) CER {100 * summary['cer']:.2f}% "
+        f"on {summary['utterances']} utterances of {where}" + (f" ({report.counts_text()} skipped)" if len(report) else "")
+    )
+    if len(summary["by_length"]) > 1:
+        print("by reference length:\n" + length_table(summary["by_length"]))
+    if "adaptation" in summary:
+        per_round = " -> ".join(f"{100 * w:.2f}%" for w in summary["adaptation"]["wer_per_round"])
+        print(f"WER before adaptation and after each round: {per_round}")
+    rtf = f"{summary['rtf']:.4f}" if summary["rtf"] is not None else "n/a"
+    print(f"real-time factor {rtf} ({summary['decode_seconds']:.1f} s for {summary['audio_seconds']:.1f} s of audio); results in {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

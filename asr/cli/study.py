@@ -1,0 +1,253 @@
+"""Train every combination of a grid of config values, then compare them: one command per study.
+
+    python -m asr.study recipes/fsdd_las.yaml --grid model.layer_norm=none,listener,speller,both features.mvn=none,global
+    python -m asr.study recipes/fsdd_las.yaml train.max_epochs=10 --grid model.listener.pyramidal=true,false
+    python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson,nicolas,yweweler
+    python -m asr.study recipes/fsdd_transformer.yaml --grid model.encoder.layer_norm,model.decoder.layer_norm=pre,post
+    python -m asr.study recipes/fsdd_las.yaml --grid data.digits.held_out_speaker=george,jackson train.seed,data.seed=0,1 \\
+        --pool data.digits.held_out_speaker --ensemble train.seed,data.seed --average-last 5 --vtln-warps 0.8:1.2:0.05
+
+Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
+its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
+named after its grid values (``layer_norm=none,mvn=global``). Keys joined by
+a comma before the ``=`` are tied: they take each value together. Positional
+overrides apply to every run. After training, each run's ``last.pt`` is
+evaluated with ``asr.evaluate --split dev``, and ``--split test`` where the
+recipe has a test split (a leave-one-speaker-out fold's held-out speaker,
+the demo corpus's held-out voices, ``data.test``). With ``--average-last N``
+the evaluated model is instead the average of the run's last N epoch
+checkpoints (``asr.average --last N``, written as ``avg_lastN.pt``; its
+evaluations go to ``eval_avg_lastN_<split>``).
+
+The search and test-time options are those of ``asr.evaluate``
+(:mod:`asr.cli.options`). Every model is scored with the search alone; with
+``--vtln-warps`` also with test-time VTLN (into ``..._<split>_vtln``), and
+with ``--adapt-rounds N`` also adapted to each speaker without transcripts
+(after VTLN when it is on; into ``..._<split>[_vtln]_adapt``). With
+``--ensemble KEY`` (a grid key, typically the seed) the runs that differ only
+in KEY are also decoded together as one ensemble, into
+``--out``/``ensembles/<other values>``. The study then writes into ``--out``:
+
+- ``valid_loss.png``: the validation-loss curves of all runs over each other
+  (drawn by :mod:`asr.curves`, y axis fitted to the epochs after the first;
+  ``--tag`` picks other tags);
+- ``results.md`` and ``results.json``: per run, the grid values, final and
+  best validation loss, dev and test WER, and training minutes; and, when
+  ``--pool KEY`` names a grid key (e.g. the held-out speaker), the WER pooled
+  over that key's values (errors summed over words summed) for each
+  combination of the other keys; with ``--ensemble``, the same for the
+  ensembles.
+
+A study is resumable: a finished run (its folder holds ``study_time.json``)
+is not trained again, an interrupted one (``last.pt`` but no
+``study_time.json``) is continued with ``--resume``, and an evaluation is
+reused when its ``wer.json`` is newer than the checkpoint and was made with
+the same settings. Values are split at commas outside brackets, so
+``features.speed_perturb=[0.9,1.0,1.1],[]`` is two values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shlex
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from asr.cli.options import add_decode_arguments, decode_settings
+from asr.curves import CompareError, load_curves, plot
+from asr.inference import DecodeSettings
+from asr.studies import (
+    Run,
+    Scoring,
+    StudyError,
+    average_run,
+    check_average,
+    ensemble_table,
+    evaluate_run,
+    has_split,
+    length_table,
+    parse_grid,
+    plan_ensembles,
+    plan_runs,
+    pooled_table,
+    results_table,
+    scorings_for,
+    short_key,
+    train_run,
+)
+
+logger = logging.getLogger("asr.study")
+
+
+@dataclass
+class Study:
+    """What the command line asks for, checked before anything trains."""
+
+    args: argparse.Namespace
+    grid: dict[str, list[str]]
+    runs: list[Run]
+    out: Path
+    settings: DecodeSettings
+    threads: int
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asr.study", description=__doc__.split("\n\n")[0])
+    parser.add_argument("recipe", type=Path, help="recipe YAML")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value applied to every run")
+    parser.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="config keys and their values")
+    parser.add_argument("--out", type=Path, help="study folder (default exp/study_<recipe name>)")
+    parser.add_argument("--tag", action="append", dest="tags", metavar="TAG", help="curves to plot (default valid/loss)")
+    parser.add_argument("--pool", metavar="KEY", help="grid key to pool WER over (e.g. the held-out speaker)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained (and models evaluated) at once, sharing the CPU cores (default 1)")
+    parser.add_argument(
+        "--average-last", type=int, default=0, metavar="N",
+        help="evaluate the average of each run's last N epoch checkpoints instead of last.pt (default 0: last.pt)",
+    )
+    parser.add_argument(
+        "--ensemble", metavar="KEY",
+        help="grid key (e.g. train.seed) whose runs are also decoded together as one ensemble",
+    )
+    parser.add_argument("--by-length", action="store_true", help="add each run's WER by reference length to the report")
+    add_decode_arguments(parser)
+    return parser
+
+
+def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
+    args = parser.parse_args(argv)
+    settings = decode_settings(args, parser)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if not args.recipe.is_file():
+        parser.error(f"recipe not found: {args.recipe}")
+    out = args.out or Path("exp") / f"study_{args.recipe.stem}"
+    try:
+        grid = parse_grid(args.grid)
+        for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble)):
+            if key is not None and key not in grid:
+                raise StudyError(f"{option} {key!r} is not a grid key ({', '.join(grid)})")
+        if args.ensemble is not None and args.ensemble == args.pool:
+            raise StudyError(f"--ensemble and --pool name the same key {args.ensemble!r}")
+        runs = plan_runs(args.recipe, args.overrides, grid, out)
+        if args.average_last:
+            check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
+    except StudyError as err:
+        parser.error(str(err))
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    return Study(args, grid, runs, out, settings, threads)
+
+
+def main(argv: list[str] | None = None) -> int:
+    study = plan(build_parser(), argv)
+    args = study.args
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.info("%d runs: %s", len(study.runs), "; ".join(r.name for r in study.runs))
+    try:
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda r: train_run(r, args.recipe, args.overrides, study.threads), study.runs))
+        splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *study.runs[0].overrides()], "test") else [])
+        scorings = scorings_for(splits, study.settings)
+        curves = load_curves([r.exp_dir for r in study.runs], [r.name for r in study.runs], args.tags or ["valid/loss"])
+        models = score_runs(study, scorings)
+        ensembles = score_ensembles(study, scorings, models)
+    except (CompareError, StudyError) as err:
+        print(f"asr.study: {err}", file=sys.stderr)
+        return 1
+    write_report(study, scorings, curves, ensembles, argv)
+    return 0
+
+
+def score_runs(study: Study, scorings: list[Scoring]) -> dict[str, Path]:
+    """Evaluate every run's model (``--jobs`` at a time) and gather its validation curve's summary;
+    returns run name -> the checkpoint evaluated."""
+    models: dict[str, Path] = {}
+
+    def score_run(run: Run) -> None:
+        model = average_run(run, study.args.average_last) if study.args.average_last else run.exp_dir / "last.pt"
+        models[run.name] = model
+        for scoring in scorings:
+            run.results[scoring.name] = evaluate_run(f"run {run.name}", [model], run.exp_dir, scoring, study.threads)
+
+    with ThreadPoolExecutor(max_workers=study.args.jobs) as pool:
+        list(pool.map(score_run, study.runs))
+    for run in study.runs:
+        loss = load_curves([run.exp_dir], [run.name], ["valid/loss"])["valid/loss"][0]
+        best = loss.best()
+        timing = run.exp_dir / "study_time.json"
+        run.results.update(
+            final_valid_loss=loss.final,
+            best_valid_loss=best[0] if best else None,
+            best_epoch=best[1] if best else None,
+            train_seconds=json.loads(timing.read_text())["train_seconds"] if timing.exists() else None,
+        )
+    return models
+
+
+def score_ensembles(study: Study, scorings: list[Scoring], models: dict[str, Path]) -> list[tuple[Run, list[Run]]]:
+    """With ``--ensemble``: decode the runs that differ only in that key together, every scoring."""
+    if not study.args.ensemble:
+        return []
+    ensembles = plan_ensembles(study.runs, study.grid, study.args.ensemble, study.out)
+    for ensemble, members in ensembles:
+        ensemble.exp_dir.mkdir(parents=True, exist_ok=True)
+        (ensemble.exp_dir / "members.txt").write_text("".join(f"{models[m.name]}\n" for m in members))
+
+    def score(task) -> None:
+        ensemble, members, scoring = task
+        name = f"the ensemble of {', '.join(m.name for m in members)}"
+        checkpoints = [models[m.name] for m in members]
+        ensemble.results[scoring.name] = evaluate_run(name, checkpoints, ensemble.exp_dir, scoring, study.threads)
+
+    tasks = [(e, members, scoring) for e, members in ensembles for scoring in scorings]
+    with ThreadPoolExecutor(max_workers=study.args.jobs) as pool:
+        list(pool.map(score, tasks))
+    return ensembles
+
+
+def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv: list[str] | None) -> None:
+    """``results.md``, ``results.json`` and the curves' image in ``--out``; the tables on stdout."""
+    args, grid, runs, out = study.args, study.grid, study.runs, study.out
+    tags = args.tags or ["valid/loss"]
+    image = out / ("_".join(t.replace("/", "_") for t in tags) + ".png")
+    plot(curves, image, zoom=True)
+    command = "python -m asr.study " + shlex.join(sys.argv[1:] if argv is None else argv)
+    report = [f"# Study: {args.recipe}", "", f"    {command}", "", f"![{', '.join(tags)}]({image.name})", ""]
+    evaluated = f"the average of its last {args.average_last} epoch checkpoints" if args.average_last else "last.pt"
+    beam = study.settings.decoding.beam_size
+    report += [f"WER of each run's model ({evaluated}), {'greedy' if beam == 1 else f'beam {beam}'}", ""]
+    if study.settings.vtln_warps:
+        warps = ",".join(f"{w:g}" for w in study.settings.vtln_warps)
+        report += [f"VTLN: test-time warp chosen per speaker from {warps} by the model's own score", ""]
+    if study.settings.adaptation:
+        report += [
+            f"Adapted: fine-tuned on each speaker's own transcripts and decoded again, {study.settings.adaptation.rounds} "
+            "rounds (asr.inference.adaptation; no reference is read)", "",
+        ]
+    report.append(results_table(runs, grid, scorings))
+    if args.by_length:
+        report += ["WER % by reference length in words", "", length_table(runs, scorings)]
+    if args.pool:
+        report += [pooled_table(runs, grid, args.pool, scorings)]
+    if ensembles:
+        ensemble_grid = {k: v for k, v in grid.items() if k != args.ensemble}
+        members = f"{len(grid[args.ensemble])} runs, one per {short_key(args.ensemble)}"
+        report += [f"Ensembles: the mean next-token distribution of {members}", ""]
+        report.append(ensemble_table([e for e, _ in ensembles], grid, args.ensemble, scorings))
+        if args.pool:
+            report += [pooled_table([e for e, _ in ensembles], ensemble_grid, args.pool, scorings)]
+    (out / "results.md").write_text("\n".join(report))
+    rows = [{"name": r.name, "values": r.values, **r.results} for r in runs]
+    rows += [{"name": f"ensemble {e.name}", "values": e.values, "ensemble": [m.name for m in members], **e.results}
+             for e, members in ensembles]
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    sys.stdout.write("\n".join(report[6:]))
+    print(f"wrote {image}, {out / 'results.md'} and {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

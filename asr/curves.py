@@ -1,0 +1,195 @@
+"""Learning curves read from TensorBoard event files: load, tabulate and plot them.
+
+The trainer logs ``train/*`` tags per optimizer step and ``valid/*`` tags per
+epoch. A run that was resumed logs some steps twice; for each step the value
+written last counts, so the curve is the one the resumed run actually
+followed. ``python -m asr.compare`` (:mod:`asr.cli.compare`) is the command line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+EVENT_GLOB = "events.out.tfevents.*"
+LOWER_IS_BETTER = ("loss", "wer", "cer", "ppl", "perplexity", "error")
+HIGHER_IS_BETTER = ("acc", "accuracy", "bleu")
+
+
+class CompareError(ValueError):
+    """A run folder or tag that cannot be compared; the message names the run."""
+
+
+@dataclass
+class Curve:
+    """One tag of one run: steps ascending, each step once."""
+
+    run: str
+    tag: str
+    steps: list[int]
+    values: list[float]
+
+    @property
+    def final(self) -> float:
+        return self.values[-1]
+
+    def best(self) -> tuple[float, int] | None:
+        """(best value, its step), or None when the tag has no better direction (e.g. a learning rate)."""
+        direction = better_direction(self.tag)
+        if direction is None:
+            return None
+        finite = [(v, s) for v, s in zip(self.values, self.steps) if math.isfinite(v)]
+        if not finite:
+            return None
+        pick = min if direction == "min" else max
+        # Ties go to the earliest step: the point where the run first got there.
+        return pick(finite, key=lambda vs: (vs[0] if direction == "min" else -vs[0], vs[1]))
+
+
+def better_direction(tag: str) -> str | None:
+    """``"min"`` for losses and error rates, ``"max"`` for accuracies, None otherwise."""
+    name = tag.rsplit("/", 1)[-1].lower()
+    if any(word in name for word in LOWER_IS_BETTER):
+        return "min"
+    if any(word in name for word in HIGHER_IS_BETTER):
+        return "max"
+    return None
+
+
+def step_meaning(tag: str) -> str:
+    """The x-axis label: what the trainer uses as the step of this tag."""
+    if tag.startswith("train/"):
+        return "optimizer step"
+    if tag.startswith("valid/"):
+        return "epoch"
+    return "step"
+
+
+def read_scalars(exp_dir: str | Path) -> dict[str, list[tuple[float, int, float]]]:
+    """All scalar tags under ``exp_dir``: tag -> [(wall_time, step, value), ...].
+
+    Every folder holding event files is read with TensorBoard's
+    ``EventAccumulator`` (which itself drops the events a restart orphaned).
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    exp_dir = Path(exp_dir)
+    if not exp_dir.is_dir():
+        raise CompareError(f"experiment folder not found: {exp_dir}")
+    folders = sorted({p.parent for p in exp_dir.rglob(EVENT_GLOB) if p.is_file()})
+    if not folders:
+        raise CompareError(f"no TensorBoard event files ({EVENT_GLOB}) under {exp_dir}")
+    scalars: dict[str, list[tuple[float, int, float]]] = {}
+    for folder in folders:
+        # size_guidance 0 keeps every point; the default samples long curves down to 10,000.
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.wall_time, e.step, e.value) for e in acc.Scalars(tag))
+    return scalars
+
+
+def curve_from_events(run: str, tag: str, events: list[tuple[float, int, float]]) -> Curve:
+    """Sort by step; when a step was logged more than once, the latest write wins."""
+    by_step: dict[int, float] = {}
+    for _, step, value in sorted(events, key=lambda e: e[0]):
+        by_step[step] = value
+    steps = sorted(by_step)
+    return Curve(run, tag, steps, [by_step[s] for s in steps])
+
+
+def load_curves(exp_dirs: list[Path], labels: list[str], tags: list[str]) -> dict[str, list[Curve]]:
+    """tag -> one :class:`Curve` per run (in the order given). A missing tag names the run and its tags."""
+    curves: dict[str, list[Curve]] = {tag: [] for tag in tags}
+    for exp_dir, label in zip(exp_dirs, labels):
+        scalars = read_scalars(exp_dir)
+        for tag in tags:
+            if not scalars.get(tag):
+                have = ", ".join(sorted(scalars)) or "none"
+                raise CompareError(f"run {label} ({exp_dir}) has no scalar tag '{tag}'; its tags are: {have}")
+            curves[tag].append(curve_from_events(label, tag, scalars[tag]))
+    return curves
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
+
+
+def markdown_table(curves: dict[str, list[Curve]]) -> str:
+    """One table per tag: run, points, final value (and its step), best value (and its step)."""
+    sections = []
+    for tag, runs in curves.items():
+        unit = step_meaning(tag)
+        direction = better_direction(tag)
+        best_header = f"best ({direction})" if direction else "best"
+        lines = [
+            f"### {tag}",
+            "",
+            f"| run | points | final | final at {unit} | {best_header} | best at {unit} |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for c in runs:
+            best = c.best()
+            best_cells = f"{_fmt(best[0])} | {best[1]}" if best else "n/a | n/a"
+            lines.append(f"| {c.run} | {len(c.steps)} | {_fmt(c.final)} | {c.steps[-1]} | {best_cells} |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections) + "\n"
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's exponential moving average, debiased so the first points are not pulled to 0."""
+    if weight <= 0:
+        return list(values)
+    out, last, norm = [], 0.0, 0.0
+    for v in values:
+        last = weight * last + (1 - weight) * v
+        norm = weight * norm + (1 - weight)
+        out.append(last / norm)
+    return out
+
+
+def zoom_limits(runs: list[Curve], smoothing: float = 0.0) -> tuple[float, float] | None:
+    """y-axis limits that fit every curve's finite (smoothed) points after its first, plus a 5% margin.
+
+    None when no curve has a second finite point.
+    """
+    rest = [v for c in runs for v in smooth(c.values, smoothing)[1:] if math.isfinite(v)]
+    if not rest:
+        return None
+    low, high = min(rest), max(rest)
+    margin = 0.05 * (high - low) or 0.05 * abs(high) or 0.1
+    return low - margin, high + margin
+
+
+def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom: bool = False) -> None:
+    """One panel per tag, one line per run; written as a PNG to ``out``.
+
+    zoom: fit the y axis to the points after each curve's first, which (for a
+          loss after one epoch) is often so much higher that it flattens
+          every difference that matters; the title says when this is done.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed; must precede pyplot
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(curves), 1, figsize=(7, 3.6 * len(curves)), squeeze=False)
+    for ax, (tag, runs) in zip(axes[:, 0], curves.items()):
+        for c in runs:
+            marker = "o" if len(c.steps) <= 50 else None  # per-epoch curves are short: show the points
+            ax.plot(c.steps, smooth(c.values, smoothing), label=c.run, marker=marker, markersize=3)
+        limits = zoom_limits(runs, smoothing) if zoom else None
+        zoomed = limits is not None
+        if zoomed:
+            ax.set_ylim(*limits)
+        ax.set_xlabel(step_meaning(tag))
+        ax.set_ylabel(tag)
+        notes = ([f"smoothed {smoothing:g}"] if smoothing > 0 else []) + (["y axis fits points 2+"] if zoomed else [])
+        ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

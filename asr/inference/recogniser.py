@@ -1,0 +1,221 @@
+"""A trained model ready to transcribe, rebuilt from one checkpoint file (or several, as an ensemble).
+
+The checkpoint carries the config, the tokenizer and the feature pipeline
+(with its global MVN statistics), so nothing else is needed. Features are
+computed by :class:`features.pipeline.FeaturePipeline` exactly as in training
+(``train=False``: no dither, no SpecAugment), optionally under a fixed VTLN
+warp of the mel filters.
+
+Several checkpoints decode as one :class:`asr.models.ensemble.Ensemble` (the
+mean of their next-token distributions). They must share the tokenizer and the
+feature pipeline (the same recipe trained with different seeds, say).
+
+With ``prune=``, each model is pruned to some of its layers as it is loaded
+(LayerDrop pruning, :mod:`asr.models.pruning`); the recogniser records what was
+kept in ``pruned``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.config import ConfigError
+from asr.data.batching import collate
+from asr.data.dataset import audio_skip, utterance_features
+from asr.data.report import Skip
+from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
+from asr.data.utterance import Utterance
+from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
+from asr.experiment import ExperimentConfig, experiment_config_from_dict
+from asr.models.ensemble import Ensemble
+from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, prune_model
+from asr.models.registry import build_model
+from features.audio import AudioError
+from features.pipeline import FeaturePipeline
+
+
+@dataclass
+class Transcription:
+    """Transcripts of a list of utterances, aligned with it.
+
+    texts:   None where the audio failed where it was read (its :class:`Skip` is in ``skipped``).
+    scores:  the model's log-probability of each transcript (``(1 - ctc_weight) * log p_att +
+             ctc_weight * log p_ctc``, ``<eos>`` included) when asked for, else None.
+    skipped: position in the list -> why it has no transcript.
+    """
+
+    texts: list[str | None]
+    scores: list[float | None] | None = None
+    skipped: dict[int, Skip] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Recogniser:
+    """A model in eval mode with the tokenizer and feature pipeline it was trained with."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    pipeline: FeaturePipeline
+    config: ExperimentConfig  # the first checkpoint's, for an ensemble
+    device: torch.device
+    pruned: tuple[PrunedModel, ...] = ()  # per member, what LayerDrop pruning kept; empty: not pruned
+
+    @property
+    def parameters(self) -> int:
+        """Parameters of the model(s) decoding, after any pruning."""
+        return count_parameters(self.model)
+
+    def members(self) -> list[torch.nn.Module]:
+        """The models decoding together (one, or an ensemble's members)."""
+        return list(self.model.models) if isinstance(self.model, Ensemble) else [self.model]
+
+    def with_models(self, models: list[torch.nn.Module]) -> Recogniser:
+        """This recogniser (tokenizer, features, config) decoding with ``models`` instead."""
+        model = Ensemble(models) if len(models) > 1 else models[0]
+        return Recogniser(model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned)
+
+    def features(self, utterance: Utterance, warp: float | None = None) -> torch.Tensor:
+        """``(T, D)`` features of one utterance as the model expects them (an :class:`AudioError` names the file)."""
+        return utterance_features(utterance, self.pipeline, warp=warp)
+
+    @torch.no_grad()
+    def transcribe(
+        self,
+        utterances: list[Utterance],
+        options: DecodingOptions = DecodingOptions(),
+        warp: float | None = None,
+        score: bool = False,
+        batch_size: int = 16,
+    ) -> Transcription:
+        """Decode ``utterances`` ``batch_size`` at a time, at mel warp ``warp`` (None: no warp).
+
+        An utterance whose audio fails where it is read (damaged past its header,
+        NaN samples, too short) costs nothing else: its transcript is None.
+        Each utterance is encoded and searched under its own length mask, so
+        batching changes results only by float rounding.
+        """
+        result = Transcription([], [] if score else None)
+        for start in range(0, len(utterances), batch_size):
+            readable: dict[int, torch.Tensor] = {}
+            for index in range(start, min(start + batch_size, len(utterances))):
+                try:
+                    readable[index] = self.features(utterances[index], warp)
+                except AudioError as err:
+                    result.skipped[index] = audio_skip(err)
+            texts, scores = self._decode(list(readable.values()), options, score)
+            decoded = dict(zip(readable, zip(texts, scores)))
+            for index in range(start, min(start + batch_size, len(utterances))):
+                text, logp = decoded.get(index, (None, None))
+                result.texts.append(text)
+                if score:
+                    result.scores.append(logp)
+        return result
+
+    @torch.no_grad()
+    def transcribe_features(self, features: list[torch.Tensor], options: DecodingOptions = DecodingOptions()) -> list[str]:
+        """Decode a list of ``(T, D)`` feature matrices as one padded batch; one transcript each."""
+        return self._decode(features, options, score=False)[0]
+
+    @torch.no_grad()
+    def ctc_best_paths(self, utterances: list[Utterance], warp: float | None = None, batch_size: int = 16) -> list[str]:
+        """The CTC head's best-path transcript of each utterance (:func:`asr.decoding.ctc_best_path`)."""
+        texts: list[str] = []
+        for start in range(0, len(utterances), batch_size):
+            encoder = self._encode([self.features(u, warp) for u in utterances[start : start + batch_size]])
+            texts += [self.tokenizer.decode(path) for path in ctc_best_path(encoder, self.model.pad_id)]
+        return texts
+
+    def _decode(self, features: list[torch.Tensor], options: DecodingOptions, score: bool):
+        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``)."""
+        if not features:
+            return [], []
+        encoder = self._encode(features)
+        hyps = search(self.model, encoder, options)
+        texts = [self.tokenizer.decode(h) for h in hyps]
+        if not score:
+            return texts, [None] * len(texts)
+        return texts, sequence_log_probs(self.model, encoder, hyps, ctc_weight=options.ctc_weight).tolist()
+
+    def _encode(self, features: list[torch.Tensor]):
+        """The encoder output of ``(T, D)`` feature matrices padded into one batch."""
+        batch = collate(
+            [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
+        ).to(self.device)
+        return self.model.encode(batch.features, batch.feature_lengths)
+
+
+def load_recogniser(
+    checkpoint: str | Path | list[str | Path], device: str = "cpu", prune: LayerPruning | None = None
+) -> Recogniser:
+    """Rebuild model, tokenizer and feature pipeline from ``checkpoint`` (eval mode, on ``device``),
+    each model pruned to the layers ``prune`` keeps (None: all; a ValueError says why it cannot be).
+
+    A list of several checkpoints gives one recogniser decoding with their
+    :class:`~asr.models.ensemble.Ensemble`; they must have equal tokenizers and
+    feature pipelines (config and MVN statistics; training-only settings may
+    differ), or :class:`CheckpointError` names the first that differs.
+    """
+    if isinstance(checkpoint, (str, Path)):
+        return _load_one(checkpoint, device, prune)
+    if not checkpoint:
+        raise CheckpointError("no checkpoint given")
+    members = [_load_one(path, device, prune) for path in checkpoint]
+    first = members[0]
+    for path, member in zip(checkpoint[1:], members[1:]):
+        for what, mine, theirs in (
+            ("tokenizer", member.tokenizer.state_dict(), first.tokenizer.state_dict()),
+            ("feature pipeline", _inference_features(member.pipeline), _inference_features(first.pipeline)),
+        ):
+            if not _equal(mine, theirs):
+                raise CheckpointError(
+                    f"cannot decode {path} together with {checkpoint[0]}: their {what}s differ "
+                    "(an ensemble's members must share the tokenizer and the features)"
+                )
+    if len(members) == 1:
+        return first
+    pruned = tuple(record for member in members for record in member.pruned)
+    return dataclasses.replace(first.with_models([member.model for member in members]), pruned=pruned)
+
+
+# Feature settings used only in training: members may differ in them and still see the same features.
+_TRAINING_ONLY_FEATURES = ("dither", "speed_perturb", "vtlp", "spec_augment")
+
+
+def _inference_features(pipeline: FeaturePipeline) -> dict:
+    state = pipeline.state_dict()
+    config = {k: v for k, v in state["config"].items() if k not in _TRAINING_ONLY_FEATURES}
+    return {**state, "config": config}
+
+
+def _equal(a, b) -> bool:
+    """Equality of nested dicts/lists that may hold tensors."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _load_one(checkpoint: str | Path, device: str, prune: LayerPruning | None) -> Recogniser:
+    state = load_checkpoint(checkpoint)
+    try:
+        config = experiment_config_from_dict(state["config"])
+        tokenizer = tokenizer_from_state_dict(state["tokenizer"])
+        pipeline = FeaturePipeline.from_state_dict(state["features"])
+        model = build_model(config.model, pipeline.feature_dim, tokenizer)
+        model.load_state_dict(state["model"])
+    except (ConfigError, ValueError, KeyError, RuntimeError) as err:
+        # A checkpoint from another version of the code, or a hand-made one: say which file, on one line
+        # (load_state_dict lists missing keys over several).
+        detail = " ".join(str(err).split())
+        raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
+    pruned = (prune_model(model, prune, str(checkpoint)),) if prune is not None else ()
+    target = torch.device(device)
+    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned)

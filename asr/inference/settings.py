@@ -1,0 +1,132 @@
+"""How to transcribe: the search options and the test-time strategy, as one settings dataclass.
+
+The same settings come from a YAML file (``--decode-config FILE``) or from the
+command line (the shared options of :mod:`asr.cli.options`), so
+``asr.evaluate``, ``asr.transcribe`` and ``asr.study`` offer the same choices
+with one set of checks. A file looks like::
+
+    decoding:
+      beam_size: 4
+      ctc_weight: 0.3
+    vtln_warps: [0.9, 0.95, 1.0, 1.05, 1.1]   # or "0.8:1.2:0.05"
+    adaptation:                                # omit (or null) for none
+      rounds: 3
+      epochs: 4
+    batch_size: 16
+    prune_layers: every_other                  # LayerDrop pruning; or {encoder: [0, 2, 4], decoder: every_other}
+
+``prune_layers`` is applied where the recogniser is built from its checkpoints
+(``load_recogniser(..., prune=settings.prune_layers)``), to every member of an
+ensemble; see :mod:`asr.models.pruning`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asr.config import ConfigError, from_dict, read_yaml, to_dict
+from asr.decoding import DecodingOptions
+from asr.inference.adaptation import AdaptationSettings, SelfTraining, adapted_parameters
+from asr.inference.recogniser import Recogniser
+from asr.inference.strategies import PlainDecoding, Strategy, VTLNSearch
+from asr.models.pruning import LayerPruning, pruning_from_config
+from features.filterbank import check_mel_filters
+
+WARP_BOUNDS = (0.7, 1.3)  # those of features.vtlp
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything that decides the transcripts of a given recogniser."""
+
+    decoding: DecodingOptions = field(default_factory=DecodingOptions)
+    vtln_warps: tuple[float, ...] = ()      # test-time VTLN candidates; empty = none
+    adaptation: AdaptationSettings | None = None  # self-training per speaker; None = none
+    batch_size: int = 16                    # utterances decoded together
+    prune_layers: LayerPruning | None = None  # the layers to keep of a model trained with LayerDrop; None = all
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        bad = [w for w in self.vtln_warps if not WARP_BOUNDS[0] <= w <= WARP_BOUNDS[1]]
+        if bad:
+            raise ValueError(f"vtln_warps: warp {bad[0]:g} is outside [{WARP_BOUNDS[0]}, {WARP_BOUNDS[1]}]")
+
+    def strategy(self) -> Strategy:
+        """The strategy these settings describe: VTLN when warps are given, then adaptation when asked."""
+        first: Strategy = VTLNSearch(self.vtln_warps) if self.vtln_warps else PlainDecoding()
+        return SelfTraining(self.adaptation, first) if self.adaptation else first
+
+    def check_for(self, recogniser: Recogniser, name: str) -> None:
+        """Refuse settings ``recogniser`` (from checkpoint ``name``) cannot serve; ValueError names the setting."""
+        if (self.decoding.ctc_weight > 0 or self.decoding.ctc_greedy) and not recogniser.model.has_ctc:
+            what = "ctc_greedy" if self.decoding.ctc_greedy else f"ctc_weight {self.decoding.ctc_weight}"
+            raise ValueError(f"{what}: {name} was trained without a CTC head (model.ctc_weight=0)")
+        if self.vtln_warps:
+            try:
+                check_mel_filters(recogniser.pipeline.config, list(self.vtln_warps))
+            except ValueError as err:
+                raise ValueError(f"vtln_warps: {err}") from None
+        if self.adaptation:
+            for member in recogniser.members():
+                try:
+                    adapted_parameters(member, self.adaptation.parameters)
+                except ValueError as err:
+                    raise ValueError(f"adaptation.parameters: {err} in {name}") from None
+
+    def to_dict(self) -> dict:
+        """Plain data for ``wer.json`` and a ``--decode-config`` file (the inverse of :func:`settings_from_dict`)."""
+        data = to_dict(self)
+        data["vtln_warps"] = list(self.vtln_warps)
+        # Left out when off, so evaluations made before pruning existed keep comparing equal (asr.studies).
+        if self.prune_layers is None:
+            del data["prune_layers"]
+        else:
+            data["prune_layers"] = self.prune_layers.to_config()
+        return data
+
+
+def parse_warps(text: str | list) -> tuple[float, ...]:
+    """``0.9,1.0,1.1``, ``LOW:HIGH:STEP`` (both ends included) or a list -> sorted distinct warps
+    within :data:`WARP_BOUNDS`; a ValueError says what is wrong."""
+    try:
+        if isinstance(text, (list, tuple)):
+            warps = [float(w) for w in text]
+        elif ":" in text:
+            low, high, step = (float(x) for x in text.split(":"))
+            if step <= 0 or high < low:
+                raise ValueError
+            warps = [round(low + i * step, 6) for i in range(round((high - low) / step) + 1)]
+        else:
+            warps = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma list of warps or LOW:HIGH:STEP with LOW <= HIGH") from None
+    bad = [w for w in warps if not WARP_BOUNDS[0] <= w <= WARP_BOUNDS[1]]
+    if bad:
+        raise ValueError(f"warp {bad[0]:g} is outside [{WARP_BOUNDS[0]}, {WARP_BOUNDS[1]}]")
+    return tuple(sorted(set(warps)))
+
+
+def settings_from_dict(data: dict, where: str = "decode config") -> DecodeSettings:
+    """:class:`DecodeSettings` from plain data (a YAML file); an error names the key."""
+    data = dict(data or {})
+    try:
+        warps = parse_warps(data.pop("vtln_warps", None) or ())
+    except ValueError as err:
+        raise ConfigError(f"{where}: vtln_warps: {err}") from None
+    pruning = data.pop("prune_layers", None)
+    try:
+        pruning = None if pruning is None else pruning_from_config(pruning)
+    except ValueError as err:
+        raise ConfigError(f"{where}: prune_layers: {err}") from None
+    try:
+        settings = from_dict(DecodeSettings, data, "")
+        return dataclasses.replace(settings, vtln_warps=warps, prune_layers=pruning)
+    except (ConfigError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def load_settings(path: str | Path) -> DecodeSettings:
+    return settings_from_dict(read_yaml(path), str(path))

@@ -1,0 +1,66 @@
+"""DropHead: structured dropout of whole attention heads, and its V-shaped rate schedule.
+
+Zhou, Ge, Wei, Zhou & Xu (2020), "Scheduled DropHead: A Regularization Method
+for Transformer Models" (Findings of EMNLP 2020). In training, each head of
+each example is dropped with probability ``rate`` and the heads that remain
+are scaled up so that the expected output is unchanged; in evaluation nothing
+happens. Where the Transformer applies it, relative to its norms, is in
+docs/normalization.md (section 1.6).
+
+The scaling. For one example with ``H`` heads of which ``K`` are kept, every
+kept head is multiplied by ``H / K`` (as the third-party drophead-pytorch
+implementation of the paper does). Heads are exchangeable, so
+``E[keep_i * H / K | K > 0] = 1`` exactly; an example whose ``H`` draws all
+say "drop" (probability ``rate ** H``) keeps all of its heads instead (``H / 0``
+has no meaning), which leaves the expectation at exactly 1. Unlike dropout's
+fixed ``1 / (1 - rate)``, ``H / K`` keeps the sum of the head weights at ``H``
+in every draw, so the output's scale does not jump when many heads fall.
+
+The schedule (``model.drophead_schedule``). ``vshape`` is the paper's: the
+rate falls linearly from its peak ``p`` to 0 over the learning-rate warmup,
+then rises linearly back to ``p`` at the last update; ``constant`` keeps ``p``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+DROPHEAD_SCHEDULES = ("vshape", "constant")
+
+
+def drop_heads(heads: Tensor, rate: float) -> Tensor:
+    """heads: (B, H, L, D/H), each head's attention output before the heads are joined
+    -> the same with whole heads of each example zeroed (probability ``rate``, drawn
+    per example and head from the global generator) and the kept ones times ``H / K``.
+
+    ``rate == 0`` returns ``heads`` itself and draws nothing.
+    """
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"drophead rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return heads
+    batch, num_heads = heads.shape[:2]
+    keep = torch.rand(batch, num_heads, device=heads.device) >= rate  # (B, H)
+    keep |= ~keep.any(dim=1, keepdim=True)  # an example that lost every head keeps them all
+    kept = keep.sum(dim=1, keepdim=True)  # (B, 1), >= 1
+    scale = keep.to(heads.dtype) * (num_heads / kept).to(heads.dtype)
+    return heads * scale[:, :, None, None]
+
+
+def scheduled_rate(peak: float, schedule: str, step: int, total_steps: int, warmup_steps: int) -> float:
+    """The DropHead rate for the update after ``step`` completed ones.
+
+    ``vshape``: ``peak * (1 - step / warmup)`` during the warmup, then
+    ``peak * (step - warmup) / (total - warmup)``, capped at ``peak``; so
+    ``peak`` at step 0, 0 at the end of warmup, ``peak`` at ``total_steps``.
+    Without warmup (``warmup_steps == 0``) it only rises. ``constant``: ``peak``.
+    """
+    if schedule not in DROPHEAD_SCHEDULES:
+        raise ValueError(f"drophead_schedule must be one of {DROPHEAD_SCHEDULES}, got {schedule!r}")
+    if schedule == "constant" or peak == 0.0:
+        return peak
+    if step < warmup_steps:
+        return peak * (1.0 - step / warmup_steps)
+    rise = max(total_steps - warmup_steps, 1)
+    return peak * min(1.0, (step - warmup_steps) / rise)

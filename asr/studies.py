@@ -1,0 +1,350 @@
+"""Grid studies: every combination of config values trained, scored and tabulated (``python -m asr.study``).
+
+A study's runs are :class:`Run` s (one ``asr.train`` subprocess each, in its own
+``exp_dir``); each is scored by ``asr.evaluate`` subprocesses, once per
+:class:`Scoring` (a split and the decoding settings: plain, with test-time VTLN,
+adapted). The command line, with the whole story, is :mod:`asr.cli.study`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from asr.config import ConfigError
+from asr.data.corpus import load_split
+from asr.data.report import DataError, SkipReport
+from asr.experiment import load_experiment_config
+from asr.inference import DecodeSettings
+
+logger = logging.getLogger("asr.study")
+
+
+class StudyError(ValueError):
+    """A grid that cannot be run; the message names the grid entry or the run."""
+
+
+@dataclass
+class Run:
+    """One point of the grid: its overrides, its folder and (once done) its results."""
+
+    values: dict[str, str]  # grid entry -> value, in grid order
+    exp_dir: Path
+    results: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return ",".join(f"{short_key(k)}={v}" for k, v in self.values.items())
+
+    def overrides(self) -> list[str]:
+        # A tied entry ("a.x,b.x") sets every one of its keys to the value.
+        return [f"{key}={v}" for entry, v in self.values.items() for key in entry.split(",")]
+
+
+def short_key(entry: str) -> str:
+    """A grid entry's name in run names and table headers: the last part of its dotted key
+    (``model.layer_norm`` -> ``layer_norm``), for tied keys the distinct last parts joined by ``+``."""
+    names = []
+    for key in entry.split(","):
+        name = key.rsplit(".", 1)[-1]
+        if name not in names:
+            names.append(name)
+    return "+".join(names)
+
+
+def split_values(text: str) -> list[str]:
+    """Split ``a,b,[c,d]`` at commas outside brackets and braces: ``["a", "b", "[c,d]"]``."""
+    values, depth, current = [], 0, ""
+    for char in text:
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            values.append(current)
+            current = ""
+        else:
+            current += char
+    values.append(current)
+    return [v.strip() for v in values]
+
+
+def parse_grid(entries: list[str]) -> dict[str, list[str]]:
+    """``["KEY=V1,V2", ...]`` -> ``{KEY: [V1, V2]}``; errors name the entry.
+
+    ``KEY1,KEY2=V1,V2`` ties the keys: both take V1 in one run and V2 in the
+    other (e.g. pre- or post-norm in the encoder and the decoder together).
+    """
+    grid: dict[str, list[str]] = {}
+    for entry in entries:
+        key, sep, values = entry.partition("=")
+        key = ",".join(k.strip() for k in key.split(","))
+        if not sep or not all(key.split(",")):
+            raise StudyError(f"--grid {entry!r}: expected KEY=VALUE1,VALUE2,... or KEY1,KEY2=VALUE1,VALUE2,...")
+        if key in grid:
+            raise StudyError(f"--grid: key {key!r} given twice")
+        parsed = split_values(values)
+        if any(v == "" for v in parsed):
+            raise StudyError(f"--grid {entry!r}: empty value")
+        if len(set(parsed)) != len(parsed):
+            raise StudyError(f"--grid {entry!r}: a value is repeated")
+        grid[key] = parsed
+    if len({short_key(k) for k in grid}) != len(grid):
+        raise StudyError(f"--grid: two keys end in the same name ({', '.join(grid)}); run names would collide")
+    return grid
+
+
+def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path) -> list[Run]:
+    """Every combination of the grid as a :class:`Run`, each config validated before anything trains."""
+    runs = []
+    for combination in itertools.product(*grid.values()):
+        values = dict(zip(grid, combination))
+        run = Run(values, out / "runs" / folder_name(values))
+        try:
+            load_experiment_config(recipe, [*overrides, *run.overrides(), f"exp_dir={run.exp_dir}"])
+        except ConfigError as err:
+            raise StudyError(f"run {run.name}: {err}") from None
+        runs.append(run)
+    return runs
+
+
+def folder_name(values: dict[str, str]) -> str:
+    """A file-system-safe folder name for a run: ``layer_norm-none_mvn-global``."""
+    parts = []
+    for key, value in values.items():
+        safe = "".join(c if c.isalnum() or c in ".-" else "" for c in value.replace(",", "-")) or "empty"
+        parts.append(f"{short_key(key)}-{safe}")
+    return "_".join(parts)
+
+
+def train_run(run: Run, recipe: Path, overrides: list[str], threads: int) -> None:
+    """Train (or resume) one run in a subprocess; its output goes to ``exp_dir/study_train.out``.
+
+    ``exp_dir/study_time.json`` is written when training has finished, with
+    its wall-clock seconds; a run that has it is not started again.
+    """
+    timing = run.exp_dir / "study_time.json"
+    if timing.exists():
+        logger.info("%s has finished training already (%s)", run.name, timing)
+        return
+    run.exp_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "asr.train", str(recipe), *overrides, *run.overrides(), f"exp_dir={run.exp_dir}"]
+    if (run.exp_dir / "last.pt").exists():
+        command.append("--resume")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path = run.exp_dir / "study_train.out"
+    logger.info("training %s -> %s", run.name, run.exp_dir)
+    start = time.time()
+    with open(log_path, "a") as log:
+        status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
+    seconds = time.time() - start
+    if status != 0:
+        raise StudyError(f"run {run.name} failed (exit {status}); its output is in {log_path}")
+    # An interrupted and resumed run counts only the attempt that finished it.
+    timing.write_text(json.dumps({"train_seconds": seconds, "resumed": "--resume" in command}) + "\n")
+    logger.info("finished %s in %.1f min", run.name, seconds / 60)
+
+
+def average_run(run: Run, last: int) -> Path:
+    """``avg_last{last}.pt``: the mean of the run's last ``last`` epoch checkpoints (reused when newer than ``last.pt``)."""
+    averaged = run.exp_dir / f"avg_last{last}.pt"
+    if averaged.exists() and averaged.stat().st_mtime >= (run.exp_dir / "last.pt").stat().st_mtime:
+        return averaged
+    command = [sys.executable, "-m", "asr.average", str(run.exp_dir), "--last", str(last), "--out", str(averaged)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise StudyError(f"averaging the last {last} checkpoints of run {run.name} failed:\n{done.stderr[-2000:]}")
+    return averaged
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """One way of scoring each model: a split, and the decoding settings (the study's search, and
+    optionally test-time VTLN and speaker adaptation)."""
+
+    split: str
+    settings: DecodeSettings = DecodeSettings()
+
+    @property
+    def name(self) -> str:
+        """Key in results.json and suffix of the evaluation folder."""
+        return self.split + ("_vtln" if self.settings.vtln_warps else "") + ("_adapt" if self.settings.adaptation else "")
+
+    @property
+    def label(self) -> str:
+        how = ["VTLN"] if self.settings.vtln_warps else []
+        if self.settings.adaptation:
+            rounds = self.settings.adaptation.rounds
+            how.append(f"adapted, {rounds} round" + ("s" if rounds > 1 else ""))
+        return f"{self.split} WER %" + (f" ({', '.join(how)})" if how else "")
+
+
+def scorings_for(splits: list[str], settings: DecodeSettings) -> list[Scoring]:
+    """Plain decoding of every split; with VTLN in ``settings``, VTLN too; with adaptation, adapted too
+    (after VTLN when it is on). Every scoring uses the search of ``settings``."""
+    plain = dataclasses.replace(settings, vtln_warps=(), adaptation=None)
+    scorings = [Scoring(split, plain) for split in splits]
+    if settings.vtln_warps:
+        vtln = dataclasses.replace(plain, vtln_warps=settings.vtln_warps)
+        scorings += [Scoring(split, vtln) for split in splits]
+    if settings.adaptation:
+        scorings += [Scoring(split, settings) for split in splits]
+    return scorings
+
+
+def evaluate_run(name: str, checkpoints: list[Path], folder: Path, scoring: Scoring, threads: int) -> dict:
+    """``wer.json`` of ``checkpoints`` (several: an ensemble) scored as ``scoring`` says, in ``folder``.
+
+    The evaluation goes to ``folder/eval_<split>`` for a ``last.pt``, else
+    ``folder/eval_<checkpoint name>_<split>`` (``_vtln`` added with VTLN, then
+    ``_adapt`` with speaker adaptation), with its settings in ``decode.yaml``
+    there. It is reused when its ``wer.json`` is newer than every checkpoint
+    and was made with the same settings.
+    """
+    stem = checkpoints[0].stem
+    prefix = "eval" if stem == "last" else f"eval_{stem}"
+    out = folder / f"{prefix}_{scoring.name}"
+    result = out / "wer.json"
+    wanted = scoring.settings.to_dict()
+    if result.exists() and all(result.stat().st_mtime >= c.stat().st_mtime for c in checkpoints):
+        previous = json.loads(result.read_text())
+        if previous.get("settings") == wanted:
+            return previous
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode.yaml").write_text(yaml.safe_dump(wanted, sort_keys=False))
+    command = [
+        sys.executable, "-m", "asr.evaluate", "--checkpoint", *map(str, checkpoints),
+        "--split", scoring.split, "--decode-config", str(out / "decode.yaml"), "--out", str(out),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    logger.info("evaluating %s on %s", name, scoring.name)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if done.returncode != 0:
+        raise StudyError(f"evaluating {name} on {scoring.name} failed:\n{done.stderr[-2000:]}")
+    return json.loads(result.read_text())
+
+
+def check_average(last: int, recipe: Path, overrides: list[str]) -> None:
+    """Refuse ``--average-last`` values the runs cannot provide, before anything trains."""
+    train = load_experiment_config(recipe, overrides).train
+    if last < 0:
+        raise StudyError(f"--average-last must be 0 (off) or more, got {last}")
+    if last > min(train.keep_last, train.max_epochs):
+        raise StudyError(
+            f"--average-last {last}: each run keeps only its last {min(train.keep_last, train.max_epochs)} epoch checkpoints"
+            f" (train.keep_last={train.keep_last}, train.max_epochs={train.max_epochs})"
+        )
+
+
+def has_split(recipe: Path, overrides: list[str], split: str) -> bool:
+    """Whether the recipe (with these overrides) defines any ``split`` data."""
+    config = load_experiment_config(recipe, overrides)
+    try:
+        utterances, _ = load_split(config.data, split, SkipReport())
+    except DataError:
+        return True  # it names data, which is broken: let evaluation report it properly
+    return bool(utterances)
+
+
+def pooled(runs: list[Run], split: str) -> float | None:
+    """Word errors summed over words summed, across ``runs`` (None if any lacks the score)."""
+    scores = [r.results.get(split) for r in runs]
+    if any(s is None for s in scores):
+        return None
+    errors = sum(s["substitutions"] + s["deletions"] + s["insertions"] for s in scores)
+    words = sum(s["ref_words"] for s in scores)
+    return errors / words if words else None
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def markdown_table(header: list[str], text_columns: int, rows: list[list[str]]) -> str:
+    """A Markdown table: the first ``text_columns`` columns left-aligned, the numbers after them right-aligned."""
+    align = ["---"] * text_columns + ["---:"] * (len(header) - text_columns)
+    lines = [header, align, *rows]
+    return "".join("| " + " | ".join(cells) + " |\n" for cells in lines)
+
+
+def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Scoring]) -> str:
+    """One row per run: grid values, validation loss (final, best and its epoch), WER per scoring, minutes."""
+    keys = list(grid)
+    header = [*(short_key(k) for k in keys), "final valid loss", "best valid loss (epoch)"]
+    header += [s.label for s in scorings] + ["train min"]
+    rows = []
+    for run in runs:
+        r = run.results
+        best = f"{_num(r.get('best_valid_loss'))} ({r.get('best_epoch', 'n/a')})"
+        cells = [run.values[k] for k in keys] + [_num(r.get("final_valid_loss")), best]
+        cells += [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
+        minutes = r.get("train_seconds")
+        cells.append("n/a" if minutes is None else f"{minutes / 60:.1f}")
+        rows.append(cells)
+    return markdown_table(header, len(keys), rows)
+
+
+def pooled_table(runs: list[Run], grid: dict[str, list[str]], pool_key: str, scorings: list[Scoring]) -> str:
+    """WER pooled over ``pool_key``'s values, one row per combination of the other keys of ``grid``."""
+    others = [k for k in grid if k != pool_key]
+    pooled_over = f"pooled over {len(grid[pool_key])} {short_key(pool_key)}"
+    header = [short_key(k) for k in others] + [f"{s.label} ({pooled_over})" for s in scorings]
+    rows = []
+    for combination in itertools.product(*(grid[k] for k in others)):
+        fixed = dict(zip(others, combination))
+        group = [r for r in runs if all(r.values[k] == v for k, v in fixed.items())]
+        rows.append(list(combination) + [_pct(pooled(group, s.name)) for s in scorings])
+    return markdown_table(header, len(others), rows)
+
+
+def plan_ensembles(runs: list[Run], grid: dict[str, list[str]], key: str, out: Path) -> list[tuple[Run, list[Run]]]:
+    """For ``--ensemble key``: one (ensemble, members) pair per combination of the other grid keys,
+    the members being the runs over all of ``key``'s values. The ensemble is a :class:`Run` without
+    ``key`` in its values, with its folder under ``out/ensembles``."""
+    others = [k for k in grid if k != key]
+    ensembles = []
+    for combination in itertools.product(*(grid[k] for k in others)):
+        values = dict(zip(others, combination))
+        members = [r for r in runs if all(r.values[k] == v for k, v in values.items())]
+        ensembles.append((Run(values, out / "ensembles" / (folder_name(values) or "all")), members))
+    return ensembles
+
+
+def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, scorings: list[Scoring]) -> str:
+    """One row per ensemble: the other grid values and its WER per scoring."""
+    others = [k for k in grid if k != key]
+    header = [short_key(k) for k in others] + [s.label for s in scorings]
+    rows = []
+    for ensemble in ensembles:
+        r = ensemble.results
+        rows.append([ensemble.values[k] for k in others] + [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings])
+    return markdown_table(header, len(others), rows)
+
+
+def length_table(runs: list[Run], scorings: list[Scoring]) -> str:
+    """WER by reference length (``asr.evaluate``'s ``by_length``): one row per run and scoring, one
+    column per length bin found in any of them."""
+    bins = sorted({tuple(b["words"]) for r in runs for s in scorings for b in (r.results.get(s.name) or {}).get("by_length", [])})
+    header = ["run", "scoring"] + [
+        (f"{low} word" + ("s" if low > 1 else "")) if low == high else f"{low}-{high} words" for low, high in bins
+    ]
+    rows = []
+    for run in runs:
+        for scoring in scorings:
+            found = {tuple(b["words"]): b for b in (run.results.get(scoring.name) or {}).get("by_length", [])}
+            rows.append([run.name, scoring.name] + [_pct(found[b]["wer"]) if b in found else "n/a" for b in bins])
+    return markdown_table(header, 2, rows)

@@ -1,0 +1,86 @@
+"""A recipe's data made ready to train on: the tokenizer, the feature pipeline, and the batched datasets."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader
+
+from asr.data.batching import BucketBatchSampler, collate
+from asr.data.corpus import build_tokenizer, load_split
+from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_utterances
+from asr.data.report import DataError, SkipReport
+from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
+from asr.experiment import ExperimentConfig
+from features.pipeline import FeaturePipeline
+
+logger = logging.getLogger("asr.train")
+
+
+@dataclass
+class TrainingData:
+    tokenizer: Tokenizer
+    pipeline: FeaturePipeline
+    train_set: SpeechDataset
+    valid_set: SpeechDataset
+    sampler: BucketBatchSampler      # the training batches of each epoch (this rank's share)
+    valid_batches: list[list[int]]   # the validation batches, shortest first
+
+
+def build_training_data(
+    config: ExperimentConfig, resume_state: dict | None, world_size: int = 1, rank: int = 0
+) -> TrainingData:
+    """Read, filter and batch the training and dev splits of ``config``.
+
+    A new run trains the tokenizer on the training transcripts and, for global
+    MVN, accumulates the statistics; a resumed run takes both from its
+    checkpoint, since they are part of the run.
+    """
+    data_cfg = config.data
+    train_utts, train_report = load_split(data_cfg, "train")
+    if resume_state is not None:
+        tokenizer = tokenizer_from_state_dict(resume_state["tokenizer"])
+        pipeline = FeaturePipeline.from_state_dict(resume_state["features"])
+    else:
+        tokenizer = build_tokenizer(data_cfg, [u.text for u in train_utts if u.text])
+    train_utts, _ = prepare_utterances(train_utts, data_cfg, tokenizer, train_report, name="train")
+    if not train_utts:
+        raise DataError(f"no usable training utterances (data.train={data_cfg.train}, data.fsdd={data_cfg.fsdd!r})")
+    if resume_state is None:
+        pipeline = FeaturePipeline(config.features)
+        if config.features.mvn == "global":
+            logger.info("accumulating global MVN statistics over %d training utterances", len(train_utts))
+            stats_report = SkipReport(strict=data_cfg.strict)
+            compute_global_stats(train_utts, pipeline, data_cfg.num_workers, stats_report)
+            stats_report.log("global MVN statistics")
+    valid_utts, valid_report = load_split(data_cfg, "dev")
+    valid_utts, _ = prepare_utterances(valid_utts, data_cfg, tokenizer, valid_report, limit_duration=False, name="dev")
+    common = dict(seed=data_cfg.seed, strict=data_cfg.strict)
+    train_set = SpeechDataset(train_utts, pipeline, tokenizer, train=True, **common)
+    valid_set = SpeechDataset(valid_utts, pipeline, tokenizer, train=False, **common)
+    sampler = BucketBatchSampler(
+        train_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=True, seed=data_cfg.seed,
+        num_replicas=world_size, rank=rank, shortest_first_epochs=config.train.curriculum_epochs,
+    )
+    valid_batches = list(BucketBatchSampler(valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False))
+    logger.info("train: %d utterances, dev: %d utterances", len(train_utts), len(valid_utts))
+    return TrainingData(tokenizer, pipeline, train_set, valid_set, sampler, valid_batches)
+
+
+def make_loader(batches, dataset: SpeechDataset, workers: int, seed: int, pin_memory: bool) -> DataLoader:
+    """A DataLoader over fixed ``batches`` of ``dataset``.
+
+    A private generator: creating the iterator must not draw from the global RNG,
+    or a resumed run's dropout masks would differ from the uninterrupted run's.
+    """
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate,
+        num_workers=workers,
+        persistent_workers=False,
+        generator=torch.Generator().manual_seed(seed),
+        pin_memory=pin_memory,
+    )

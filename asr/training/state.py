@@ -1,0 +1,69 @@
+"""Where a run is and every random generator it draws from: what ``last.pt`` keeps for ``--resume``."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Progress:
+    """Where the run is; saved in ``last.pt`` so ``--resume`` continues from here."""
+
+    epoch: int = 0                 # current epoch (0-based)
+    batch_in_epoch: int = 0        # batches of this epoch already consumed
+    step: int = 0                  # optimizer steps taken
+    nonfinite_in_a_row: int = 0
+    epochs_without_improvement: int = 0
+    best: list = field(default_factory=list)  # [(metric, epoch)], best first, at most keep_best
+    skipped_in_epoch: dict = field(default_factory=dict)  # reason -> training items skipped so far this epoch
+
+    def count_skip(self, reason: str) -> None:
+        self.skipped_in_epoch[reason] = self.skipped_in_epoch.get(reason, 0) + 1
+
+    def skipped_text(self) -> str:
+        """``"2 training utterance(s) skipped (1 non-finite samples, ...)"`` for this epoch."""
+        total = sum(self.skipped_in_epoch.values())
+        reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped_in_epoch.items()))
+        return f"{total} training utterance(s) skipped" + (f" ({reasons})" if total else "")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Every RNG the run draws from, as tensors and plain numbers (checkpoints hold nothing else)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` saved."""
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    numpy = state["numpy"]
+    keys = numpy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((numpy["kind"], keys, numpy["position"], numpy["has_gauss"], numpy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,76 @@
+"""Validation: the token-weighted loss and the WER/CER of the dev set, and pictures of the attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from asr.data.batching import collate
+from asr.data.dataset import SpeechDataset
+from asr.data.report import SkipReport
+from asr.decoding import DecodingOptions, decode
+from asr.metrics import error_rates
+
+ALIGNMENT_UTTERANCES = 3  # dev utterances whose attention is drawn at every validation
+
+
+@dataclass
+class Validation:
+    metrics: dict[str, float]                 # valid_loss, valid_wer, valid_cer
+    skipped: SkipReport = field(default_factory=SkipReport)
+
+
+@torch.no_grad()
+def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
+    """Loss over every batch of ``loader``; WER and CER of the first ``max_utterances`` (all: None)."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    refs, hyps = [], []
+    skipped = SkipReport()
+    for batch in loader:
+        for skip in batch.skipped:
+            skipped.add(skip)
+        if len(batch) == 0:
+            continue
+        batch = batch.to(device)
+        output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
+        total += float(output.loss) * output.num_tokens
+        tokens += output.num_tokens
+        if max_utterances is None or len(refs) < max_utterances:
+            hyps += [tokenizer.decode(h) for h in decode(model, batch.features, batch.feature_lengths, options)]
+            refs += [tokenizer.decode(t[:n].tolist()) for t, n in zip(batch.tokens, batch.token_lengths)]
+    model.train(was_training)
+    rates = error_rates(refs, hyps)
+    metrics = {"valid_loss": total / max(tokens, 1), "valid_wer": rates["wer"], "valid_cer": rates["cer"]}
+    return Validation(metrics, skipped)
+
+
+@torch.no_grad()
+def alignment_figures(model, dataset: SpeechDataset, tokenizer, device: torch.device, count: int = ALIGNMENT_UTTERANCES):
+    """``(utterance id, figure)`` of the attention of the first ``count`` readable dev utterances
+    (teacher-forced on their transcripts), for models whose output carries attention weights."""
+    items = [item for item in (dataset[i] for i in range(min(count, len(dataset)))) if "skip" not in item]
+    if not items:
+        return []
+    was_training = model.training
+    model.eval()
+    batch = collate(items).to(device)
+    output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
+    model.train(was_training)
+    if output.attention_weights is None:
+        return []
+    from asr.plots import alignment_figure  # matplotlib and librosa: only where a figure is drawn
+
+    frame_seconds = dataset.pipeline.config.frame_shift_ms / 1000.0
+    figures = []
+    for row, utt_id in enumerate(batch.ids):
+        frames, length = int(batch.feature_lengths[row]), int(batch.token_lengths[row]) + 1  # + <eos>
+        weights = output.attention_weights[row, :length].float().cpu().numpy()
+        reduction = batch.features.size(1) / output.attention_weights.size(-1)
+        weights = weights[:, : max(1, round(frames / reduction))]
+        labels = [tokenizer.decode([t]) or "?" for t in batch.tokens[row, : length - 1].tolist()] + ["<eos>"]
+        figure = alignment_figure(batch.features[row, :frames].cpu().numpy(), weights, frame_seconds, utt_id, labels)
+        figures.append((utt_id, figure))
+    return figures

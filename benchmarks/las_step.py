@@ -1,0 +1,203 @@
+"""Time one training step of each LibriSpeech-100 recipe, on synthetic features.
+
+    python benchmarks/las_step.py --device cuda
+    python benchmarks/las_step.py --device cpu        # small batch (see --batch, --seconds)
+
+For recipes/librispeech100.yaml (LAS) and recipes/librispeech100_transformer.yaml,
+each at its own model sizes: a batch of --batch utterances of --seconds each
+(on CUDA the default fills the recipe's ``max_frames_per_batch`` with 12.7 s
+utterances, train-clean-100's mean: 100.6 h over 28,539 utterances), 80
+random fbank-like features per 10 ms frame, and random BPE targets
+(``data.bpe_vocab_size``) at --tokens-per-second (6 by default: an
+assumption, not a measurement; set it to your tokenizer's rate, which decides
+how many steps the LAS speller runs). The model is in training mode (dropout,
+scheduled sampling) and, as asr.train does, under bf16 autocast on CUDA when
+the recipe says ``amp: true``.
+
+Timed, each as the median of --repeats rounds after --warmup rounds (the
+warm-up compiles the Triton kernels and records the CUDA graphs):
+
+* listener / encoder: forward and backward of the encoder alone;
+* speller / decoder: forward and backward of the decoder alone, on a fixed
+  encoder output;
+* whole step: loss, backward, gradient clipping and the optimizer step, as
+  in asr.train; with its peak memory (CUDA: allocated tensors; CPU: the
+  process's peak resident set, which includes everything loaded before).
+
+Then the estimated time of one train-clean-100 epoch: 100.6 h of audio in
+batches of this size (padding ignored) times the whole step. Results go to
+docs/performance.md by hand, with the command, GPU and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from asr.experiment import load_experiment_config
+from asr.models.registry import build_model
+from asr.models import lnlstm
+from asr.models.common import add_sos_eos, lengths_to_mask
+from asr.models.interface import EncoderOutput
+from asr.training.trainer import build_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ("librispeech100.yaml", "librispeech100_transformer.yaml")
+EPOCH_AUDIO_SECONDS = 100.6 * 3600  # train-clean-100
+MEAN_UTTERANCE_SECONDS = 12.7  # 100.6 h / 28,539 utterances
+FRAMES_PER_SECOND = 100  # 10 ms frame shift
+
+
+def synthetic_batch(batch: int, seconds: float, tokens_per_second: float, vocab_size: int, device):
+    """Features (B, T, 80), lengths (B,), tokens (B, L) and token lengths (B,): every
+    utterance as long as the longest, as in a well-bucketed batch."""
+    frames = max(1, round(seconds * FRAMES_PER_SECOND))
+    num_tokens = max(1, round(seconds * tokens_per_second))
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(batch, frames, 80, generator=generator)
+    tokens = torch.randint(3, vocab_size, (batch, num_tokens), generator=generator)  # 0-2: pad, sos, eos
+    lengths = torch.full((batch,), frames)
+    token_lengths = torch.full((batch,), num_tokens)
+    return features.to(device), lengths.to(device), tokens.to(device), token_lengths.to(device)
+
+
+def encoder_case(model, features, lengths):
+    """Encoder forward + backward (a random linear loss on its output)."""
+    probe = {}
+
+    def run() -> None:
+        encoder = model.encode(features, lengths)
+        if "weights" not in probe:
+            generator = torch.Generator().manual_seed(1)
+            probe["weights"] = torch.randn(encoder.out.shape, generator=generator).to(encoder.out.device)
+        (encoder.out.float() * probe["weights"]).sum().backward()
+
+    return run
+
+
+def decoder_case(model, features, lengths, tokens, token_lengths):
+    """Decoder forward + backward on a fixed (detached) encoder output; the loss is the
+    summed NLL of the targets."""
+    with torch.no_grad():
+        encoder = model.encode(features, lengths)
+    decoder_input, target = add_sos_eos(tokens, token_lengths, model.sos_id, model.eos_id, model.pad_id)
+    keys = encoder.out.detach().requires_grad_()
+
+    def run() -> None:
+        if hasattr(model, "speller"):
+            log_probs, _ = model.speller(decoder_input, keys, encoder.mask)
+        else:
+            fixed = EncoderOutput(out=keys, mask=encoder.mask, lengths=encoder.lengths)
+            log_probs = model.decoder_log_probs(fixed, decoder_input, token_lengths + 1)
+        valid = lengths_to_mask(token_lengths + 1, target.size(1))
+        nll = -log_probs.float().gather(2, target.unsqueeze(-1)).squeeze(-1)
+        nll.masked_fill(~valid, 0.0).sum().backward()
+
+    return run
+
+
+def step_case(model, optimizer, grad_clip, batch):
+    def run() -> None:
+        output = model(*batch)
+        output.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def measure(run, device, amp: bool, warmup: int, repeats: int) -> float:
+    """Median seconds of ``run`` under the recipe's autocast."""
+    times = []
+    for index in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def benchmark_recipe(recipe: str, args, device) -> None:
+    config = load_experiment_config(ROOT / "recipes" / recipe)
+    vocab_size = config.data.bpe_vocab_size
+    tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
+    torch.manual_seed(0)
+    model = build_model(config.model, config.features.num_mel_bins, tokenizer).to(device).train()
+    optimizer = build_optimizer(model, config.train)
+    amp = config.train.amp and device.type == "cuda"
+    frames_per_utterance = round(args.seconds * FRAMES_PER_SECOND)
+    batch_size = args.batch or max(1, config.data.max_frames_per_batch // frames_per_utterance)
+    batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, vocab_size, device)
+    parameters = sum(p.numel() for p in model.parameters())
+    print(
+        f"\n{recipe}: {config.model.type}, {parameters / 1e6:.1f} M parameters; batch {batch_size} x "
+        f"{args.seconds:g} s ({batch_size * frames_per_utterance} frames, {batch[2].size(1)} target tokens each); "
+        f"{'bf16 autocast' if amp else 'float32'}"
+    )
+    names = ("listener", "speller") if config.model.type == "las" else ("encoder", "decoder")
+    encoder_time = measure(encoder_case(model, batch[0], batch[1]), device, amp, args.warmup, args.repeats)
+    model.zero_grad(set_to_none=True)
+    decoder_time = measure(decoder_case(model, *batch), device, amp, args.warmup, args.repeats)
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step = step_case(model, optimizer, config.train.grad_clip, batch)
+    step_time = measure(step, device, amp, args.warmup, args.repeats)
+    if device.type == "cuda":
+        peak = f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB allocated"
+    else:
+        peak = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB resident (process)"
+    print(f"  {names[0]:<9} forward + backward {encoder_time * 1e3:9.1f} ms")
+    print(f"  {names[1]:<9} forward + backward {decoder_time * 1e3:9.1f} ms")
+    print(f"  whole step (+ clip, optimizer) {step_time * 1e3:9.1f} ms; peak memory {peak}")
+    steps = EPOCH_AUDIO_SECONDS / (batch_size * args.seconds)
+    print(
+        f"  train-clean-100 epoch (100.6 h): {steps:.0f} batches x {step_time:.3f} s = "
+        f"{steps * step_time / 3600:.2f} h (padding and data loading not counted)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--batch", type=int, default=None, help="utterances per batch (default: cuda: the recipe's "
+                        "max_frames_per_batch filled; cpu: 2)")
+    parser.add_argument("--seconds", type=float, default=None, help="utterance length (default: cuda 12.7, cpu 2.0)")
+    parser.add_argument("--tokens-per-second", type=float, default=6.0, help="target BPE pieces per second of audio")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (cpu only)")
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), help="recipe files in recipes/")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device")
+    if args.seconds is None:
+        args.seconds = MEAN_UTTERANCE_SECONDS if device.type == "cuda" else 2.0
+    if args.batch is None and device.type == "cpu":
+        args.batch = 2
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+        where = f"CPU, {args.threads} threads"
+    else:
+        where = f"GPU: {torch.cuda.get_device_name(device)}"
+    print(f"{where}; torch {torch.__version__}; LNLSTM implementation switch: {lnlstm.get_implementation()}")
+    print(f"median of {args.repeats} rounds after {args.warmup} warm-up")
+    for recipe in args.recipes:
+        benchmark_recipe(recipe, args, device)
+
+
+if __name__ == "__main__":
+    main()
