@@ -34,6 +34,110 @@ class SpecAugmentConfig:
             raise ValueError(f"spec_augment.time_mask_ratio must be in [0, 1], got {self.time_mask_ratio}")
 
 
+def _check_range(name: str, values: list[float], low: float, high: float) -> None:
+    """``values`` must be ``[a, b]`` with ``low <= a <= b <= high``; ``name`` is named in the error."""
+    if not (len(values) == 2 and low <= values[0] <= values[1] <= high):
+        raise ValueError(f"{name} must be [low, high] with {low:g} <= low <= high <= {high:g}, got {values}")
+
+
+def _check_probability(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+@dataclass
+class ReverbConfig:
+    """Training-only room simulation: the utterance as a microphone in a simulated room would pick it up.
+
+    A bank of ``rooms`` room impulse responses is simulated once per process with
+    pyroomacoustics (shoebox rooms, image-source method); each augmented utterance is
+    convolved with one drawn from the bank. See :mod:`features.augment`.
+    """
+
+    probability: float = 0.0  # share of training utterances reverberated; 0 disables
+    rooms: int = 100          # size of the bank; each room has its own size, RT60 and positions
+    rt60: list[float] = field(default_factory=lambda: [0.1, 0.6])  # seconds, uniform per room
+    distance_m: list[float] = field(default_factory=lambda: [0.3, 2.0])  # talker to microphone, uniform per room
+
+    def __post_init__(self) -> None:
+        _check_probability("augment.reverb.probability", self.probability)
+        if self.rooms < 1:
+            raise ValueError(f"augment.reverb.rooms must be >= 1, got {self.rooms}")
+        _check_range("augment.reverb.rt60", self.rt60, 0.05, 2.0)
+        _check_range("augment.reverb.distance_m", self.distance_m, 0.1, 5.0)
+
+
+@dataclass
+class MicrophoneConfig:
+    """Training-only microphone colouring: a high-pass (small capsules and their housing lose the bass)
+    and ``bands`` peaking filters of random centre and gain (resonances of a cheap capsule and its case)."""
+
+    probability: float = 0.0  # share of training utterances coloured; 0 disables
+    highpass_hz: list[float] = field(default_factory=lambda: [50.0, 400.0])  # uniform per utterance
+    bands: int = 2
+    gain_db: list[float] = field(default_factory=lambda: [-10.0, 10.0])  # per band, uniform
+
+    def __post_init__(self) -> None:
+        _check_probability("augment.microphone.probability", self.probability)
+        _check_range("augment.microphone.highpass_hz", self.highpass_hz, 1.0, 2000.0)
+        if self.bands < 0:
+            raise ValueError(f"augment.microphone.bands must be >= 0, got {self.bands}")
+        _check_range("augment.microphone.gain_db", self.gain_db, -30.0, 30.0)
+
+
+@dataclass
+class NoiseConfig:
+    """Training-only additive noise at a random signal-to-noise ratio and spectral colour."""
+
+    probability: float = 0.0  # share of training utterances with noise added; 0 disables
+    # dB, uniform per utterance; the signal power is the whole utterance's mean power (silences included)
+    snr_db: list[float] = field(default_factory=lambda: [5.0, 30.0])
+    # noise power spectrum ~ 1 / f^colour, colour uniform in this range: 0 white, 1 pink, 2 brown
+    colour: list[float] = field(default_factory=lambda: [0.0, 2.0])
+
+    def __post_init__(self) -> None:
+        _check_probability("augment.noise.probability", self.probability)
+        _check_range("augment.noise.snr_db", self.snr_db, -20.0, 100.0)
+        _check_range("augment.noise.colour", self.colour, 0.0, 3.0)
+
+
+@dataclass
+class BandLimitConfig:
+    """Training-only band limiting: audio recorded or stored at a low rate has nothing above half that rate.
+
+    A band-limited utterance either passes through ``narrow_rate`` (resampled down and back, exactly
+    what an 8 kHz recording played at 16 kHz went through) or through a low-pass filter with a cutoff
+    uniform in ``cutoff_hz`` (an 8th-order Butterworth, applied forward and backward so nothing moves in time).
+    """
+
+    probability: float = 0.0   # share of training utterances band-limited; 0 disables
+    narrow_share: float = 0.5  # of those, the share resampled through narrow_rate; the rest low-passed
+    narrow_rate: int = 8000    # Hz
+    cutoff_hz: list[float] = field(default_factory=lambda: [3000.0, 7000.0])
+
+    def __post_init__(self) -> None:
+        _check_probability("augment.band_limit.probability", self.probability)
+        _check_probability("augment.band_limit.narrow_share", self.narrow_share)
+        if self.narrow_rate < 1000:
+            raise ValueError(f"augment.band_limit.narrow_rate must be >= 1000 Hz, got {self.narrow_rate}")
+        _check_range("augment.band_limit.cutoff_hz", self.cutoff_hz, 100.0, 48000.0)
+
+
+@dataclass
+class AugmentConfig:
+    """Training-only waveform augmentation, applied in this order after speed perturbation:
+    room (reverb), noise, microphone, band limit. All off by default. See :mod:`features.augment`."""
+
+    reverb: ReverbConfig = field(default_factory=ReverbConfig)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    microphone: MicrophoneConfig = field(default_factory=MicrophoneConfig)
+    band_limit: BandLimitConfig = field(default_factory=BandLimitConfig)
+
+    @property
+    def enabled(self) -> bool:
+        return any(part.probability > 0 for part in (self.reverb, self.noise, self.microphone, self.band_limit))
+
+
 @dataclass
 class FeatureConfig:
     """How audio becomes a (T, D) feature matrix; one code path for training and inference."""
@@ -57,6 +161,8 @@ class FeatureConfig:
     vtlp: list[float] = field(default_factory=list)
     mvn: Literal["none", "utterance", "global"] = "none"
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
+    # Training-only waveform augmentation (rooms, noise, microphones, band limits), after speed perturbation.
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
         if self.kind not in FEATURE_KINDS:

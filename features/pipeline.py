@@ -1,11 +1,11 @@
 """The one place where audio becomes features, for training and for inference alike.
 
-    load -> downmix -> resample -> (speed perturbation and dither if train) -> fbank | MFCC -> deltas
-         -> MVN -> (SpecAugment if train)
+    load -> downmix -> resample -> (if train: speed perturbation, rooms, noise, microphone, band limit,
+         dither) -> fbank | MFCC -> deltas -> MVN -> (SpecAugment if train)
 
 Training, evaluation and ``transcribe`` all call :meth:`FeaturePipeline.from_waveform`
 (or :meth:`~FeaturePipeline.from_file`, which is ``load_audio`` + ``from_waveform``);
-``train`` switches on exactly the three stochastic steps and nothing else, so the
+``train`` switches on exactly the stochastic steps and nothing else, so the
 features a model is evaluated on cannot drift from those it was trained on.
 The checkpoint stores :meth:`FeaturePipeline.state_dict` (config + MVN
 statistics), and :meth:`FeaturePipeline.from_state_dict` rebuilds the same
@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from features.audio import AudioError, check_finite, load_audio, resample, to_mono
-from features.config import FeatureConfig, SpecAugmentConfig
+from features.augment import augment_waveform, room_impulse_responses
+from features.config import FeatureConfig
 from features.deltas import add_deltas
 from features.filterbank import check_mel_filters, extract
 from features.mvn import GlobalStats, apply_mvn
@@ -75,8 +76,9 @@ class FeaturePipeline:
         """``waveform (C, N)`` or ``(N,)``, float in [-1, 1] -> features ``(T, D)`` float32.
 
         ``train=True`` adds speed perturbation (if ``config.speed_perturb`` lists
-        factors), dither (if ``config.dither > 0``), VTLP (if ``config.vtlp`` gives
-        a range) and SpecAugment (if enabled),
+        factors), the waveform augmentation of ``config.augment`` (rooms, noise,
+        microphone, band limit; :mod:`features.augment`), dither (if ``config.dither > 0``),
+        VTLP (if ``config.vtlp`` gives a range) and SpecAugment (if enabled),
         all drawn from ``generator``; ``train=False`` is deterministic.
         ``warp`` fixes the mel filters' VTLN factor instead (test-time VTLN, see
         :meth:`asr.inference.Recogniser.transcribe_utterances`); ``None`` means VTLP's draw
@@ -103,6 +105,13 @@ class FeaturePipeline:
             return self.from_waveform(waveform, sample_rate, train=train, generator=generator, warp=warp)
         except AudioError as err:
             raise AudioError(f"{path}: {err}") from err
+
+    def prepare_training(self) -> None:
+        """Build what training-time augmentation needs once, in this process: the room bank of
+        ``config.augment.reverb`` (seconds of simulation). Call it before DataLoader workers are
+        forked, so they inherit it instead of each simulating the rooms again."""
+        if self.config.augment.reverb.probability > 0:
+            room_impulse_responses(self.config.sample_rate, self.config.augment.reverb)
 
     def raw_features(self, waveform: Tensor, sample_rate: int) -> Tensor:
         """Features ``(T, D)`` before MVN and SpecAugment, without dither: what global stats are accumulated on."""
@@ -132,7 +141,8 @@ class FeaturePipeline:
         generator: torch.Generator | None,
         warp: float | None = None,
     ) -> Tensor:
-        """Downmix -> resample -> (speed perturbation, dither, VTLP) -> fbank/MFCC -> deltas: ``(T, D)`` float32."""
+        """Downmix -> resample -> (speed perturbation, augmentation, dither, VTLP) -> fbank/MFCC -> deltas:
+        ``(T, D)`` float32."""
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
         check_finite(waveform, "waveform")
@@ -140,6 +150,8 @@ class FeaturePipeline:
         mono = resample(to_mono(waveform), sample_rate, rate)
         if train and self.config.speed_perturb:
             mono = speed_perturb(mono, rate, self.config.speed_perturb, generator)
+        if train and self.config.augment.enabled:
+            mono = augment_waveform(mono, rate, self.config.augment, generator)
         dither = self.config.dither if train else 0.0
         if warp is None:
             warp = vtlp_factor(self.config.vtlp, generator) if train and self.config.vtlp else 1.0
@@ -173,11 +185,18 @@ def vtlp_factor(bounds: list[float], generator: torch.Generator | None = None) -
 
 def _config_from_plain(data: dict) -> FeatureConfig:
     # Keys missing from an older checkpoint take today's defaults; unknown keys are an error.
-    data = dict(data)
-    spec = data.pop("spec_augment", None) or {}
-    for cls, values, prefix in ((FeatureConfig, data, "features"), (SpecAugmentConfig, spec, "features.spec_augment")):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown feature config key '{prefix}.{unknown[0]}' in checkpoint")
-    return FeatureConfig(**data, spec_augment=SpecAugmentConfig(**spec))
+    return _dataclass_from_plain(FeatureConfig, data, "features")
+
+
+def _dataclass_from_plain(cls: type, data: dict, prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown feature config key '{prefix}.{unknown[0]}' in checkpoint")
+    values = {}
+    for name, value in data.items():
+        nested = fields[name].default_factory if fields[name].default_factory is not dataclasses.MISSING else None
+        if isinstance(nested, type) and dataclasses.is_dataclass(nested):
+            value = _dataclass_from_plain(nested, value or {}, f"{prefix}.{name}")
+        values[name] = value
+    return cls(**values)

@@ -419,3 +419,16 @@ def test_a_decode_config_file_gives_the_same_settings_as_the_options(trained, tm
     config.write_text("decoding:\n  beam: 3\n")
     message = _one_line_error(capsys, lambda: evaluate.main(base + ["--decode-config", str(config)]))
     assert "decoding.beam" in message and str(config) in message
+
+
+def test_ensemble_members_may_differ_in_training_only_augmentation(untrained, tmp_path):
+    state = load_checkpoint(untrained)
+    state["features"]["config"]["augment"]["noise"]["probability"] = 0.5
+    augmented = tmp_path / "augmented.pt"
+    save_checkpoint(augmented, state)
+    assert load_recogniser([untrained, augmented]).pipeline.config.augment.noise.probability == 0.0
+    state["features"]["config"]["frame_length_ms"] = 20.0  # a feature that inference uses: refused
+    other = tmp_path / "other.pt"
+    save_checkpoint(other, state)
+    with pytest.raises(CheckpointError, match="feature pipelines differ"):
+        load_recogniser([untrained, other])

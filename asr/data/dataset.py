@@ -89,7 +89,8 @@ class SpeechDataset(Dataset):
     """Items ``{"id": str, "features": (T, D) float32, "tokens": (L,) long}`` for :func:`asr.data.batching.collate`,
     or ``{"id": str, "skip": Skip}`` for an utterance whose audio fails where it is read (module docstring).
 
-    train: apply the pipeline's dither and SpecAugment. Their randomness comes
+    train: apply the pipeline's training-time augmentation (speed perturbation, rooms, noise,
+           microphones, band limits, dither, VTLP, SpecAugment). Its randomness comes
            from a generator seeded by ``(seed, epoch, index)``, so an item is the
            same whichever DataLoader worker computes it and however many
            workers there are; call :meth:`set_epoch` (or :func:`set_loader_epoch`)
@@ -118,6 +119,9 @@ class SpeechDataset(Dataset):
         self.warp = warp
         self.strict = strict
         self.epoch = 0
+        if train:
+            # here, in the main process, so that every DataLoader worker inherits the room bank
+            pipeline.prepare_training()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -183,7 +183,7 @@ def load_recogniser(
 
 
 # Feature settings used only in training: members may differ in them and still see the same features.
-_TRAINING_ONLY_FEATURES = ("dither", "speed_perturb", "vtlp", "spec_augment")
+_TRAINING_ONLY_FEATURES = ("dither", "speed_perturb", "vtlp", "spec_augment", "augment")
 
 
 def _inference_features(pipeline: FeaturePipeline) -> dict:
