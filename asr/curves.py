@@ -189,10 +189,7 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom
         ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _write(fig, out)
 
 
 @dataclass
@@ -264,6 +261,13 @@ def plot_bands(panels: dict[str, list[Band]], out: Path, xlabel: str, spread: st
         ax.set_ylabel(tag)
         ax.grid(True, alpha=0.3)
         ax.legend()
+    _write(fig, out)
+
+
+def _write(fig, out: Path) -> None:
+    """Lay out ``fig``, write it to ``out`` (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
