@@ -30,6 +30,7 @@ three methods and a weight in :func:`default_scorers`' list.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -40,7 +41,7 @@ from asr.models.interface import STATIC_STATE_KEY, EncoderOutput
 NEG_INF = float("-inf")
 
 
-class Scorer:
+class Scorer(ABC):
     """Base class: a weighted source of token scores (see the module docstring)."""
 
     full = True
@@ -51,8 +52,10 @@ class Scorer:
     def start(self, encoder: EncoderOutput) -> Any:
         return None
 
+    @abstractmethod
     def score(self, tokens: torch.Tensor, state: Any, candidates: torch.Tensor | None, step: int):
-        raise NotImplementedError(f"{type(self).__name__} must define score()")
+        """Scores of the next token, (N, V) for a full scorer or (N, K) for a partial one's
+        candidates (unweighted: beam search applies ``weight``), and the state after the step."""
 
     def select(self, state: Any, rows: torch.Tensor, choice: torch.Tensor, candidates, same_utterances: bool, encoder):
         return state
