@@ -424,13 +424,7 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
 
     def fill(buffers) -> None:
         if static:
-            buffers.gx[:batch, :time].copy_(gx)
-            buffers.lengths[batch:].zero_()
-            buffers.lengths[:batch].copy_(lengths)
-            buffers.w_h.copy_(w_h)
-            if config.layer_norm:
-                for name, value in zip(("lnh_w", "lnh_b", "lnc_w", "lnc_b"), ln):
-                    getattr(buffers, name).copy_(value)
+            _copy_inputs(buffers, gx, lengths, params, config.layer_norm)
             buffers.h[:, 0, batch:].zero_()
             buffers.c[:, 0, batch:].zero_()
             buffers.h_last[:, batch:].zero_()
@@ -546,13 +540,7 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
 
     def fill(buffers) -> None:
         if static:
-            buffers.gx[:batch, :time].copy_(gx)
-            buffers.lengths[batch:].zero_()
-            buffers.lengths[:batch].copy_(lengths)
-            buffers.w_h.copy_(w_h)
-            if config.layer_norm:
-                for name, value in zip(("lnh_w", "lnh_b", "lnc_w", "lnc_b"), ln):
-                    getattr(buffers, name).copy_(value)
+            _copy_inputs(buffers, gx, lengths, params, config.layer_norm)
             buffers.h.copy_(h_saved)
             buffers.c.copy_(c_saved)
             buffers.dy[:batch, :time].copy_(dy)
@@ -612,6 +600,20 @@ class _Layer(torch.autograd.Function):
             param_grads += [None] * 4
         return (dgx, *param_grads, dh0, dc0, None, None, None)
 
+
+
+def _copy_inputs(buffers, gx: torch.Tensor, lengths: torch.Tensor, params, layer_norm: bool) -> None:
+    """Copy a call's inputs into a recording's padded buffers: gx and lengths (padding rows get
+    length 0), W_h and, with LN, the LN_h and LN_c gains and biases."""
+    batch, time = gx.shape[:2]
+    w_h, *ln = params
+    buffers.gx[:batch, :time].copy_(gx)
+    buffers.lengths[batch:].zero_()
+    buffers.lengths[:batch].copy_(lengths)
+    buffers.w_h.copy_(w_h)
+    if layer_norm:
+        for name, value in zip(("lnh_w", "lnh_b", "lnc_w", "lnc_b"), ln):
+            getattr(buffers, name).copy_(value)
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
