@@ -60,8 +60,18 @@ class Run:
         return ",".join(f"{short_key(k)}={v}" for k, v in self.values.items())
 
     def overrides(self) -> list[str]:
-        # A tied entry ("a.x,b.x") sets every one of its keys to the value.
-        return [f"{key}={v}" for entry, v in self.values.items() for key in entry.split(",")]
+        # A tied entry ("a.x,b.x") sets every one of its keys to the value, or to one part each of "v1:v2".
+        return [f"{key}={v}" for entry, value in self.values.items() for key, v in tied_values(entry, value)]
+
+
+def tied_values(entry: str, value: str) -> list[tuple[str, str]]:
+    """The (key, value) pairs one grid value gives: every key of a tied entry takes the value, unless
+    the value has one ``:``-separated part per key (``layernorm:false``), which go to the keys in order."""
+    keys = entry.split(",")
+    parts = value.split(":")
+    if len(keys) > 1 and len(parts) == len(keys):
+        return list(zip(keys, parts))
+    return [(key, value) for key in keys]
 
 
 def short_key(entry: str) -> str:
@@ -97,6 +107,8 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
 
     ``KEY1,KEY2=V1,V2`` ties the keys: both take V1 in one run and V2 in the
     other (e.g. pre- or post-norm in the encoder and the decoder together).
+    A tied value may give each key its own part, ``KEY1,KEY2=A1:A2,B1:B2``
+    (e.g. ``model.norm_type,model.fixnorm=layernorm:false,scalenorm:true``).
     """
     grid: dict[str, list[str]] = {}
     for entry in entries:
@@ -111,6 +123,11 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
             raise StudyError(f"--grid {entry!r}: empty value")
         if len(set(parsed)) != len(parsed):
             raise StudyError(f"--grid {entry!r}: a value is repeated")
+        keys = key.split(",")
+        for value in parsed:
+            parts = value.split(":")
+            if len(keys) > 1 and len(parts) > 1 and len(parts) != len(keys):
+                raise StudyError(f"--grid {entry!r}: {value!r} has {len(parts)} ':'-parts for {len(keys)} tied keys")
         grid[key] = parsed
     if len({short_key(k) for k in grid}) != len(grid):
         raise StudyError(f"--grid: two keys end in the same name ({', '.join(grid)}); run names would collide")
@@ -135,7 +152,8 @@ def folder_name(values: dict[str, str]) -> str:
     """A file-system-safe folder name for a run: ``layer_norm-none_mvn-global``."""
     parts = []
     for key, value in values.items():
-        safe = "".join(c if c.isalnum() or c in ".-" else "" for c in value.replace(",", "-")) or "empty"
+        spaced = value.replace(",", "-").replace(":", "-")
+        safe = "".join(c if c.isalnum() or c in ".-" else "" for c in spaced) or "empty"
         parts.append(f"{short_key(key)}-{safe}")
     return "_".join(parts)
 

@@ -44,6 +44,17 @@ def test_tied_keys_take_each_value_together(tmp_path):
     assert runs[1].overrides() == ["model.encoder.layer_norm=post", "model.decoder.layer_norm=post"]
 
 
+def test_a_tied_value_can_give_each_key_its_own_part(tmp_path):
+    recipe = RECIPE.parent / "fsdd_transformer.yaml"
+    grid = parse_grid(["model.norm_type,model.fixnorm=layernorm:false,scalenorm:true"])
+    runs = study.plan_runs(recipe, [], grid, tmp_path)
+    assert [r.name for r in runs] == ["norm_type+fixnorm=layernorm:false", "norm_type+fixnorm=scalenorm:true"]
+    assert runs[1].overrides() == ["model.norm_type=scalenorm", "model.fixnorm=true"]
+    assert runs[1].exp_dir.name == "norm_type+fixnorm-scalenorm-true"
+    with pytest.raises(StudyError, match="3 ':'-parts for 2 tied keys"):
+        parse_grid(["model.norm_type,model.fixnorm=scalenorm:true:x"])
+
+
 def test_run_folders_are_named_after_their_values():
     assert folder_name({"model.layer_norm": "none", "features.mvn": "global"}) == "layer_norm-none_mvn-global"
     assert folder_name({"features.speed_perturb": "[0.9,1.1]"}) == "speed_perturb-0.9-1.1"
