@@ -12,7 +12,8 @@
 Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
 its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
 named after its grid values (``layer_norm=none,mvn=global``). Keys joined by
-a comma before the ``=`` are tied: they take each value together. Positional
+a comma before the ``=`` are tied: they take each value together, or one
+``:``-separated part each (``model.norm_type,model.fixnorm=layernorm:false,scalenorm:true``). Positional
 overrides apply to every run. After training, each run's ``last.pt`` is
 evaluated with ``asr.evaluate --split dev``, and ``--split test`` where the
 recipe has a test split (a leave-one-speaker-out fold's held-out speaker,
