@@ -2,7 +2,7 @@
 
 import logging
 import re
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -21,9 +21,8 @@ from asr.data.demo import (
     draw_transcript,
     speaker_ids,
 )
-from asr.data.text import DIGIT_WORDS
 from asr.data.librispeech import read_subset
-from asr.data.text import normalize_text
+from asr.data.text import DIGIT_WORDS, normalize_text
 from features.audio import resample
 
 TINY = {
@@ -154,7 +153,8 @@ def test_corpus_key_follows_generation_options_only():
     assert corpus_key(DemoConfig(**TINY, enabled=True)) == corpus_key(base)
     assert corpus_key(DemoConfig(**TINY, splits=["train"])) == corpus_key(base)
     assert corpus_key(DemoConfig(**TINY, level_db=[-20, -3])) == corpus_key(base)  # ints spell the same floats
-    for change in ({"noise": [0.001, 0.002]}, {"sample_rate": 8000}, {"test_utterances": 5}, {"seed": 3}):
+    changes = ({"noise": [0.001, 0.002]}, {"sample_rate": 8000}, {"test_utterances": 5}, {"seed": 3}, {"isolated_digits": 0.5})
+    for change in changes:
         assert corpus_key(DemoConfig(**{**TINY, **change})) != corpus_key(base), change
 
 
@@ -184,6 +184,7 @@ def test_accents_times_variants_spell_out_the_training_voices():
         ({"pitch": [60, 40]}, "pitch"),
         ({"intonation": [0, 101]}, "intonation"),
         ({"digit_fraction": 1.5}, "digit_fraction"),
+        ({"isolated_digits": -0.1}, "isolated_digits"),
         ({"digits_per_utterance": [0, 3]}, "digits_per_utterance"),
         ({"noise": [-0.1, 0.0]}, "noise"),
         ({"level_db": [-10.0, 3.0]}, "level_db"),
@@ -265,3 +266,27 @@ def test_default_voices_exist_and_test_variants_are_never_heard_in_training():
     assert not {v.split("+")[1] for v in config.test_voices} & train_variants
     # every test accent is also a training accent: only the "speaker" is new
     assert {v.split("+")[0] for v in config.test_voices} <= {v.split("+")[0] for v in config.train_voices}
+
+
+def test_isolated_digits_change_only_how_digit_strings_are_spoken():
+    isolated = demo._plan(DemoConfig(**{**TINY, "isolated_digits": 1.0, "digit_fraction": 0.5}))
+    connected = demo._plan(DemoConfig(**{**TINY, "digit_fraction": 0.5}))
+    digit_strings = 0
+    for plain, one_by_one in zip(connected, isolated, strict=True):
+        assert one_by_one.text == plain.text  # the transcripts stay the words
+        assert replace(one_by_one, request=plain.request) == plain  # every other draw is the same
+        if set(plain.text.split()) <= set(DIGIT_WORDS):
+            digit_strings += 1
+            words = plain.text.split()
+            assert one_by_one.request.text == " ".join(f"{w.capitalize()}." for w in words)
+            assert replace(one_by_one.request, text=plain.request.text) == plain.request
+        else:
+            assert one_by_one.request == plain.request
+    assert digit_strings > 0
+
+
+def test_digits_spoken_one_by_one_take_sentence_pauses():
+    connected, rate = espeak.synthesize("one five eight", "en-us+m3", 175, 50)
+    isolated, _ = espeak.synthesize(demo.spoken_one_by_one("ONE FIVE EIGHT"), "en-us+m3", 175, 50)
+    assert demo.spoken_one_by_one("ONE FIVE EIGHT") == "One. Five. Eight."
+    assert len(isolated) > len(connected) + 0.3 * rate  # two sentence pauses, well over 150 ms each

@@ -48,7 +48,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +108,9 @@ class DemoConfig:
     pitch: list[int] = field(default_factory=lambda: [30, 70])  # eSpeak pitch 0-100; 50 = the voice's own
     intonation: list[int] = field(default_factory=lambda: [30, 80])  # eSpeak pitch range 0-100; 0 = monotone
     word_gap: list[int] = field(default_factory=lambda: [0, 3])  # extra pause between words, units of 10 ms
+    # Share of digit strings spoken one digit per sentence ("One. Five. Eight."): each digit in its
+    # citation form with a falling pitch and a sentence pause, like isolated recordings joined together.
+    isolated_digits: float = 0.0
     level_db: list[float] = field(default_factory=lambda: [-20.0, -3.0])  # speech peak in dB re full scale
     silence_seconds: list[float] = field(default_factory=lambda: [0.05, 0.4])  # before and after the speech
     # std of white background noise over the whole utterance (full scale 1): real recordings are
@@ -119,6 +122,7 @@ class DemoConfig:
     def __post_init__(self) -> None:
         # one spelling per value, so DemoConfig(noise=[0, 1]) and noise: [0.0, 1.0] name the same corpus
         self.digit_fraction = float(self.digit_fraction)
+        self.isolated_digits = float(self.isolated_digits)
         for name in ("level_db", "silence_seconds", "noise"):
             setattr(self, name, [float(x) for x in getattr(self, name)])
         for name in ("train_utterances", "dev_utterances", "test_utterances"):
@@ -148,8 +152,9 @@ class DemoConfig:
         shared = sorted(set(self.train_voices) & set(self.test_voices))
         if shared:
             raise ValueError(f"test_voices must be held out, but {', '.join(shared)} are also in train_voices")
-        if not 0.0 <= self.digit_fraction <= 1.0:
-            raise ValueError(f"digit_fraction must be in [0, 1], got {self.digit_fraction}")
+        for name in ("digit_fraction", "isolated_digits"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         check_range("digits_per_utterance", self.digits_per_utterance, 1, 20)
         check_range("rate_wpm", self.rate_wpm, *espeak.RATE_LIMITS)
         check_range("pitch", self.pitch, *espeak.PITCH_LIMITS)
@@ -323,6 +328,8 @@ def corpus_key(config: DemoConfig) -> str:
     for name in USE_OPTIONS:  # whether and where a recipe uses the corpus does not change it
         del options[name]
     del options["train_accents"], options["train_variants"]  # always empty: spelled out in train_voices
+    if not options["isolated_digits"]:  # added later: corpora that do not use it keep their folders
+        del options["isolated_digits"]
     try:
         engine_version = importlib.metadata.version("espeakng-loader")
     except importlib.metadata.PackageNotFoundError:
@@ -362,20 +369,32 @@ def _plan(config: DemoConfig) -> list[_Planned]:
             )
             utt_id = f"{speaker}-{_CHAPTER[split]}-{per_speaker[speaker]:04d}"
             per_speaker[speaker] += 1
-            plan.append(
-                _Planned(
-                    split=split,
-                    utt_id=utt_id,
-                    request=request,
-                    text=text,
-                    level_db=float(rng.uniform(*config.level_db)),
-                    lead_seconds=float(rng.uniform(*config.silence_seconds)),
-                    trail_seconds=float(rng.uniform(*config.silence_seconds)),
-                    noise=float(rng.uniform(*config.noise)),
-                    noise_seed=(config.seed, split_number, index, 1),
-                )
+            planned = _Planned(
+                split=split,
+                utt_id=utt_id,
+                request=request,
+                text=text,
+                level_db=float(rng.uniform(*config.level_db)),
+                lead_seconds=float(rng.uniform(*config.silence_seconds)),
+                trail_seconds=float(rng.uniform(*config.silence_seconds)),
+                noise=float(rng.uniform(*config.noise)),
+                noise_seed=(config.seed, split_number, index, 1),
             )
+            # drawn last, and only when enabled, so corpora without it keep every other draw
+            if config.isolated_digits > 0 and _is_digit_string(text) and rng.random() < config.isolated_digits:
+                planned = replace(planned, request=replace(request, text=spoken_one_by_one(text)))
+            plan.append(planned)
     return plan
+
+
+def _is_digit_string(text: str) -> bool:
+    return all(word in DIGIT_WORDS for word in text.split())
+
+
+def spoken_one_by_one(text: str) -> str:
+    """``"ONE FIVE EIGHT"`` -> ``"One. Five. Eight."``: one sentence per word, which eSpeak speaks
+    with a sentence's falling pitch and pause (lower case after a full stop would not end a sentence)."""
+    return " ".join(f"{word.capitalize()}." for word in text.lower().split())
 
 
 def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[str, float]:
