@@ -1,6 +1,7 @@
 """asr.study: grid parsing, and a real (tiny) study of two leave-one-speaker-out folds on FSDD."""
 
 import json
+import shlex
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from conftest import TINY
 from asr import studies as study
 from asr.checkpoint import load_checkpoint
 from asr.cli import study as study_cli
+from asr.experiment import load_experiment_config
 from asr.studies import StudyError, folder_name, parse_grid, split_values
 
 
@@ -204,3 +206,16 @@ def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys
             study_cli.main([*argv, *extra])
         assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPE.parent.glob("*.yaml")))
+def test_every_shipped_recipe_loads_and_the_studies_its_header_shows_plan(recipe, tmp_path):
+    """A typo in a recipe's keys, or in a grid its header shows, fails here rather than for a user."""
+    path = RECIPE.parent / recipe
+    load_experiment_config(path, [])
+    header = "\n".join(line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#"))
+    for line in header.replace("\\\n", " ").splitlines():
+        if line.startswith("python -m asr.study "):
+            args = study_cli.build_parser().parse_args(shlex.split(line)[3:])
+            assert args.recipe.name == recipe
+            study.plan_runs(path, args.overrides, parse_grid(args.grid), tmp_path)
