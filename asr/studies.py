@@ -66,10 +66,13 @@ class Run:
 
 def tied_values(entry: str, value: str) -> list[tuple[str, str]]:
     """The (key, value) pairs one grid value gives: every key of a tied entry takes the value, unless
-    the value has one ``:``-separated part per key (``layernorm:false``), which go to the keys in order."""
+    the value has one ``:``-separated part per key (``layernorm:false``), which go to the keys in order.
+    Any other number of parts for tied keys is a :class:`StudyError`."""
     keys = entry.split(",")
     parts = value.split(":")
-    if len(keys) > 1 and len(parts) == len(keys):
+    if len(keys) > 1 and len(parts) > 1:
+        if len(parts) != len(keys):
+            raise StudyError(f"--grid {entry!r}: {value!r} has {len(parts)} ':'-parts for {len(keys)} tied keys")
         return list(zip(keys, parts))
     return [(key, value) for key in keys]
 
@@ -123,11 +126,8 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
             raise StudyError(f"--grid {entry!r}: empty value")
         if len(set(parsed)) != len(parsed):
             raise StudyError(f"--grid {entry!r}: a value is repeated")
-        keys = key.split(",")
         for value in parsed:
-            parts = value.split(":")
-            if len(keys) > 1 and len(parts) > 1 and len(parts) != len(keys):
-                raise StudyError(f"--grid {entry!r}: {value!r} has {len(parts)} ':'-parts for {len(keys)} tied keys")
+            tied_values(key, value)  # a tied value with the wrong number of parts fails here, before any run
         grid[key] = parsed
     if len({short_key(k) for k in grid}) != len(grid):
         raise StudyError(f"--grid: two keys end in the same name ({', '.join(grid)}); run names would collide")
