@@ -601,7 +601,6 @@ class _Layer(torch.autograd.Function):
         return (dgx, *param_grads, dh0, dc0, None, None, None)
 
 
-
 def _copy_inputs(buffers, gx: torch.Tensor, lengths: torch.Tensor, params, layer_norm: bool) -> None:
     """Copy a call's inputs into a recording's padded buffers: gx and lengths (padding rows get
     length 0), W_h and, with LN, the LN_h and LN_c gains and biases."""
@@ -614,6 +613,7 @@ def _copy_inputs(buffers, gx: torch.Tensor, lengths: torch.Tensor, params, layer
     if layer_norm:
         for name, value in zip(("lnh_w", "lnh_b", "lnc_w", "lnc_b"), ln):
             getattr(buffers, name).copy_(value)
+
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
