@@ -33,7 +33,7 @@ def inputs(batch=3, time=9, length=6):
     return decoder_input, keys, mask
 
 
-@pytest.mark.parametrize("kind, heads, layers", [("location", 1, 2), ("content", 2, 1), ("dot", 1, 3)])
+@pytest.mark.parametrize("kind, heads, layers", [("location", 1, 2), ("content", 2, 1), ("dot", 1, 3), ("mocha", 1, 2)])
 def test_step_by_step_equals_teacher_forcing(kind, heads, layers):
     speller = make(kind, heads, layers).eval()
     decoder_input, keys, mask = inputs()
@@ -63,8 +63,9 @@ def test_reordered_state_continues_like_the_selected_rows():
     torch.testing.assert_close(out_reordered, out_full[index])
 
 
-def test_each_utterance_is_decoded_the_same_alone_or_in_a_batch():
-    speller = make(heads=2).eval()
+@pytest.mark.parametrize("kind, heads", [("location", 2), ("mocha", 1)])
+def test_each_utterance_is_decoded_the_same_alone_or_in_a_batch(kind, heads):
+    speller = make(kind, heads=heads).eval()
     decoder_input, keys, mask = inputs()
     with torch.no_grad():
         log_probs, _ = speller(decoder_input, keys, mask)

@@ -13,6 +13,10 @@ Three energy functions behind one module, chosen by ``AttentionConfig.type``:
   1-D convolution over the previous step's attention weights, which lets the
   model learn to move forwards monotonically.
 
+A fourth type, ``"mocha"``, monotonic chunkwise attention (Chiu & Raffel 2018),
+is its own module, :class:`asr.models.mocha.MonotonicChunkwiseAttention`: it
+keeps a different state (where the previous step stopped) and has one head.
+
 Masks follow the toolkit convention (True = valid frame). Energies of padded
 frames are set to ``-inf`` before the softmax, so their weights are exactly 0,
 and since the location convolution only sees zeros beyond an utterance's end
@@ -41,7 +45,7 @@ from torch import nn
 class AttentionConfig:
     """The ``model.attention`` section of an LAS recipe."""
 
-    type: Literal["content", "dot", "location"] = "location"  # location-aware copes best with long utterances
+    type: Literal["content", "dot", "location", "mocha"] = "location"  # location-aware copes best with long utterances
     dim: int = 256            # size of the projected query/keys the energies are computed in
     heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
     conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
@@ -51,10 +55,23 @@ class AttentionConfig:
     # restrict it; [] attends everywhere. A window keeps attention from jumping over words in utterances
     # longer than any heard in training.
     window: list[int] = field(default_factory=list)
+    # type "mocha" only (asr/models/mocha.py, Chiu & Raffel 2018): the softmax's chunk in encoder
+    # frames, the initial bias r of the stop energy, and the std of the noise added to it in training
+    chunk: int = 2
+    monotonic_bias: float = -4.0
+    sigmoid_noise: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.type not in ("content", "dot", "location"):
-            raise ValueError(f"type must be one of 'content', 'dot', 'location', got {self.type!r}")
+        if self.type not in ("content", "dot", "location", "mocha"):
+            raise ValueError(f"type must be one of 'content', 'dot', 'location', 'mocha', got {self.type!r}")
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+        if self.sigmoid_noise < 0:
+            raise ValueError(f"sigmoid_noise must be >= 0, got {self.sigmoid_noise}")
+        if self.type == "mocha" and self.heads != 1:
+            raise ValueError(f"heads must be 1 with type 'mocha', got {self.heads}")
+        if self.type == "mocha" and self.window:
+            raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
         for name in ("dim", "heads", "conv_channels", "conv_kernel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -80,6 +97,8 @@ class Attention(nn.Module):
 
     def __init__(self, config: AttentionConfig, query_dim: int, key_dim: int) -> None:
         super().__init__()
+        if config.type == "mocha":
+            raise ValueError("type 'mocha' is asr.models.mocha.MonotonicChunkwiseAttention, not Attention")
         self.config = config
         self.type = config.type
         self.heads = config.heads

@@ -33,6 +33,7 @@ from torch import nn
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm import LNLSTMCell
+from asr.models.mocha import MonotonicChunkwiseAttention
 
 
 @dataclass
@@ -72,7 +73,8 @@ class Speller(nn.Module):
     ``h``, ``c``: lists of (N, hidden) per layer; ``context`` (N, H);
     ``weights`` (N, heads, T) the previous attention (read by location-aware
     attention); with a windowed attention, ``focus`` (N,) the frame the
-    window is centred on; and under ``"static"``
+    window is centred on; with monotonic chunkwise attention (``type: mocha``),
+    ``monotonic`` (N, T) the previous step's stop distribution; and under ``"static"``
     (:data:`asr.models.interface.STATIC_STATE_KEY`) what depends only on the
     utterance and is computed once: ``keys`` (N, T, H), ``mask`` (N, T) and
     ``projected_keys`` (N, heads, T, dim). Beam search never reorders the
@@ -108,7 +110,10 @@ class Speller(nn.Module):
             )
             for layer in range(config.num_layers)
         )
-        self.attention = Attention(attention, config.hidden_size, context_dim)
+        if attention.type == "mocha":
+            self.attention = MonotonicChunkwiseAttention(attention, config.hidden_size, context_dim)
+        else:
+            self.attention = Attention(attention, config.hidden_size, context_dim)
         self.dropout = nn.Dropout(config.dropout)
         self.output = nn.Linear(config.hidden_size + context_dim, vocab_size)
 
@@ -125,6 +130,8 @@ class Speller(nn.Module):
         }
         if self.attention.config.window:
             state["focus"] = torch.zeros(num, dtype=torch.long, device=keys.device)  # the first frame
+        if isinstance(self.attention, MonotonicChunkwiseAttention):
+            state["monotonic"] = self.attention.initial_alignment(mask)
         return state
 
     def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
@@ -137,12 +144,18 @@ class Speller(nn.Module):
             new_c.append(c)
             x = self.dropout(h)
         static = state[STATIC_STATE_KEY]
-        attend = self.attention.window_mask(static["mask"], state["focus"]) if "focus" in state else None
-        context, weights = self.attention(
-            x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend
-        )
+        extra = {}
+        if "monotonic" in state:
+            context, weights, extra["monotonic"] = self.attention(
+                x, static["keys"], static["mask"], state["monotonic"], projected_keys=static["projected_keys"]
+            )
+        else:
+            attend = self.attention.window_mask(static["mask"], state["focus"]) if "focus" in state else None
+            context, weights = self.attention(
+                x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend
+            )
         log_probs = F.log_softmax(self.output(torch.cat([x, context], dim=-1)), dim=-1)
-        new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
+        new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights, **extra)
         if "focus" in state:
             new_state["focus"] = self.attention.focus(weights)
         return log_probs, new_state
