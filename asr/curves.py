@@ -188,7 +188,7 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom
         notes = ([f"smoothed {smoothing:g}"] if smoothing > 0 else []) + (["y axis fits points 2+"] if zoomed else [])
         ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))
         ax.grid(True, alpha=0.3)
-        ax.legend()
+    _legends(fig, axes[:, 0])
     _write(fig, out)
 
 
@@ -260,15 +260,33 @@ def plot_bands(panels: dict[str, list[Band]], out: Path, xlabel: str, spread: st
         ax.set_xlabel(xlabel)
         ax.set_ylabel(tag)
         ax.grid(True, alpha=0.3)
-        ax.legend()
+    _legends(fig, axes[:, 0])
     _write(fig, out)
+
+
+# More lines than this and a legend inside a panel hides the curves: one legend goes below the figure.
+MAX_LEGEND_INSIDE = 4
+
+
+def _legends(fig, axes) -> None:
+    """A legend in each panel, or, with more than :data:`MAX_LEGEND_INSIDE` lines in a panel,
+    one legend below the last panel for all (the panels plot the same runs or settings)."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    if max(len(ax.get_lines()) for ax in axes) <= MAX_LEGEND_INSIDE:
+        for ax in axes:
+            ax.legend()
+        return
+    fig.tight_layout()
+    fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), fontsize="small", frameon=False)
 
 
 def _write(fig, out: Path) -> None:
     """Lay out ``fig``, write it to ``out`` (creating its folder) and close it."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if not fig.legends:
+        fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    # "tight" grows the image to hold a legend placed below the panels.
+    fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)

@@ -150,6 +150,19 @@ def test_bands_average_aligned_points_and_the_plot_is_written(tmp_path):
     assert image.ndim == 3 and image.shape[0] > 100
 
 
+def test_many_settings_get_one_legend_below_the_panels_instead_of_one_over_the_curves(tmp_path):
+    def settings(count):
+        return [band(f"layer_norm=setting-{i},warmup_steps=300", [[1, 2, 3]], [[3.0, 2.0, 1.0 + i]]) for i in range(count)]
+
+    heights = {}
+    for count in (2, 8):
+        out = tmp_path / f"{count}.png"
+        plot_bands({"valid/loss": settings(count), "valid/wer": settings(count)}, out, "epoch")
+        heights[count] = matplotlib.image.imread(out).shape[0]
+    # The figure is 7.2 in (720 px) high either way; eight legend lines below it add about 100 px.
+    assert heights[2] <= 730 < 780 < heights[8]
+
+
 def test_tiled_pictures_make_one_image(tmp_path):
     from asr.plots import tile_images
 
