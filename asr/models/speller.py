@@ -144,9 +144,8 @@ class Speller(nn.Module):
             new_c.append(c)
             x = self.dropout(h)
         static = state[STATIC_STATE_KEY]
-        extra = {}
         if "monotonic" in state:
-            context, weights, extra["monotonic"] = self.attention(
+            context, weights, monotonic = self.attention(
                 x, static["keys"], static["mask"], state["monotonic"], projected_keys=static["projected_keys"]
             )
         else:
@@ -155,7 +154,9 @@ class Speller(nn.Module):
                 x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend
             )
         log_probs = F.log_softmax(self.output(torch.cat([x, context], dim=-1)), dim=-1)
-        new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights, **extra)
+        new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
+        if "monotonic" in state:
+            new_state["monotonic"] = monotonic
         if "focus" in state:
             new_state["focus"] = self.attention.focus(weights)
         return log_probs, new_state
