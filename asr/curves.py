@@ -269,10 +269,11 @@ MAX_LEGEND_INSIDE = 4
 
 
 def _legends(fig, axes) -> None:
-    """A legend in each panel, or, with more than :data:`MAX_LEGEND_INSIDE` lines in a panel,
-    one legend below the last panel for all (the panels plot the same runs or settings)."""
+    """A legend in each panel; or, when the panels plot the same lines in the same order (so the
+    same colours) and have more than :data:`MAX_LEGEND_INSIDE` of them, one legend below all."""
     handles, labels = axes[0].get_legend_handles_labels()
-    if max(len(ax.get_lines()) for ax in axes) <= MAX_LEGEND_INSIDE:
+    shared = all(ax.get_legend_handles_labels()[1] == labels for ax in axes)
+    if not shared or len(labels) <= MAX_LEGEND_INSIDE:
         for ax in axes:
             ax.legend()
         return
