@@ -277,7 +277,6 @@ def _legends(fig, axes) -> None:
         for ax in axes:
             ax.legend()
         return
-    fig.tight_layout()
     fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.0, 0.0), fontsize="small", frameon=False)
 
 
@@ -285,8 +284,7 @@ def _write(fig, out: Path) -> None:
     """Lay out ``fig``, write it to ``out`` (creating its folder) and close it."""
     import matplotlib.pyplot as plt
 
-    if not fig.legends:
-        fig.tight_layout()
+    fig.tight_layout()  # lays out the panels only; a figure legend keeps its place below them
     out.parent.mkdir(parents=True, exist_ok=True)
     # "tight" grows the image to hold a legend placed below the panels.
     fig.savefig(out, dpi=100, bbox_inches="tight")

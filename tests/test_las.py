@@ -194,9 +194,9 @@ def test_small_las_learns_real_connected_digits(fsdd_dev, attention):
     torch.manual_seed(0)
     config = LASConfig(
         listener=ListenerConfig(hidden_size=32, num_layers=3, pyramid_layers=2, frame_stacking=2),  # 8x
-        # MoChA with a stop bias of +4 (p = 0.98): it starts by staying on a frame for several
-        # characters, which this character model needs; with the paper's -4 (p = 0.02) the
-        # scan runs off the end within a few steps and the speller learns without its audio.
+        # MoChA with a stop bias of +4 (p = 0.98): with the paper's -4 (p = 0.02) the scan expects
+        # to pass 50 frames before it stops, more than these utterances have after the 8x
+        # reduction, so the stop mass runs off the end and the speller learns without its audio.
         attention=AttentionConfig(type=attention, dim=32, conv_channels=4, conv_kernel=5, monotonic_bias=4.0),
         speller=SpellerConfig(embedding_dim=16, hidden_size=64, num_layers=1),
         ctc_weight=0.3,
