@@ -12,6 +12,11 @@ From those, per run (:func:`measure`):
 - **area under the validation-loss curve**: the trapezoid rule over optimizer
   steps from the first validation to the last, in loss x 1000 steps. Lower is
   better; it rewards getting low early, and compares runs with the same budget.
+- **late fall**: how much the best validation loss so far fell over the last quarter of
+  the run's optimizer steps, per 1000 steps. Near 0, the run has reached its plateau;
+  well above 0, it was still learning when it stopped, and a longer run would do better.
+  The best-so-far curve, not the raw one, so a noisy last validation cannot fake a plateau
+  or a fall.
 - best and final validation loss and WER.
 
 Over seeds (:func:`mean_std`, :func:`summarise_reached`): the mean and the
@@ -71,6 +76,7 @@ class Convergence:
     auc: float | None                 # area under valid/loss over optimizer steps, loss x 1000 steps
     loss_target: Reached | None       # None: not reached (or no target)
     wer_target: Reached | None
+    late_fall: float | None = None    # best valid/loss fall over the last quarter of the steps, per 1k steps
 
 
 def read_run_curves(exp_dir: Path, label: str) -> RunCurves:
@@ -103,6 +109,23 @@ def area_under(xs: list[float], ys: list[float]) -> float:
     return sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]))
 
 
+def late_fall(steps: list[int], loss: list[float], share: float = 0.25) -> float | None:
+    """How much the best loss so far fell over the last ``share`` of the steps, per 1000 steps:
+    from the last validation at or before ``share`` of the run's span from its end, to the end.
+    None with fewer than 4 validations or no finite loss before that point."""
+    if len(steps) < 4:
+        return None
+    best, best_so_far = math.inf, []
+    for value in loss:
+        best = min(best, value) if math.isfinite(value) else best
+        best_so_far.append(best)
+    start = steps[-1] - share * (steps[-1] - steps[0])
+    index = max(i for i, s in enumerate(steps) if s <= start)
+    if not math.isfinite(best_so_far[index]) or steps[-1] == steps[index]:
+        return None
+    return (best_so_far[index] - best_so_far[-1]) / ((steps[-1] - steps[index]) / 1000)
+
+
 def _reached(curves: RunCurves, values: list[float] | None, target: float | None) -> Reached | None:
     index = None if target is None or values is None else first_reached(values, target)
     if index is None:
@@ -128,6 +151,7 @@ def measure(curves: RunCurves, targets: Targets) -> Convergence:
         auc=auc,
         loss_target=_reached(curves, curves.loss, targets.loss),
         wer_target=_reached(curves, curves.wer, targets.wer),
+        late_fall=late_fall(curves.steps, curves.loss) if curves.steps else None,
     )
 
 
@@ -170,7 +194,7 @@ def aggregate(measures: list[Convergence]) -> dict:
     """Numbers behind a seed table row: per measure its mean, sample std (None for one run) and
     count; per target, the same of the steps and minutes of the runs that reached it."""
     summary: dict = {"runs": len(measures)}
-    for name in ("auc", "best_loss", "final_loss", "best_wer", "final_wer", "epochs", "steps"):
+    for name in ("auc", "late_fall", "best_loss", "final_loss", "best_wer", "final_wer", "epochs", "steps"):
         values = [getattr(m, name) for m in measures if getattr(m, name) is not None]
         mean, std = mean_std(values) if values else (None, None)
         summary[name] = {"mean": mean, "std": std, "n": len(values)}

@@ -392,12 +392,16 @@ def _target_headers(targets: Targets, unit: str) -> list[str]:
     return headers
 
 
+# The convergence tables' column for asr.convergence.late_fall: near 0 on a plateau.
+LATE_FALL = "valid loss fall per 1k steps, last quarter"
+
+
 def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targets) -> str:
     """One row per run: epochs and optimizer steps trained, steps to each target (with epoch and
     minutes), area under the validation loss, best and final validation loss and WER."""
     keys = list(grid)
     header = [short_key(k) for k in keys] + ["epochs", "steps", *_target_headers(targets, "steps")]
-    header += ["valid loss AUC (loss x 1k steps)", "best valid loss (epoch)", "final valid loss",
+    header += ["valid loss AUC (loss x 1k steps)", LATE_FALL, "best valid loss (epoch)", "final valid loss",
                "best valid WER %", "final valid WER %"]
     rows = []
     for run in runs:
@@ -408,7 +412,7 @@ def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targ
             continue
         cells += [str(c.epochs), "n/a" if c.steps is None else str(c.steps)]
         cells += [_reached_text(r) for r, t in ((c.loss_target, targets.loss), (c.wer_target, targets.wer)) if t is not None]
-        cells += [_num(c.auc), f"{_num(c.best_loss)} ({c.best_loss_epoch})", _num(c.final_loss),
+        cells += [_num(c.auc), _num(c.late_fall), f"{_num(c.best_loss)} ({c.best_loss_epoch})", _num(c.final_loss),
                   _pct(c.best_wer), _pct(c.final_wer)]
         rows.append(cells)
     return markdown_table(header, len(keys), rows)
@@ -421,7 +425,7 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
     others = [k for k in grid if k != seed_key]
     header = [short_key(k) for k in others] + ["seeds"]
     header += _target_headers(targets, "steps") + _target_headers(targets, "minutes")
-    header += ["valid loss AUC (loss x 1k steps)", "best valid loss", "final valid loss", "best valid WER %",
+    header += ["valid loss AUC (loss x 1k steps)", LATE_FALL, "best valid loss", "final valid loss", "best valid WER %",
                "final valid WER %", *[s.label for s in scorings], "train min"]
     rows = []
     for values, group in group_runs(runs, grid, seed_key):
@@ -432,6 +436,7 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
                 if target is not None:
                     cells.append(summarise_reached([getattr(c, name) for c in measured], field_name))
         cells += [format_mean_std([c.auc for c in measured]),
+                  format_mean_std([c.late_fall for c in measured], 2),
                   format_mean_std([c.best_loss for c in measured]),
                   format_mean_std([c.final_loss for c in measured]),
                   format_mean_std([c.best_wer for c in measured], 3, 100),
@@ -441,6 +446,8 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
         cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))
         rows.append(cells)
     return markdown_table(header, len(others), rows)
+
+
 def length_table(runs: list[Run], scorings: list[Scoring]) -> str:
     """WER by reference length (``asr.evaluate``'s ``by_length``): one row per run and scoring, one
     column per length bin found in any of them."""

@@ -20,6 +20,7 @@ from asr.convergence import (
     area_under,
     first_reached,
     format_mean_std,
+    late_fall,
     measure,
     read_run_curves,
     summarise_reached,
@@ -41,6 +42,21 @@ def test_first_reached_and_area_under_hand_made_curves():
     assert area_under([5.0], [1.0]) == 0
 
 
+def test_late_fall_reads_the_best_loss_so_far_over_the_last_quarter():
+    steps = [100, 200, 300, 400, 500]
+    # Span 100-500: the last quarter starts at step 400; best so far 1.5 there, 1.2 at 500.
+    assert late_fall(steps, [3.0, 2.0, 1.5, 1.5, 1.2]) == pytest.approx(3.0)  # 0.3 per 100 steps
+    assert late_fall(steps, [3.0, 2.0, 1.0, 1.0, 1.0]) == 0.0  # a plateau
+    # A worse last validation is no fall and no rise: the best so far stays.
+    assert late_fall(steps, [3.0, 2.0, 1.0, 1.0, 1.4]) == 0.0
+    # A NaN validation counts as no improvement; a run with too few points has no late fall.
+    assert late_fall(steps, [3.0, 2.0, 1.5, 1.5, math.nan]) == 0.0
+    assert late_fall(steps, [math.nan] * 5) is None
+    assert late_fall([100, 200, 300], [3.0, 2.0, 1.0]) is None
+    # The share is of the span of steps: half of 100-500 starts at 300.
+    assert late_fall(steps, [3.0, 2.0, 1.5, 1.5, 1.2], share=0.5) == pytest.approx(1.5)
+
+
 def test_measure_gives_steps_minutes_and_epochs_to_each_target():
     result = measure(CURVES, Targets(loss=2.0, wer=0.3))
     assert result.loss_target == Reached(epoch=2, step=200, minutes=4.0)
@@ -49,11 +65,15 @@ def test_measure_gives_steps_minutes_and_epochs_to_each_target():
     assert result.auc == pytest.approx(0.425)
     assert (result.best_loss, result.best_loss_epoch, result.final_loss) == (1.5, 3, 1.5)
     assert (result.best_wer, result.final_wer, result.epochs, result.steps) == (0.25, 0.25, 3, 300)
+    assert result.late_fall is None  # three validations: too few
+    longer = RunCurves(epochs=[1, 2, 3, 4, 5], loss=[3.0, 2.0, 1.5, 1.4, 1.3], steps=[100, 200, 300, 400, 500])
+    assert measure(longer, Targets()).late_fall == pytest.approx(1.0)
     assert measure(CURVES, Targets(loss=1.0)).loss_target is None  # not reached
     assert measure(CURVES, Targets()).wer_target is None
     # A run from before valid/step was logged: epochs only, no AUC.
     old = measure(RunCurves(epochs=[1, 2], loss=[2.0, 1.0]), Targets(loss=1.0))
     assert old.loss_target == Reached(epoch=2) and old.auc is None and old.best_wer is None
+    assert old.late_fall is None
 
 
 def write_events(folder: Path, series: dict[str, list[float]]) -> None:
@@ -99,7 +119,7 @@ def fake_study() -> tuple[list[Run], dict[str, list[str]]]:
             c = Convergence(epochs=4, steps=400, best_loss=final, best_loss_epoch=4, final_loss=final,
                             best_wer=final / 10, final_wer=final / 10, auc=final * 2,
                             loss_target=None if step is None else Reached(step // 100, step, step / 100),
-                            wer_target=None)
+                            wer_target=None, late_fall=final / 4)
             run = Run({"model.layer_norm": norm, "train.seed": seed}, Path(f"runs/{norm}-{seed}"), convergence=c)
             run.results = {"dev": {"wer": final / 20}, "train_seconds": 120.0}
             runs.append(run)
@@ -121,6 +141,7 @@ def test_seed_table_aggregates_each_setting_over_its_seeds():
     assert rows["both"]["minutes to valid loss <= 2"] == "2 ± 1.4 (2/3)"
     assert rows["none"]["final valid loss"] == "2.5 ± 0.5" and rows["both"]["final valid loss"] == "1.5 ± 0.5"
     assert rows["both"]["valid loss AUC (loss x 1k steps)"] == "3 ± 1"
+    assert rows["both"]["valid loss fall per 1k steps, last quarter"] == "0.38 ± 0.12"
     assert rows["both"]["final valid WER %"] == "15 ± 5"
     assert rows["both"]["dev WER %"] == "7.5 ± 2.5"
     assert rows["both"]["seeds"] == "3" and rows["both"]["train min"] == "2 ± 0"
@@ -135,6 +156,7 @@ def test_per_run_convergence_table_says_not_reached():
     rows = table_rows(convergence_table(runs, grid, Targets(loss=2.0)))
     assert rows[0][:5] == ["none", "0", "4", "400", "not reached"]
     assert rows[3][:5] == ["both", "0", "4", "400", "100 (epoch 1, 1.0 min)"]
+    assert rows[3][6] == "0.2500"  # late fall, after the AUC
 
 
 def test_bands_average_aligned_points_and_the_plot_is_written(tmp_path):

@@ -44,8 +44,9 @@ in KEY are also decoded together as one ensemble, into
   its TensorBoard validation curves): epochs and optimizer steps, the steps
   (epoch, minutes) to the first validation at or below ``--target-loss`` and
   ``--target-wer`` (in percent; "not reached" when none was), the area under
-  the validation-loss curve over optimizer steps, best and final validation
-  loss and WER. With ``--seeds KEY`` (a grid key, tied keys allowed, e.g.
+  the validation-loss curve over optimizer steps, how much the best
+  validation loss fell over the last quarter of the steps (near 0: a plateau),
+  best and final validation loss and WER. With ``--seeds KEY`` (a grid key, tied keys allowed, e.g.
   ``train.seed`` or ``train.seed,data.seed``), every measure and WER also as
   mean ± sample std over KEY's values per setting of the other keys (steps
   to a target over the seeds that reached it, counted), ``convergence.json``
@@ -313,7 +314,9 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
              "From each run's validation curves (one point per epoch; valid WER on the first "
              "train.valid_max_utterances dev utterances). Steps to a target: optimizer steps at the first "
              "validation that reached it" + (f" ({', '.join(wanted)})" if wanted else " (no --target-loss or --target-wer given)")
-             + ". AUC: area under the validation loss over optimizer steps (trapezoid rule).", ""]
+             + ". AUC: area under the validation loss over optimizer steps (trapezoid rule). Fall per 1k steps, "
+             "last quarter: how much the best validation loss so far fell over the last quarter of the steps; "
+             "near 0 on a plateau, well above 0 when the run was still learning.", ""]
     lines.append(convergence_table(study.runs, study.grid, targets))
     if not args.seeds:
         return lines
