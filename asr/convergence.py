@@ -186,7 +186,7 @@ def summarise_reached(reached: list[Reached | None], field: str) -> str:
         return f"not reached {count}"
     if any(h is None for h in hits):
         return f"n/a {count}"  # reached, but this run did not log steps or minutes
-    digits = 3 if field == "minutes" else 6
+    digits = 3 if field == "minutes" else 4
     return f"{format_mean_std(hits, digits)} {count}"
 
 
