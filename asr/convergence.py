@@ -186,7 +186,8 @@ def summarise_reached(reached: list[Reached | None], field: str) -> str:
         return f"not reached {count}"
     if any(h is None for h in hits):
         return f"n/a {count}"  # reached, but this run did not log steps or minutes
-    digits = 3 if field == "minutes" else 4
+    # Steps and epochs as whole numbers (917, not 916.7); minutes to 3 significant digits.
+    digits = 3 if field == "minutes" else max(len(str(round(abs(h)))) for h in hits)
     return f"{format_mean_std(hits, digits)} {count}"
 
 

@@ -107,6 +107,10 @@ def test_mean_std_and_reached_summaries():
     assert summarise_reached(hits, "minutes") == "6 ± 2.8 (2/3)"
     assert summarise_reached([None, None], "step") == "not reached (0/2)"
     assert summarise_reached([Reached(2)], "step") == "n/a (1/1)"
+    # A mean of whole steps is printed whole: 2,267, not 2266.67 or 2,270.
+    thirds = [Reached(40, 2000, 1.0), Reached(46, 2300, 1.0), Reached(50, 2500, 1.0)]
+    assert summarise_reached(thirds, "step") == "2267 ± 250 (3/3)"
+    assert summarise_reached([Reached(9, 917, 1.0), Reached(9, 900, 1.0)], "step") == "908 ± 12 (2/2)"
 
 
 def fake_study() -> tuple[list[Run], dict[str, list[str]]]:
