@@ -115,15 +115,13 @@ def late_fall(steps: list[int], loss: list[float], share: float = 0.25) -> float
     None with fewer than 4 validations or no finite loss before that point."""
     if len(steps) < 4:
         return None
-    best, best_so_far = math.inf, []
-    for value in loss:
-        best = min(best, value) if math.isfinite(value) else best
-        best_so_far.append(best)
     start = steps[-1] - share * (steps[-1] - steps[0])
     index = max(i for i, s in enumerate(steps) if s <= start)
-    if not math.isfinite(best_so_far[index]) or steps[-1] == steps[index]:
+    before = [v for v in loss[: index + 1] if math.isfinite(v)]
+    if not before or steps[-1] == steps[index]:
         return None
-    return (best_so_far[index] - best_so_far[-1]) / ((steps[-1] - steps[index]) / 1000)
+    best_before, best_at_end = min(before), min(v for v in loss if math.isfinite(v))
+    return (best_before - best_at_end) / ((steps[-1] - steps[index]) / 1000)
 
 
 def _reached(curves: RunCurves, values: list[float] | None, target: float | None) -> Reached | None:

@@ -398,7 +398,7 @@ LATE_FALL = "valid loss fall per 1k steps, last quarter"
 
 def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targets) -> str:
     """One row per run: epochs and optimizer steps trained, steps to each target (with epoch and
-    minutes), area under the validation loss, best and final validation loss and WER."""
+    minutes), area under the validation loss, its late fall, best and final validation loss and WER."""
     keys = list(grid)
     header = [short_key(k) for k in keys] + ["epochs", "steps", *_target_headers(targets, "steps")]
     header += ["valid loss AUC (loss x 1k steps)", LATE_FALL, "best valid loss (epoch)", "final valid loss",
