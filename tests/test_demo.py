@@ -10,7 +10,7 @@ import soundfile
 import torch
 
 from asr.config import ConfigError, from_dict
-from asr.data import demo, espeak
+from asr.data import demo, espeak, pico
 from asr.data.config import DataConfig, DigitsConfig
 from asr.data.corpus import load_split
 from asr.data.demo import (
@@ -191,6 +191,11 @@ def test_accents_times_variants_spell_out_the_training_voices():
         ({"sample_rate": 100}, "sample_rate"),
         ({"splits": ["valid"]}, "splits"),
         ({"splits": []}, "splits"),
+        ({"pico_share": 1.5}, "pico_share"),
+        ({"pico_share": 0.5, "pico_voices": ["en-AU"]}, "pico_voices"),
+        ({"pico_share": 0.5, "pico_voices": []}, "pico_voices"),
+        ({"pico_pitch": [40, 100]}, "pico_pitch"),
+        ({"pico_rate": [120, 80]}, "pico_rate"),
     ],
 )
 def test_invalid_options_raise_errors_naming_the_field(change, field):
@@ -290,3 +295,61 @@ def test_digits_spoken_one_by_one_take_sentence_pauses():
     isolated, _ = espeak.synthesize(demo.spoken_one_by_one("ONE FIVE EIGHT"), "en-us+m3", 175, 50)
     assert demo.spoken_one_by_one("ONE FIVE EIGHT") == "One. Five. Eight."
     assert len(isolated) > len(connected) + 0.3 * rate  # two sentence pauses, well over 150 ms each
+
+
+PICO = {**TINY, "pico_share": 0.5}
+
+
+def test_pico_speaks_a_share_of_train_and_dev_and_every_other_draw_stays():
+    with_pico = demo._plan(DemoConfig(**PICO))
+    espeak_only = demo._plan(DemoConfig(**TINY))
+    spoken_by_pico = {"train": 0, "dev": 0, "test": 0}
+    for mixed, plain in zip(with_pico, espeak_only, strict=True):
+        if isinstance(mixed.request, pico.PicoRequest):
+            spoken_by_pico[mixed.split] += 1
+            assert mixed.request.text == plain.request.text
+            assert pico.RATE_LIMITS[0] <= mixed.request.rate <= pico.RATE_LIMITS[1]
+            assert mixed.utt_id.split("-")[0] in {speaker_ids(DemoConfig(**PICO))[f"pico:{v}"] for v in pico.VOICES}
+        else:  # the same voice, sentence, rate, level; the number within the speaker may move up
+            assert replace(mixed, utt_id=plain.utt_id) == plain
+            assert mixed.utt_id.split("-")[0] == plain.utt_id.split("-")[0]
+        assert replace(mixed, request=plain.request, utt_id=plain.utt_id) == plain
+    assert spoken_by_pico["test"] == 0  # the held-out voices stay eSpeak's
+    assert 0 < spoken_by_pico["train"] < COUNTS["train"]
+    assert corpus_key(DemoConfig(**TINY, pico_rate=[80, 120])) == corpus_key(DemoConfig(**TINY))  # unused: same corpus
+    assert corpus_key(DemoConfig(**PICO)) != corpus_key(DemoConfig(**TINY))
+
+
+def test_pico_speech_follows_the_text_and_the_rate():
+    speaker = pico.Speaker(["en-US"])
+    short = speaker.speak(pico.PicoRequest("three", "en-US"))
+    long = speaker.speak(pico.PicoRequest("three seven zero four nine", "en-US"))
+    slow = pico.Speaker(["en-US"]).speak(pico.PicoRequest("three seven zero four nine", "en-US", rate=60))
+    assert short.dtype == np.float32 and 0.05 < np.abs(short).max() <= 1.0
+    assert len(long) > 2.5 * len(short)
+    assert len(slow) > 1.4 * len(long)
+    with pytest.raises(ValueError, match="pitch"):
+        speaker.speak(pico.PicoRequest("three", "en-US", pitch=300))
+
+
+@pytest.mark.slow  # starts worker processes
+def test_a_corpus_with_pico_voices_reads_back_and_is_the_same_every_time(tmp_path):
+    first = demo_corpus(DemoConfig(**PICO), tmp_path / "a")
+    second = demo_corpus(DemoConfig(**PICO), tmp_path / "b")
+    texts, audio = read_corpus(first)
+    assert (texts, audio.keys()) == (read_corpus(second)[0], read_corpus(second)[1].keys())
+    for name, samples in read_corpus(second)[1].items():
+        np.testing.assert_array_equal(samples, audio[name])
+    voices = (first["train"].parent / "voices.txt").read_text()
+    pico_ids = [line.split("\t")[0] for line in voices.splitlines() if "\tpico:" in line]
+    assert len(pico_ids) == 2 and all(line.endswith("train,dev") for line in voices.splitlines() if "pico:" in line)
+    train = read_subset(first["train"], cache_dir=tmp_path)
+    assert len(train) == COUNTS["train"]
+    assert any(u.speaker in pico_ids for u in train)
+
+
+def test_missing_pico_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(__import__("sys").modules, "ttspico", None)
+    with pytest.raises(pico.PicoError, match="pip install ttspico"):
+        demo_corpus(DemoConfig(**PICO), tmp_path)
+    assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())

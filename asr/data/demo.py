@@ -5,6 +5,10 @@ voice-assistant commands (``"SET A TIMER FOR FIVE MINUTES"``,
 ``"TURN OFF THE KITCHEN LIGHT"``) from a closed vocabulary of under 100 words
 (:data:`VOCABULARY`), spoken by eSpeak voices (``"<language>+<variant>"``,
 e.g. ``"en-us+m3"``: accent x speaker-like variant; see :mod:`asr.data.espeak`).
+A share of the training and dev utterances (``pico_share``, off by default)
+can be spoken instead by a second synthesiser, SVOX Pico
+(:mod:`asr.data.pico`), whose two English voices are trained on recordings of
+real speakers; the test split is always the held-out eSpeak voices.
 
 Splits:
     train  ``train_voices``, ``train_utterances`` utterances
@@ -29,10 +33,10 @@ and stored as 16-bit FLAC in LibriSpeech layout, which
                                                       .../<speaker>-<chapter>.trans.txt
 
 with one speaker id per voice (100, 101, ... in ``train_voices`` then
-``test_voices`` order) and the chapter telling the split (1 train, 2 dev,
+``test_voices`` order, then the Pico voices when they speak) and the chapter telling the split (1 train, 2 dev,
 3 test), so utterance ids are unique across the three splits. ``<key>`` is a
 hash of every option that changes the corpus, the format version and the
-eSpeak package version: a changed option makes a new corpus beside the old
+synthesisers' package versions: a changed option makes a new corpus beside the old
 one, and an unchanged one reuses the corpus already there.
 """
 
@@ -56,7 +60,7 @@ import soundfile
 import torch
 
 from asr.config import check_range
-from asr.data import espeak
+from asr.data import espeak, pico
 from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import SPLITS
 from features.audio import resample
@@ -117,12 +121,20 @@ class DemoConfig:
     # never digitally silent, and exact zeros give log(0)-floor frames in the features
     noise: list[float] = field(default_factory=lambda: [0.0005, 0.003])
     sample_rate: int = 16000  # Hz; the feature pipeline's rate, so files need no resampling when read
+    # A second synthesiser whose voices come from real speakers (asr.data.pico): the share of train
+    # and dev utterances spoken by pico_voices (round robin) instead of an eSpeak voice. 0 = eSpeak only.
+    pico_share: float = 0.0
+    pico_voices: list[str] = field(default_factory=lambda: list(pico.VOICES))
+    pico_rate: list[int] = field(default_factory=lambda: [75, 125])  # percent of the voice's own speaking rate
+    # percent of the voice's own pitch: both voices are female, so most of the range lowers them
+    pico_pitch: list[int] = field(default_factory=lambda: [55, 130])
     seed: int = 0  # the same seed (and options) gives the same transcripts and samples
 
     def __post_init__(self) -> None:
         # one spelling per value, so DemoConfig(noise=[0, 1]) and noise: [0.0, 1.0] name the same corpus
         self.digit_fraction = float(self.digit_fraction)
         self.isolated_digits = float(self.isolated_digits)
+        self.pico_share = float(self.pico_share)
         for name in ("level_db", "silence_seconds", "noise"):
             setattr(self, name, [float(x) for x in getattr(self, name)])
         for name in ("train_utterances", "dev_utterances", "test_utterances"):
@@ -152,7 +164,7 @@ class DemoConfig:
         shared = sorted(set(self.train_voices) & set(self.test_voices))
         if shared:
             raise ValueError(f"test_voices must be held out, but {', '.join(shared)} are also in train_voices")
-        for name in ("digit_fraction", "isolated_digits"):
+        for name in ("digit_fraction", "isolated_digits", "pico_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         check_range("digits_per_utterance", self.digits_per_utterance, 1, 20)
@@ -163,6 +175,18 @@ class DemoConfig:
         check_range("level_db", self.level_db, -60.0, 0.0)
         check_range("silence_seconds", self.silence_seconds, 0.0, 10.0)
         check_range("noise", self.noise, 0.0, 0.1)
+        if self.pico_share > 0:
+            if not self.pico_voices:
+                raise ValueError("pico_voices must name at least one voice when pico_share > 0")
+            for voice in self.pico_voices:
+                try:
+                    pico.check_voice(voice)
+                except pico.PicoError as err:
+                    raise ValueError(f"pico_voices: {err}") from None
+            if len(set(self.pico_voices)) < len(self.pico_voices):
+                raise ValueError(f"pico_voices: a voice is listed twice: {self.pico_voices}")
+        check_range("pico_rate", self.pico_rate, *pico.RATE_LIMITS)
+        check_range("pico_pitch", self.pico_pitch, *pico.PITCH_LIMITS)
         if self.sample_rate < 8000:
             raise ValueError(f"sample_rate must be at least 8000 Hz, got {self.sample_rate}")
 
@@ -253,7 +277,8 @@ class _Planned:
 
     split: str
     utt_id: str
-    request: espeak.SynthesisRequest  # transcript (lower-cased for eSpeak), voice, rate, pitch, ...
+    # transcript (lower-cased for the synthesiser), voice, rate, pitch, ...: eSpeak's or Pico's
+    request: espeak.SynthesisRequest | pico.PicoRequest
     text: str  # the transcript as written to trans.txt
     level_db: float
     lead_seconds: float
@@ -287,6 +312,8 @@ def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
                 espeak.check_voice(voice)
             except espeak.UnknownVoiceError as err:
                 raise ValueError(f"demo corpus {name}: {err}") from err
+    if config.pico_share > 0:
+        pico.Speaker(config.pico_voices)  # a missing ttspico says how to install it before anything is built
 
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -330,6 +357,11 @@ def corpus_key(config: DemoConfig) -> str:
     del options["train_accents"], options["train_variants"]  # always empty: spelled out in train_voices
     if not options["isolated_digits"]:  # added later: corpora that do not use it keep their folders
         del options["isolated_digits"]
+    if options["pico_share"]:  # likewise
+        options["pico"] = pico.version()
+    else:
+        for name in ("pico_share", "pico_voices", "pico_rate", "pico_pitch"):
+            del options[name]
     try:
         engine_version = importlib.metadata.version("espeakng-loader")
     except importlib.metadata.PackageNotFoundError:
@@ -339,9 +371,15 @@ def corpus_key(config: DemoConfig) -> str:
 
 
 def speaker_ids(config: DemoConfig) -> dict[str, str]:
-    """Voice -> speaker id: 100, 101, ... in ``train_voices`` then ``test_voices`` order."""
-    voices = [*config.train_voices, *config.test_voices]
+    """Voice -> speaker id: 100, 101, ... in ``train_voices``, ``test_voices`` then Pico voice order
+    (``"pico:en-US"``, ... when ``pico_share`` > 0)."""
+    voices = [*config.train_voices, *config.test_voices, *pico_speakers(config)]
     return {voice: str(_FIRST_SPEAKER_ID + i) for i, voice in enumerate(voices)}
+
+
+def pico_speakers(config: DemoConfig) -> list[str]:
+    """The Pico voices as speakers are named in ``voices.txt``: ``"pico:<voice>"``; none when unused."""
+    return [f"pico:{voice}" for voice in config.pico_voices] if config.pico_share > 0 else []
 
 
 def _plan(config: DemoConfig) -> list[_Planned]:
@@ -353,10 +391,10 @@ def _plan(config: DemoConfig) -> list[_Planned]:
         voices = config.test_voices if split == "test" else config.train_voices
         count = getattr(config, f"{split}_utterances")
         per_speaker: Counter[str] = Counter()
+        pico_count = 0
         for index in range(count):
             rng = np.random.default_rng([config.seed, split_number, index])
             voice = voices[index % len(voices)]  # round robin: every voice gets an equal share
-            speaker = ids[voice]
             text = draw_transcript(rng, config.digit_fraction, config.digits_per_utterance)
             request = espeak.SynthesisRequest(
                 # lower case: eSpeak spells out some all-capital words as abbreviations ("US", "IT")
@@ -367,11 +405,9 @@ def _plan(config: DemoConfig) -> list[_Planned]:
                 pitch_range=int(rng.integers(config.intonation[0], config.intonation[1] + 1)),
                 word_gap=int(rng.integers(config.word_gap[0], config.word_gap[1] + 1)),
             )
-            utt_id = f"{speaker}-{_CHAPTER[split]}-{per_speaker[speaker]:04d}"
-            per_speaker[speaker] += 1
             planned = _Planned(
                 split=split,
-                utt_id=utt_id,
+                utt_id="",
                 request=request,
                 text=text,
                 level_db=float(rng.uniform(*config.level_db)),
@@ -383,6 +419,20 @@ def _plan(config: DemoConfig) -> list[_Planned]:
             # drawn last, and only when enabled, so corpora without it keep every other draw
             if config.isolated_digits > 0 and _is_digit_string(text) and rng.random() < config.isolated_digits:
                 planned = replace(planned, request=replace(request, text=spoken_one_by_one(text)))
+            # likewise drawn after everything else: Pico speaks this one instead of the eSpeak voice
+            if config.pico_share > 0 and split != "test" and rng.random() < config.pico_share:
+                voice = f"pico:{config.pico_voices[pico_count % len(config.pico_voices)]}"
+                pico_count += 1
+                request = pico.PicoRequest(
+                    text=planned.request.text,
+                    voice=voice.removeprefix("pico:"),
+                    rate=int(rng.integers(config.pico_rate[0], config.pico_rate[1] + 1)),
+                    pitch=int(rng.integers(config.pico_pitch[0], config.pico_pitch[1] + 1)),
+                )
+                planned = replace(planned, request=request)
+            speaker = ids[voice]
+            planned = replace(planned, utt_id=f"{speaker}-{_CHAPTER[split]}-{per_speaker[speaker]:04d}")
+            per_speaker[speaker] += 1
             plan.append(planned)
     return plan
 
@@ -401,14 +451,23 @@ def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[
     """Synthesise, render and write every planned utterance with its transcripts; seconds of audio per split."""
     transcripts: dict[Path, list[str]] = {}
     seconds = dict.fromkeys(SPLITS, 0.0)
-    # One worker process speaks the whole plan in order, so the samples depend only on the plan
-    # (see asr.data.espeak); it synthesises the next utterances while this process writes.
-    spoken = espeak.synthesize_many([p.request for p in plan])
+    # One worker process speaks the whole plan's eSpeak requests in order, so the samples depend only
+    # on the plan (see asr.data.espeak); it synthesises the next utterances while this process writes.
+    # Pico speaks its requests here, in plan order, with engines fresh for this corpus.
+    spoken = espeak.synthesize_many([p.request for p in plan if isinstance(p.request, espeak.SynthesisRequest)])
+    pico_voices = sorted({p.request.voice for p in plan if isinstance(p.request, pico.PicoRequest)})
+    pico_speaker = pico.Speaker(pico_voices) if pico_voices else None
+
+    def speak(planned: _Planned) -> tuple[np.ndarray, int]:
+        if isinstance(planned.request, pico.PicoRequest):
+            return pico_speaker.speak(planned.request), pico.SAMPLE_RATE
+        return next(spoken)
+
     try:
         for start in range(0, len(plan), _RESAMPLE_BATCH):
             batch = plan[start : start + _RESAMPLE_BATCH]
-            waveforms, rates = zip(*(next(spoken) for _ in batch), strict=True)
-            speech = resample_batch(list(waveforms), rates[0], config.sample_rate)
+            waveforms, rates = zip(*(speak(p) for p in batch), strict=True)
+            speech = resample_mixed(list(waveforms), list(rates), config.sample_rate)
             for planned, waveform in zip(batch, speech, strict=True):
                 audio = _render(planned, waveform, config.sample_rate)
                 speaker, chapter, _ = planned.utt_id.split("-")
@@ -425,6 +484,18 @@ def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[
         speaker, chapter = chapter_dir.parent.name, chapter_dir.name
         (chapter_dir / f"{speaker}-{chapter}.trans.txt").write_text("".join(lines), encoding="utf-8")
     return seconds
+
+
+def resample_mixed(waveforms: list[np.ndarray], rates: list[int], new_rate: int) -> list[np.ndarray]:
+    """Each waveform at its own rate resampled to ``new_rate``: :func:`resample_batch` once per rate."""
+    out: list[np.ndarray] = list(waveforms)
+    for rate in sorted(set(rates)):
+        if rate == new_rate:
+            continue
+        rows = [i for i, r in enumerate(rates) if r == rate]
+        for i, resampled in zip(rows, resample_batch([waveforms[i] for i in rows], rate, new_rate), strict=True):
+            out[i] = resampled
+    return out
 
 
 def resample_batch(waveforms: list[np.ndarray], orig_rate: int, new_rate: int) -> list[np.ndarray]:
@@ -464,14 +535,16 @@ def _write_description(
     ids = speaker_ids(config)
     voice_lines = ["# speaker\tvoice\tsplits\n"]
     for voice, speaker in ids.items():
-        splits = "train,dev" if voice in config.train_voices else "test"
+        splits = "test" if voice in config.test_voices else "train,dev"
         voice_lines.append(f"{speaker}\t{voice}\t{splits}\n")
     (folder / "voices.txt").write_text("".join(voice_lines), encoding="utf-8")
 
     texts = {split: [p.text for p in plan if p.split == split] for split in SPLITS}
     train_texts = set(texts["train"])
     lines = [
-        "Synthetic demo speech corpus generated by lnasr (asr/data/demo.py) with eSpeak NG.\n",
+        "Synthetic demo speech corpus generated by lnasr (asr/data/demo.py) with eSpeak NG"
+        + (f" and SVOX Pico ({100 * config.pico_share:.0f}% of train and dev)" if config.pico_share > 0 else "")
+        + ".\n",
         f"Corpus key {key}, format version {FORMAT_VERSION}. Delete this folder to regenerate it.\n\n",
         "Splits (LibriSpeech layout; chapter 1 = train, 2 = dev, 3 = test):\n",
     ]
@@ -484,6 +557,7 @@ def _write_description(
     lines += [
         f"\nTraining (and dev) voices: {', '.join(config.train_voices)}\n",
         f"Held-out test voices: {', '.join(config.test_voices)}\n",
+        *([f"SVOX Pico voices (train and dev): {', '.join(pico_speakers(config))}\n"] if config.pico_share > 0 else []),
         "Speaker ids per voice: voices.txt\n",
         f"Vocabulary ({len(VOCABULARY)} words): {' '.join(sorted(VOCABULARY))}\n",
         f"\nOptions:\n{json.dumps({k: v for k, v in asdict(config).items() if k not in USE_OPTIONS}, indent=2)}\n",
