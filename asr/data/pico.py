@@ -16,6 +16,7 @@ makes the same corpus every time.
 
 from __future__ import annotations
 
+import importlib.metadata
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,8 +58,6 @@ def _ttspico():
 
 def version() -> str:
     """The installed ``ttspico`` version, or ``"missing"``."""
-    import importlib.metadata
-
     try:
         return importlib.metadata.version("ttspico")
     except importlib.metadata.PackageNotFoundError:
