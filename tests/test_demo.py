@@ -337,8 +337,9 @@ def test_a_corpus_with_pico_voices_reads_back_and_is_the_same_every_time(tmp_pat
     first = demo_corpus(DemoConfig(**PICO), tmp_path / "a")
     second = demo_corpus(DemoConfig(**PICO), tmp_path / "b")
     texts, audio = read_corpus(first)
-    assert (texts, audio.keys()) == (read_corpus(second)[0], read_corpus(second)[1].keys())
-    for name, samples in read_corpus(second)[1].items():
+    second_texts, second_audio = read_corpus(second)
+    assert (texts, audio.keys()) == (second_texts, second_audio.keys())
+    for name, samples in second_audio.items():
         np.testing.assert_array_equal(samples, audio[name])
     voices = (first["train"].parent / "voices.txt").read_text()
     pico_ids = [line.split("\t")[0] for line in voices.splitlines() if "\tpico:" in line]

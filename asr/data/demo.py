@@ -421,11 +421,12 @@ def _plan(config: DemoConfig) -> list[_Planned]:
                 planned = replace(planned, request=replace(request, text=spoken_one_by_one(text)))
             # likewise drawn after everything else: Pico speaks this one instead of the eSpeak voice
             if config.pico_share > 0 and split != "test" and rng.random() < config.pico_share:
-                voice = f"pico:{config.pico_voices[pico_count % len(config.pico_voices)]}"
+                pico_voice = config.pico_voices[pico_count % len(config.pico_voices)]
                 pico_count += 1
+                voice = f"pico:{pico_voice}"  # its speaker, as pico_speakers names it
                 request = pico.PicoRequest(
                     text=planned.request.text,
-                    voice=voice.removeprefix("pico:"),
+                    voice=pico_voice,
                     rate=int(rng.integers(config.pico_rate[0], config.pico_rate[1] + 1)),
                     pitch=int(rng.integers(config.pico_pitch[0], config.pico_pitch[1] + 1)),
                 )
