@@ -22,10 +22,12 @@ from asr.data.dataset import compute_global_stats
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
 from asr.data.utterance import Utterance
+from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.inference import (
     AdaptationSettings, DecodeSettings, SelfTraining, VTLNSearch, load_recogniser, parse_warps, transcribe_speakers,
 )
+from asr.inference.segmentation import split_features
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
@@ -109,6 +111,26 @@ def test_recogniser_is_rebuilt_from_the_checkpoint_alone(untrained, librivox_min
     torch.testing.assert_close(feats, original.from_file(utterances[1].audio))
     for name, tensor in recogniser.model.state_dict().items():
         assert torch.equal(tensor, state["model"][name]), name
+
+
+def test_a_recogniser_decodes_a_long_utterance_as_its_pieces(untrained, librivox_mini):
+    recogniser = load_recogniser(untrained)
+    utterances = sorted(read_subset(librivox_mini), key=lambda u: u.duration)
+    short, long = utterances[0], utterances[-1]
+    features = recogniser.features(long)
+    seconds = short.duration + 0.2  # the short one is decoded whole, the long one in pieces
+    pieces = split_features(features, recogniser.pipeline.config, seconds)
+    assert len(pieces) >= 2
+    options = DecodingOptions(segment_seconds=seconds)
+
+    found = recogniser.transcribe([long, short], options, score=True)
+    each = [recogniser._decode([piece], DecodingOptions(), score=True) for piece in pieces]
+    assert found.texts[0] == " ".join(texts[0] for texts, _ in each if texts[0])
+    assert found.scores[0] == pytest.approx(sum(scores[0] for _, scores in each), rel=1e-5)
+    # An utterance no longer than the pieces is decoded whole, as without segmenting.
+    whole = recogniser.transcribe([short], DecodingOptions(), score=True)
+    assert found.texts[1] == whole.texts[0]
+    assert found.scores[1] == pytest.approx(whole.scores[0], rel=1e-5)
 
 
 def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, librivox_mini, capsys):

@@ -30,6 +30,7 @@ _SEARCH = {
     "coverage_threshold": "coverage_threshold",
     "eos_threshold": "eos_threshold",
     "ctc_greedy": "ctc_greedy",
+    "segment_seconds": "segment_seconds",
 }
 # option -> field of AdaptationSettings
 _ADAPT = {
@@ -59,6 +60,9 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
                         help="<eos> only at least this times as probable as the best other token (default 0: off)")
     search.add_argument("--ctc-greedy", action="store_true", default=None,
                         help="decode with the CTC head's best path alone (no decoder)")
+    search.add_argument("--segment-seconds", type=float,
+                        help="decode utterances longer than this in pieces of at most this many seconds, cut at "
+                        "their quietest stretches (for a model trained on shorter utterances; default: whole)")
     search.add_argument("--batch-size", type=int, help="utterances decoded together (default 16)")
     strategy = parser.add_argument_group("test-time strategies")
     strategy.add_argument(

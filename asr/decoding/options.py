@@ -22,6 +22,14 @@ stretch of audio has covered fewer frames), and an end-of-sentence threshold:
 ``eos_threshold`` times that of the most probable other token.
 ``ctc_greedy`` decodes with the CTC head alone (its best path), no decoder:
 a second opinion on what the attention decoder drops.
+
+Long utterances. With ``segment_seconds``, an utterance longer than that is
+decoded in pieces no longer than it, cut at its quietest stretches, and the
+pieces' transcripts joined (:mod:`asr.inference.segmentation`): the remedy of
+long-form recognisers for a decoder that skips words past the lengths it was
+trained on. The cut is made on features, so it is
+:meth:`asr.inference.recogniser.Recogniser.transcribe` that applies it;
+:func:`asr.decoding.search`, given an encoder output, cannot.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from asr.models.interface import EncoderOutput
+
+
+MIN_SEGMENT_SECONDS = 0.5  # a piece shorter than a spoken word cannot be transcribed
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class DecodingOptions:
     coverage_threshold: float = 0.5    # summed attention a frame needs to count as covered
     eos_threshold: float = 0.0         # <eos> only at >= this times the best other token's probability; 0 = off
     ctc_greedy: bool = False           # the CTC head's best path instead of the decoder
+    segment_seconds: float | None = None  # decode longer utterances in pieces of at most this (None: whole)
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -74,6 +86,8 @@ class DecodingOptions:
                 f"coverage_weight must be >= 0 and coverage_threshold > 0, got {self.coverage_weight}, "
                 f"{self.coverage_threshold}"
             )
+        if self.segment_seconds is not None and self.segment_seconds < MIN_SEGMENT_SECONDS:
+            raise ValueError(f"segment_seconds must be at least {MIN_SEGMENT_SECONDS}, got {self.segment_seconds}")
         if not 0.0 <= self.eos_threshold <= 1.0:
             raise ValueError(f"eos_threshold must be in [0, 1], got {self.eos_threshold}")
 

@@ -32,6 +32,7 @@ from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, experiment_config_from_dict
+from asr.inference.segmentation import split_features
 from asr.models.ensemble import Ensemble
 from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, prune_model
 from asr.models.registry import build_model
@@ -131,15 +132,31 @@ class Recogniser:
         return texts
 
     def _decode(self, features: list[torch.Tensor], options: DecodingOptions, score: bool):
-        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``)."""
+        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``).
+
+        With ``options.segment_seconds`` a long utterance is decoded as its pieces
+        (:mod:`asr.inference.segmentation`), all in the one batch: its transcript is the pieces'
+        joined with a space, its score their sum.
+        """
         if not features:
             return [], []
-        encoder = self._encode(features)
+        pieces, owners = features, list(range(len(features)))
+        if options.segment_seconds is not None:
+            split = [split_features(f, self.pipeline.config, options.segment_seconds) for f in features]
+            pieces = [piece for parts in split for piece in parts]
+            owners = [i for i, parts in enumerate(split) for _ in parts]
+        encoder = self._encode(pieces)
         hyps = search(self.model, encoder, options)
-        texts = [self.tokenizer.decode(h) for h in hyps]
+        texts: list[list[str]] = [[] for _ in features]
+        for owner, hyp in zip(owners, hyps):
+            texts[owner].append(self.tokenizer.decode(hyp))
+        joined = [" ".join(text for text in parts if text) for parts in texts]
         if not score:
-            return texts, [None] * len(texts)
-        return texts, sequence_log_probs(self.model, encoder, hyps, ctc_weight=options.ctc_weight).tolist()
+            return joined, [None] * len(joined)
+        scores = [0.0] * len(features)
+        for owner, value in zip(owners, sequence_log_probs(self.model, encoder, hyps, options.ctc_weight).tolist()):
+            scores[owner] += value
+        return joined, scores
 
     def _encode(self, features: list[torch.Tensor]):
         """The encoder output of ``(T, D)`` feature matrices padded into one batch."""
