@@ -423,16 +423,19 @@ def test_transcribe_with_an_ensemble_and_vtln_matches_the_recogniser(trained, ca
 def test_a_decode_config_file_gives_the_same_settings_as_the_options(trained, tmp_path, capsys):
     exp, valid = trained
     config = tmp_path / "decode.yaml"
-    config.write_text("decoding:\n  beam_size: 3\n  ctc_weight: 0.3\nvtln_warps: 0.9:1.1:0.1\nbatch_size: 4\n")
+    config.write_text(
+        "decoding:\n  beam_size: 3\n  ctc_weight: 0.3\n  segment_seconds: 1.5\nvtln_warps: 0.9:1.1:0.1\nbatch_size: 4\n"
+    )
     base = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid)]
     assert evaluate.main(base + ["--decode-config", str(config), "--out", str(tmp_path / "file")]) == 0
-    flags = ["--beam", "3", "--ctc-weight", "0.3", "--vtln-warps", "0.9,1.0,1.1", "--batch-size", "4"]
+    flags = ["--beam", "3", "--ctc-weight", "0.3", "--segment-seconds", "1.5", "--vtln-warps", "0.9,1.0,1.1", "--batch-size", "4"]
     assert evaluate.main(base + flags + ["--out", str(tmp_path / "flags")]) == 0
     from_file = json.loads((tmp_path / "file" / "wer.json").read_text())
     from_flags = json.loads((tmp_path / "flags" / "wer.json").read_text())
     assert from_file["settings"] == from_flags["settings"]
     assert from_file["settings"] == DecodeSettings(
-        dataclasses.replace(DecodeSettings().decoding, beam_size=3, ctc_weight=0.3), (0.9, 1.0, 1.1), None, 4
+        dataclasses.replace(DecodeSettings().decoding, beam_size=3, ctc_weight=0.3, segment_seconds=1.5),
+        (0.9, 1.0, 1.1), None, 4,
     ).to_dict()
     assert (tmp_path / "file" / "hyp.txt").read_text() == (tmp_path / "flags" / "hyp.txt").read_text()
     # An option on the command line overrides the file.

@@ -70,5 +70,6 @@ def split_features(features: torch.Tensor, config: FeatureConfig, max_seconds: f
     max_frames = int(max_seconds * per_second)
     if features.size(0) <= max_frames:
         return [features]
-    bounds = [0, *cut_points(loudness(features, config), max_frames, round(SMOOTH_SECONDS * per_second)), features.size(0)]
+    cuts = cut_points(loudness(features, config), max_frames, round(SMOOTH_SECONDS * per_second))
+    bounds = [0, *cuts, features.size(0)]
     return [features[start:end] for start, end in zip(bounds, bounds[1:])]
