@@ -105,7 +105,7 @@ def perturb(module: nn.Module, std: float = 0.3) -> None:
     generator = torch.Generator().manual_seed(123)
     with torch.no_grad():
         for p in module.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * std)
+            p.add_(torch.randn(p.shape, generator=generator).to(p.device) * std)
         for m in module.modules():
             if isinstance(m, LNLSTMCell) and m.layer_norm:
                 m.ln_h.weight.mul_(0.5)
@@ -165,12 +165,19 @@ def test_layer_matches_reference(implementation, device, layer_norm):
     state = (torch.randn(4, 4, 8), torch.randn(4, 4, 8))
     expected = run_with_grads(model, x, lengths, state, "python")
     exact = run_with_grads(copy.deepcopy(model).double(), x.double(), lengths, [s.double() for s in state], "python")
-    for name in expected:
-        assert relative_error(expected[name], exact[name]) < 3e-6, f"{name}: too sensitive to round-off for this test"
     actual = run_with_grads(model, x, lengths, state, "triton")
     assert actual.keys() == expected.keys()
     for name in expected:
-        assert_close(actual[name], expected[name], name=name)
+        reference_error = relative_error(expected[name], exact[name])
+        if device == "cpu":
+            assert reference_error < 3e-6, f"{name}: too sensitive to round-off for this test"
+            assert_close(actual[name], expected[name], name=name)
+        else:
+            # cuBLAS sums in another order than the CPU: here the float32 reference path is up
+            # to 7e-6 from float64, so both paths are held to float64 instead of to each other.
+            assert reference_error < 1e-5, f"{name}: too sensitive to round-off for this test"
+            error = relative_error(actual[name], exact[name])
+            assert error <= max(1e-5, 2 * reference_error), f"{name}: {error:.2e} from float64"
     assert torch.all(actual["y"][1, 7:] == 0) and torch.all(actual["y"][2] == 0)
     assert torch.equal(actual["h_n"][:, 2], state[0][:, 2]), "an empty row keeps its initial state"
 
@@ -251,11 +258,11 @@ def test_recorded_loops_reuse_padded_shared_buffers(implementation, monkeypatch)
 
 
 def test_padded_time_buckets():
-    padded = [lnlstm_triton._padded_time(t) for t in range(1, 4001)]
+    padded = [lnlstm_triton.padded_time(t) for t in range(1, 4001)]
     assert all(p >= t for t, p in zip(range(1, 4001), padded))
     assert all(p - t <= t / 8 for t, p in zip(range(128, 4001), padded[127:]))
     assert len(set(padded)) <= 64, "a few dozen CUDA graphs cover 1-4000 frames"
-    assert lnlstm_triton._padded_batch(26) == 32 and lnlstm_triton._padded_batch(32) == 32
+    assert lnlstm_triton.padded_batch(26) == 32 and lnlstm_triton.padded_batch(32) == 32
 
 
 # Compiles the kernels as the host code launches them (lnlstm_triton._launch_sizes) for
@@ -496,3 +503,31 @@ def test_cuda_auto_uses_triton_and_graphs_match_eager(implementation, monkeypatc
         assert_close(graphs[name], eager[name], name=name)
         assert_close(graphs_again[name], eager[name], name=name)
         assert_close(eager[name], reference[name], name=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graphs_survive_growing_shapes(implementation, monkeypatch):
+    """Shapes that grow from call to call make the shared buffers grow, which drops every
+    recorded loop (and with them their memory pool): recording again must work, with a
+    random op (dropout between layers) in between, and give the eager results."""
+    monkeypatch.setattr(lnlstm_triton, "_FORWARD_LOOPS", lnlstm_triton._GraphCache())
+    monkeypatch.setattr(lnlstm_triton, "_BACKWARD_LOOPS", lnlstm_triton._GraphCache())
+    torch.manual_seed(6)
+    model = LNLSTM(4, 8, num_layers=2, bidirectional=True).cuda()
+    perturb(model)
+    cases = [(2, 10), (3, 40), (12, 40), (20, 90)]  # each one needs a bigger arena than the last
+    inputs = [(torch.randn(b, t, 4), torch.randint(1, t + 1, (b,))) for b, t in cases]
+    recorded = [run_with_grads(model, x, lengths, None, "triton") for x, lengths in inputs]
+    dropout = torch.nn.Dropout(0.5).cuda()
+    dropout(torch.ones(8, device="cuda"))  # the random number generator still works
+    recorded_again = [run_with_grads(model, x, lengths, None, "triton") for x, lengths in inputs]  # replayed
+    assert lnlstm_triton._use_cuda_graphs, "a capture failed and the loops fell back to eager runs"
+    for cache in (lnlstm_triton._FORWARD_LOOPS, lnlstm_triton._BACKWARD_LOOPS):
+        (entries,) = cache.entries.values()
+        assert all(graph is not None for _, graph in entries.values())
+    monkeypatch.setattr(lnlstm_triton, "_use_cuda_graphs", False)
+    eager = [run_with_grads(model, x, lengths, None, "triton") for x, lengths in inputs]
+    for graphs, graphs_again, expected in zip(recorded, recorded_again, eager):
+        for name in expected:
+            assert_close(graphs[name], expected[name], name=name)
+            assert_close(graphs_again[name], expected[name], name=name)

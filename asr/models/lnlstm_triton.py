@@ -35,7 +35,7 @@ Backward, written by hand (:class:`_Layer`):
 No Python per time step on CUDA: the whole time loop of a forward or backward
 pass is captured once in a CUDA graph per padded shape and replayed. Batch
 and time are padded to buckets (B to a multiple of 8, T to at most 1/8 more:
-see :func:`_padded_time`) so a few graphs serve a training run; the padding is
+see :func:`padded_time`) so a few graphs serve a training run; the padding is
 rows of length 0 and frames past every row's end, so it changes no result.
 Graphs read and write fixed buffers, so each call copies its inputs in and its
 outputs out; all graphs of one kind share one memory arena (sized by the
@@ -206,14 +206,14 @@ class _Config:
     gemm_dtype: torch.dtype  # operand type of the recurrent GEMMs: float32, or the autocast type
 
 
-def _padded_time(time: int) -> int:
+def padded_time(time: int) -> int:
     """Round T up to a multiple of max(16, 2^(bit_length(T) - 4)): at most 1/8 more steps
     from T = 128 on, and about 8 buckets per doubling of T."""
     quantum = max(16, 1 << max(0, time.bit_length() - 4))
     return -(-time // quantum) * quantum
 
 
-def _padded_batch(batch: int) -> int:
+def padded_batch(batch: int) -> int:
     return -(-batch // 8) * 8
 
 
@@ -251,11 +251,26 @@ class _GraphCache:
     the old one); they are recorded again when next needed.
     """
 
-    capacity = 48  # least recently used graphs beyond this (per device) are dropped
+    # Least recently used graphs beyond this (per device) are dropped. A training run
+    # sees some dozens of padded shapes per kind (each listener layer has its own
+    # length); below that number every epoch would record its graphs anew.
+    capacity = 512
 
     def __init__(self) -> None:
         self.arenas: dict[torch.device, torch.Tensor] = {}
         self.entries: dict[torch.device, collections.OrderedDict] = {}
+        self.pools: dict[torch.device, tuple] = {}
+
+    def pool(self, device: torch.device) -> tuple:
+        """The memory pool every recording of this kind on ``device`` shares. The recorded
+        loops allocate nothing that outlives a replay (only scratch, such as cuBLAS's
+        workspace), and replays never overlap (one stream), so they can share it: memory
+        stays that of one recording, whatever the number of shapes. PyTorch frees a pool
+        with the last graph that uses it, and its handle cannot be used again: see
+        :meth:`_drop_pool_if_unused`."""
+        if device not in self.pools:
+            self.pools[device] = torch.cuda.graph_pool_handle()
+        return self.pools[device]
 
     def buffers(self, key, specs: dict, device: torch.device) -> tuple[SimpleNamespace, object]:
         """The buffers of ``key`` (views into the arena) and its graph (None until recorded)."""
@@ -275,7 +290,14 @@ class _GraphCache:
         entries[key] = (_carve(arena, specs), None)
         while len(entries) > self.capacity:
             entries.popitem(last=False)
+        self._drop_pool_if_unused(device)
         return entries[key]
+
+    def _drop_pool_if_unused(self, device: torch.device) -> None:
+        """Forget the pool once no recorded graph holds it (PyTorch has freed it then);
+        the next recording starts a new one."""
+        if all(graph is None for _, graph in self.entries[device].values()):
+            self.pools.pop(device, None)
 
     def set_graph(self, key, device: torch.device, graph) -> None:
         entries = self.entries[device]
@@ -330,7 +352,7 @@ def _run_recorded(cache: _GraphCache, key, specs: dict, fill: Callable, launch: 
     torch.cuda.current_stream(device).wait_stream(side)
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=cache.pool(device), capture_error_mode="thread_local"):
             launch(buffers)
         cache.set_graph(key, device, graph)
     except Exception as exc:  # noqa: BLE001 -- capture is not possible here: keep the eager loop (already run)
@@ -418,8 +440,8 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
     """
     batch, time, directions, _ = gx.shape
     device = gx.device
-    padded_batch, padded_time = (_padded_batch(batch), _padded_time(time)) if static else (batch, time)
-    specs = _forward_specs(directions, padded_batch, padded_time, config, save)
+    batch_padded, time_padded = (padded_batch(batch), padded_time(time)) if static else (batch, time)
+    specs = _forward_specs(directions, batch_padded, time_padded, config, save)
     w_h, *ln = params
 
     def fill(buffers) -> None:
@@ -433,10 +455,10 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
         buffers.h_last[:, :batch].copy_(h0)
 
     def launch(buffers) -> None:
-        _forward_launches(buffers, config, directions, padded_batch, padded_time, save)
+        _forward_launches(buffers, config, directions, batch_padded, time_padded, save)
 
     if static:
-        key = ("forward", device, directions, padded_batch, padded_time, config, save)
+        key = ("forward", device, directions, batch_padded, time_padded, config, save)
         buffers = _run_recorded(_FORWARD_LOOPS, key, specs, fill, launch, device)
     else:
         bound = {"gx": gx, "lengths": lengths, "w_h": w_h.to(config.gemm_dtype)}
@@ -445,7 +467,7 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
         buffers = _fresh(specs, device, **bound)
         fill(buffers)
         launch(buffers)
-    last = padded_time if save else padded_time % buffers.h.size(1)  # the slot holding the final state
+    last = time_padded if save else time_padded % buffers.h.size(1)  # the slot holding the final state
     take = torch.clone if static else (lambda t: t)  # the shared buffers are overwritten by the next call
     return SimpleNamespace(
         y=take(buffers.y[:batch, :time]),
@@ -534,8 +556,8 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
     """Gradients of one layer: dgx, (dw_h, dlnh_w, dlnh_b, dlnc_w, dlnc_b), dh0, dc0."""
     batch, time, directions, _ = gx.shape
     device = gx.device
-    padded_time, padded_batch = h_saved.size(1) - 1, h_saved.size(2)  # as the forward ran
-    specs = _backward_specs(directions, padded_batch, padded_time, config)
+    time_padded, batch_padded = h_saved.size(1) - 1, h_saved.size(2)  # as the forward ran
+    specs = _backward_specs(directions, batch_padded, time_padded, config)
     w_h, *ln = params
 
     def fill(buffers) -> None:
@@ -550,10 +572,10 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
         buffers.dc[:, :batch].copy_(dc_n)
 
     def launch(buffers) -> None:
-        _backward_launches(buffers, config, directions, padded_batch, padded_time)
+        _backward_launches(buffers, config, directions, batch_padded, time_padded)
 
     if static:
-        key = ("backward", device, directions, padded_batch, padded_time, config)
+        key = ("backward", device, directions, batch_padded, time_padded, config)
         buffers = _run_recorded(_BACKWARD_LOOPS, key, specs, fill, launch, device)
     else:
         bound = {"gx": gx, "lengths": lengths, "w_h": w_h.to(config.gemm_dtype), "h": h_saved, "c": c_saved,
