@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from asr.models import speller_graphs
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm import LNLSTMCell
@@ -169,7 +170,18 @@ class Speller(nn.Module):
         decoder_input: (B, L) ``<sos> y_1 .. y_n <pad>..``; keys (B, T, H); mask (B, T).
         Returns log-probs (B, L, V) and attention weights (B, L, T) averaged
         over heads (exactly 0 on padded frames).
+
+        In training on CUDA the loop runs as recorded CUDA graphs
+        (:mod:`asr.models.speller_graphs`); elsewhere :meth:`teacher_forced` runs it.
         """
+        if speller_graphs.applies(self, keys):
+            return speller_graphs.teacher_forced(self, decoder_input, keys, mask)
+        return self.teacher_forced(decoder_input, keys, mask)
+
+    def teacher_forced(
+        self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`'s loop over output steps, run eagerly: :meth:`step` per step."""
         state = self.init_state(keys, mask)
         sample = self.training and self.sampling_probability > 0.0
         log_probs, weights = [], []

@@ -1,0 +1,230 @@
+"""The teacher-forced speller on CUDA: its whole loop over output steps, forward and backward,
+recorded as CUDA graphs once per padded shape and replayed.
+
+Eagerly, each output step of :meth:`asr.models.speller.Speller.forward` launches a few dozen
+small kernels (the embedding, the cells, the attention's energies, softmax and
+context, the output layer), and their backward as many again; at the sizes of an
+ASR speller the GPU waits for Python and autograd most of the time. Here the loop
+(:meth:`Speller.teacher_forced`) is recorded as two CUDA graphs, its forward and its
+backward (as :func:`torch.cuda.make_graphed_callables` does); a training step then
+replays them, a launch each.
+
+A graph has fixed shapes, so batch, listener frames and output steps are padded
+to buckets (:func:`padded_shape`) and a few graphs serve a training run. The
+padding changes no result: padded frames are masked out of the attention (they
+get weight exactly 0, and the location filters see the zeros they would see past
+the end of the utterance anyway), extra output steps come after every row's last
+one (nothing flows back from them), and padded rows (one valid frame of zeros,
+pad tokens) are sliced away. The eager loop on padded inputs is the reference:
+:func:`padded_call` runs either.
+
+Used by :meth:`Speller.forward` when :func:`applies`: CUDA tensors, training mode with
+gradients, the content, dot or location-aware attention (not windowed, not
+MoChA), one process (not under ``torch.distributed``), not disabled with
+``ASR_SPELLER_CUDA_GRAPHS=0``. Everything the graphs bake in is part of their
+key: the padded shape, dtypes, the autocast state, the scheduled-sampling
+probability and the parameters' storage (a model moved or rebuilt records anew).
+Dropout and scheduled sampling draw fresh random numbers at every replay (the
+graphs use PyTorch's graph-safe generator), not the eager loop's numbers.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from asr.models.attention import Attention
+from asr.models.lnlstm_triton import padded_batch, padded_time
+
+_enabled = os.environ.get("ASR_SPELLER_CUDA_GRAPHS", "1") != "0"
+_failure_warned = False
+
+CAPACITY = 64  # recorded shapes per speller; the least recently used beyond this are dropped
+WARMUP_STEPS = 2  # eager forward + backward runs before a recording (lazy initialisations)
+
+
+def padded_tokens(steps: int) -> int:
+    """Output steps rounded up to a multiple of 8."""
+    return -(-steps // 8) * 8
+
+
+def padded_shape(batch: int, frames: int, steps: int) -> tuple[int, int, int]:
+    """(B, T, L) of a recording: B to a multiple of 8, T to :func:`padded_time`'s buckets
+    (at most 1/8 more from T = 128 on), L to a multiple of 8."""
+    return padded_batch(batch), padded_time(frames), padded_tokens(steps)
+
+
+def padded_call(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, run):
+    """``run(decoder_input, keys, mask)`` on inputs padded to :func:`padded_shape`, with its
+    log-probs and weights cut back to (B, L, V) and (B, L, T). Padding is differentiable
+    (``F.pad``): gradients reach ``keys`` as if unpadded."""
+    batch, steps = decoder_input.shape
+    frames = keys.size(1)
+    batch_p, frames_p, steps_p = padded_shape(batch, frames, steps)
+    pad_id = speller.embedding.padding_idx if speller.embedding.padding_idx is not None else 0
+    decoder_input = F.pad(decoder_input, (0, steps_p - steps, 0, batch_p - batch), value=pad_id)
+    keys = F.pad(keys, (0, 0, 0, frames_p - frames, 0, batch_p - batch))
+    mask = F.pad(mask, (0, frames_p - frames, 0, batch_p - batch), value=False)
+    if batch_p > batch:
+        mask[batch:, 0] = True  # attention needs a valid frame in every row
+    log_probs, weights = run(decoder_input, keys, mask)
+    return log_probs[:batch, :steps], weights[:batch, :steps, :frames]
+
+
+def applies(speller, keys: torch.Tensor) -> bool:
+    """Whether :meth:`Speller.forward` should replay recorded graphs for this call."""
+    if not (_enabled and keys.is_cuda and speller.training and torch.is_grad_enabled()):
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    # Attention is the content, dot and location-aware kind (MoChA is another module).
+    return isinstance(speller.attention, Attention) and not speller.attention.config.window
+
+
+class _Recordings:
+    """The recorded loops of one speller, least recently used first, sharing one memory pool.
+
+    Kept on the speller itself; a copy of the speller (``copy.deepcopy``, pickling)
+    starts with none, since graphs point at the original's parameters.
+    """
+
+    def __init__(self) -> None:
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+        self.pool = None
+
+    def __deepcopy__(self, memo) -> _Recordings:
+        return _Recordings()
+
+    def __getstate__(self) -> dict:
+        return {"entries": collections.OrderedDict(), "pool": None}
+
+    def get(self, key):
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return self.entries[key]
+        return None
+
+    def add(self, key, graphed) -> None:
+        self.entries[key] = graphed
+        while len(self.entries) > CAPACITY:
+            self.entries.popitem(last=False)
+
+
+def _key(speller, decoder_input, keys, mask) -> tuple:
+    autocast = torch.is_autocast_enabled("cuda")
+    return (
+        tuple(decoder_input.shape), tuple(keys.shape), keys.dtype, keys.requires_grad, keys.device,
+        autocast, torch.get_autocast_dtype("cuda") if autocast else None,
+        speller.sampling_probability,
+        tuple(p.data_ptr() for p in speller.parameters()),
+    )
+
+
+class _Recording:
+    """The loop recorded for one padded shape: a forward graph and a backward graph over fixed
+    input, output and gradient tensors (what :func:`torch.cuda.make_graphed_callables` does,
+    here capturing in thread-local mode: a DataLoader's pin-memory thread allocating pinned
+    memory during a global-mode capture invalidates it)."""
+
+    def __init__(self, speller, decoder_input, keys, mask, pool) -> None:
+        self.decoder_input = decoder_input.clone()
+        # A leaf with this call's values: the recorded backward must stop at the keys.
+        self.keys = keys.detach().clone().requires_grad_(keys.requires_grad)
+        self.mask = mask.clone()
+        self.params = tuple(p for p in speller.parameters() if p.requires_grad)
+        wrt = ((self.keys,) if self.keys.requires_grad else ()) + self.params
+
+        def loop():
+            # Without autocast's cache of cast weights: a cast cached before the capture would be
+            # left out of the graph, and replays after an optimizer step would use stale weights.
+            with torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"),
+                                enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False):
+                return speller.teacher_forced(self.decoder_input, self.keys, self.mask)
+
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up runs: lazy initialisations happen outside the capture
+            for _ in range(WARMUP_STEPS):
+                outputs = loop()
+                torch.autograd.grad(outputs, wrt, [torch.zeros_like(o) for o in outputs], allow_unused=True)
+            del outputs
+        torch.cuda.synchronize()
+        self.forward_graph = torch.cuda.CUDAGraph()
+        self.backward_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward_graph, pool=pool, capture_error_mode="thread_local"):
+            self.outputs = loop()
+        self.grad_outputs = tuple(torch.zeros_like(o) for o in self.outputs)
+        with torch.cuda.graph(self.backward_graph, pool=pool, capture_error_mode="thread_local"):
+            self.grads = torch.autograd.grad(self.outputs, wrt, self.grad_outputs, allow_unused=True)
+
+    def __call__(self, decoder_input, keys, mask):
+        return _Replay.apply(self, decoder_input, keys, mask, *self.params)
+
+
+class _Replay(torch.autograd.Function):
+    """Copy the inputs in, replay the forward graph; in backward, copy the output gradients
+    in and replay the backward graph."""
+
+    @staticmethod
+    def forward(ctx, recording: _Recording, decoder_input, keys, mask, *params):
+        recording.decoder_input.copy_(decoder_input)
+        recording.keys.detach().copy_(keys)
+        recording.mask.copy_(mask)
+        recording.forward_graph.replay()
+        ctx.recording = recording
+        # The outputs are the recording's tensors, overwritten by its next replay.
+        return tuple(o.detach() for o in recording.outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        recording = ctx.recording
+        for static, grad in zip(recording.grad_outputs, grad_outputs):
+            static.copy_(grad)
+        recording.backward_graph.replay()
+        grads = [g.detach() if g is not None else None for g in recording.grads]
+        grad_keys = grads.pop(0) if recording.keys.requires_grad else None
+        return (None, None, grad_keys, None, *grads)
+
+
+def _record(speller, recordings: _Recordings, decoder_input, keys, mask) -> _Recording:
+    """Record the loop for these (padded) inputs; the warm-up runs use them too."""
+    if recordings.pool is None:
+        recordings.pool = torch.cuda.graph_pool_handle()
+    return _Recording(speller, decoder_input, keys, mask, recordings.pool)
+
+
+def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor):
+    """:meth:`Speller.forward` by replaying recorded graphs (see the module docstring).
+    If recording fails, warns once and runs the eager loop from then on."""
+    recordings = speller.__dict__.setdefault("_cuda_graphs", _Recordings())
+
+    def run(decoder_input, keys, mask):
+        global _enabled, _failure_warned
+        key = _key(speller, decoder_input, keys, mask)
+        graphed = recordings.get(key)
+        if graphed is None:
+            try:
+                graphed = _record(speller, recordings, decoder_input, keys, mask)
+            except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
+                _enabled = False
+                if not _failure_warned:
+                    _failure_warned = True
+                    warnings.warn(
+                        f"Speller: CUDA graph recording failed ({type(exc).__name__}: {exc}); running the "
+                        "teacher-forced loop eagerly (ASR_SPELLER_CUDA_GRAPHS=0 skips the attempt)",
+                        RuntimeWarning,
+                    )
+                return speller.teacher_forced(decoder_input, keys, mask)
+            recordings.add(key, graphed)
+        return graphed(decoder_input, keys, mask)
+
+    return padded_call(speller, decoder_input, keys, mask, run)
