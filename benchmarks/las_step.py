@@ -4,10 +4,10 @@
     python benchmarks/las_step.py --device cpu        # small batch (see --batch, --seconds)
 
 For recipes/librispeech100.yaml (LAS) and recipes/librispeech100_transformer.yaml,
-each at its own model sizes: a batch of --batch utterances of --seconds each
+each at its own model and feature sizes: a batch of --batch utterances of --seconds each
 (on CUDA the default fills the recipe's ``max_frames_per_batch`` with 12.7 s
-utterances, train-clean-100's mean: 100.6 h over 28,539 utterances), 80
-random fbank-like features per 10 ms frame, and random BPE targets
+utterances, train-clean-100's mean: 100.6 h over 28,539 utterances), random
+features of the recipe's dimension per 10 ms frame, and random BPE targets
 (``data.bpe_vocab_size``) at --tokens-per-second (6 by default: an
 assumption, not a measurement; set it to your tokenizer's rate, which decides
 how many steps the LAS speller runs). The model is in training mode (dropout,
@@ -46,6 +46,7 @@ from asr.models import lnlstm
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.interface import EncoderOutput
 from asr.training.trainer import build_optimizer
+from features.pipeline import FeaturePipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ("librispeech100.yaml", "librispeech100_transformer.yaml")
@@ -54,13 +55,13 @@ MEAN_UTTERANCE_SECONDS = 12.7  # 100.6 h / 28,539 utterances
 FRAMES_PER_SECOND = 100  # 10 ms frame shift
 
 
-def synthetic_batch(batch: int, seconds: float, tokens_per_second: float, vocab_size: int, device):
-    """Features (B, T, 80), lengths (B,), tokens (B, L) and token lengths (B,): every
+def synthetic_batch(batch: int, seconds: float, tokens_per_second: float, vocab_size: int, feature_dim: int, device):
+    """Features (B, T, feature_dim), lengths (B,), tokens (B, L) and token lengths (B,): every
     utterance as long as the longest, as in a well-bucketed batch."""
     frames = max(1, round(seconds * FRAMES_PER_SECOND))
     num_tokens = max(1, round(seconds * tokens_per_second))
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(batch, frames, 80, generator=generator)
+    features = torch.randn(batch, frames, feature_dim, generator=generator)
     tokens = torch.randint(3, vocab_size, (batch, num_tokens), generator=generator)  # 0-2: pad, sos, eos
     lengths = torch.full((batch,), frames)
     token_lengths = torch.full((batch,), num_tokens)
@@ -134,12 +135,13 @@ def benchmark_recipe(recipe: str, args, device) -> None:
     vocab_size = config.data.bpe_vocab_size
     tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
     torch.manual_seed(0)
-    model = build_model(config.model, config.features.num_mel_bins, tokenizer).to(device).train()
+    feature_dim = FeaturePipeline(config.features).feature_dim
+    model = build_model(config.model, feature_dim, tokenizer).to(device).train()
     optimizer = build_optimizer(model, config.train)
     amp = config.train.amp and device.type == "cuda"
     frames_per_utterance = round(args.seconds * FRAMES_PER_SECOND)
     batch_size = args.batch or max(1, config.data.max_frames_per_batch // frames_per_utterance)
-    batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, vocab_size, device)
+    batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, vocab_size, feature_dim, device)
     parameters = sum(p.numel() for p in model.parameters())
     print(
         f"\n{recipe}: {config.model.type}, {parameters / 1e6:.1f} M parameters; batch {batch_size} x "
