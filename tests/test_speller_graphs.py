@@ -151,3 +151,74 @@ def test_replayed_graphs_under_bf16_autocast():
     first = outputs_and_grads(noisy, decoder_input, keys, mask, under_autocast(noisy))
     second = outputs_and_grads(noisy, decoder_input, keys, mask, under_autocast(noisy))
     assert torch.isfinite(first["log_probs"]).all() and not torch.equal(first["log_probs"], second["log_probs"])
+
+
+# --- decoding ----------------------------------------------------------------------------
+
+
+def decode_all(model, batch, device):
+    """Greedy and beam search (with and without CTC) on ``batch``: hypotheses and scores."""
+    from asr.decoding import DecodingOptions, beam_search, greedy_search
+
+    features, lengths = batch[0].to(device), batch[1].to(device)
+    with torch.no_grad():
+        encoder = model.encode(features, lengths)
+        results = {"greedy": greedy_search(model, encoder, DecodingOptions(max_len_ratio=1.0))}
+        for name, options in {
+            "beam": DecodingOptions(beam_size=3, max_len_ratio=1.0),
+            "beam+ctc": DecodingOptions(beam_size=4, ctc_weight=0.4, max_len_ratio=1.0),
+        }.items():
+            hypotheses = beam_search(model, encoder, options, nbest=3)
+            results[name] = [[(h.tokens, round(h.score, 4)) for h in hyps] for hyps in hypotheses]
+    return results
+
+
+def small_las(kind):
+    from test_las import small_config
+
+    from asr.models.las import LAS
+
+    torch.manual_seed(2)
+    config = small_config(ctc_weight=0.3)
+    config.attention.type = kind
+    return LAS(config, input_dim=6, vocab_size=10).eval()
+
+
+def decoding_batch():
+    """Five utterances of different lengths: under an untrained model each runs to its own
+    maximum length, so utterances leave the beam search's batch at different steps."""
+    generator = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([60, 41, 33, 20, 9])
+    features = torch.randn(5, 60, 6, generator=generator) * lengths_to_mask(lengths, 60).unsqueeze(-1)
+    return features, lengths
+
+
+@pytest.mark.parametrize("kind", ["location", "content", "dot"])
+def test_decoding_recordings_bookkeeping_on_cpu(kind, monkeypatch):
+    """The recorded decoding step's buffers (padded rows and frames, stale values from an earlier
+    call, the listener part copied in only when utterances leave), run on CPU with the step
+    re-run eagerly on them: greedy and beam search give the eager decoder's hypotheses and scores."""
+    model = small_las(kind)
+    batch = decoding_batch()
+    expected = decode_all(model, batch, "cpu")
+    monkeypatch.setattr(speller_graphs, "_decode_on_cpu", True)
+    with torch.no_grad():
+        assert speller_graphs.decoding_applies(model.speller, model.init_decoder_state(model.encode(*batch)))
+    actual = decode_all(model, batch, "cpu")
+    recordings = model.speller.__dict__["_cuda_decoding_graphs"].entries
+    assert len(recordings) >= 2, "beam search with 15 and then fewer rows uses several recordings"
+    assert actual == expected
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["location", "content", "dot"])
+def test_replayed_decoding_steps_match_the_eager_decoder(kind, monkeypatch):
+    model = small_las(kind).cuda()
+    batch = decoding_batch()
+    monkeypatch.setattr(speller_graphs, "_enabled", False)
+    expected = decode_all(model, batch, "cuda")
+    monkeypatch.setattr(speller_graphs, "_enabled", True)
+    actual = decode_all(model, batch, "cuda")
+    assert speller_graphs._enabled, "a recording failed and the decoder fell back to eager steps"
+    assert len(model.speller.__dict__["_cuda_decoding_graphs"].entries) >= 2
+    assert actual == expected

@@ -136,7 +136,17 @@ class Speller(nn.Module):
         return state
 
     def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """One output step: tokens (N,) previous tokens -> log-probs (N, V) and the new state."""
+        """One output step: tokens (N,) previous tokens -> log-probs (N, V) and the new state.
+
+        In inference on CUDA (greedy and beam search) the step runs as a recorded CUDA
+        graph (:func:`asr.models.speller_graphs.decoding_step`); elsewhere :meth:`eager_step`.
+        """
+        if speller_graphs.decoding_applies(self, state):
+            return speller_graphs.decoding_step(self, tokens, state)
+        return self.eager_step(tokens, state)
+
+    def eager_step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """:meth:`step`, run op by op."""
         x = torch.cat([self.embedding(tokens), state["context"]], dim=-1)
         new_h, new_c = [], []
         for cell, h, c in zip(self.cells, state["h"], state["c"]):

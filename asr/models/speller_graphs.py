@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from asr.models.attention import Attention
+from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm_triton import padded_batch, padded_time
 
 _enabled = os.environ.get("ASR_SPELLER_CUDA_GRAPHS", "1") != "0"
@@ -228,3 +229,139 @@ def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mas
         return graphed(decoder_input, keys, mask)
 
     return padded_call(speller, decoder_input, keys, mask, run)
+
+
+# --- decoding: one output step at a time --------------------------------------------------
+
+# Tests set this to run the decoding recordings' bookkeeping (buffers, padding, reuse) on
+# CPU, with the step re-run eagerly on the recording's buffers where a GPU would replay it.
+_decode_on_cpu = False
+
+
+def decoding_applies(speller, state: dict) -> bool:
+    """Whether :meth:`Speller.step` should replay a recorded step: inference (eval mode, no
+    gradients) on CUDA, the content, dot or location-aware attention without a window."""
+    if not _enabled or speller.training or torch.is_grad_enabled():
+        return False
+    keys = state[STATIC_STATE_KEY]["keys"]
+    if not (keys.is_cuda or _decode_on_cpu) or (keys.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    return isinstance(speller.attention, Attention) and "focus" not in state and "monotonic" not in state
+
+
+class _StepRecording:
+    """One output step recorded for N' hypotheses over T' listener frames (both padded).
+
+    Its buffers hold the step's inputs: rows past a call's N and frames past its T are
+    masked out (a valid first frame in each padded row, so the softmax is defined) and
+    computed but never returned; rows do not interact, so stale values there change
+    nothing. The listener part (keys, mask, projected keys) is copied in only when it
+    changes, i.e. when utterances leave the batch.
+    """
+
+    def __init__(self, speller, state: dict, rows: int, frames: int, pool) -> None:
+        self.speller = speller
+        static = state[STATIC_STATE_KEY]
+        with torch.inference_mode(False):  # buffers any later call can write, in inference mode or not
+            def buffer(x, *sizes):
+                return x.new_zeros(*sizes)
+
+            self.tokens = torch.full((rows,), speller.embedding.padding_idx or 0, dtype=torch.long,
+                                     device=static["keys"].device)
+            self.state = {
+                "h": [buffer(h, rows, h.size(1)) for h in state["h"]],
+                "c": [buffer(c, rows, c.size(1)) for c in state["c"]],
+                "context": buffer(state["context"], rows, state["context"].size(1)),
+                "weights": buffer(state["weights"], rows, state["weights"].size(1), frames),
+                STATIC_STATE_KEY: {
+                    "keys": buffer(static["keys"], rows, frames, static["keys"].size(2)),
+                    "mask": buffer(static["mask"], rows, frames),
+                    "projected_keys": buffer(static["projected_keys"], rows, static["projected_keys"].size(1),
+                                             frames, static["projected_keys"].size(3)),
+                },
+            }
+        self.static_source = None
+        self.copy_in(self.tokens[: len(state["h"][0])], state)  # a valid first input: pad tokens
+        self.graph = None
+        if self.tokens.is_cuda:
+            torch.cuda.synchronize()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    speller.eager_step(self.tokens, self.state)
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+                self.outputs = speller.eager_step(self.tokens, self.state)
+
+    def copy_in(self, tokens: torch.Tensor, state: dict) -> None:
+        rows, frames = state[STATIC_STATE_KEY]["keys"].shape[:2]
+        self.tokens[: len(tokens)].copy_(tokens)
+        for name in ("h", "c"):
+            for target, value in zip(self.state[name], state[name]):
+                target[:rows].copy_(value)
+        self.state["context"][:rows].copy_(state["context"])
+        self.state["weights"][:rows, :, :frames].copy_(state["weights"])
+        static = state[STATIC_STATE_KEY]
+        if static is not self.static_source:
+            target = self.state[STATIC_STATE_KEY]
+            target["keys"].zero_()
+            target["keys"][:rows, :frames].copy_(static["keys"])
+            target["projected_keys"].zero_()
+            target["projected_keys"][:rows, :, :frames].copy_(static["projected_keys"])
+            target["mask"].fill_(False)
+            target["mask"][:rows, :frames].copy_(static["mask"])
+            target["mask"][rows:, 0] = True
+            self.static_source = static
+
+    def run(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        """The step for ``tokens`` and ``state`` (N rows, T frames), as fresh tensors."""
+        self.copy_in(tokens, state)
+        if self.graph is None:  # CPU (tests): the step, run eagerly on the buffers
+            self.outputs = self.speller.eager_step(self.tokens, self.state)
+        else:
+            self.graph.replay()
+        rows, frames = state[STATIC_STATE_KEY]["keys"].shape[:2]
+        log_probs, new = self.outputs
+        return log_probs[:rows].clone(), dict(
+            state,
+            h=[h[:rows].clone() for h in new["h"]],
+            c=[c[:rows].clone() for c in new["c"]],
+            context=new["context"][:rows].clone(),
+            weights=new["weights"][:rows, :, :frames].clone(),
+        )
+
+
+def decoding_step(speller, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+    """:meth:`Speller.step` by replaying a step recorded for the padded shape (rows to a
+    multiple of 8, frames to :func:`padded_time`'s buckets). If recording fails, warns once
+    and runs :meth:`Speller.eager_step` from then on."""
+    global _enabled, _failure_warned
+    recordings = speller.__dict__.setdefault("_cuda_decoding_graphs", _Recordings())
+    static = state[STATIC_STATE_KEY]
+    rows, frames = static["keys"].shape[:2]
+    autocast = static["keys"].is_cuda and torch.is_autocast_enabled("cuda")
+    key = (
+        padded_batch(rows), padded_time(frames), static["keys"].device, static["keys"].dtype,
+        state["h"][0].dtype, autocast, torch.get_autocast_dtype("cuda") if autocast else None,
+        tuple(p.data_ptr() for p in speller.parameters()),
+    )
+    recording = recordings.get(key)
+    if recording is None:
+        if recordings.pool is None and static["keys"].is_cuda:
+            recordings.pool = torch.cuda.graph_pool_handle()
+        try:
+            recording = _StepRecording(speller, state, padded_batch(rows), padded_time(frames), recordings.pool)
+        except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
+            _enabled = False
+            if not _failure_warned:
+                _failure_warned = True
+                warnings.warn(
+                    f"Speller: CUDA graph recording failed ({type(exc).__name__}: {exc}); running the "
+                    "decoder eagerly (ASR_SPELLER_CUDA_GRAPHS=0 skips the attempt)",
+                    RuntimeWarning,
+                )
+            return speller.eager_step(tokens, state)
+        recordings.add(key, recording)
+    return recording.run(tokens, state)
