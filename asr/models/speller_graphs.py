@@ -26,6 +26,10 @@ key: the padded shape, dtypes, the autocast state, the scheduled-sampling
 probability and the parameters' storage (a model moved or rebuilt records anew).
 Dropout and scheduled sampling draw fresh random numbers at every replay (the
 graphs use PyTorch's graph-safe generator), not the eager loop's numbers.
+
+In inference (greedy and beam search) the loop is driven step by step from
+outside, so there :meth:`Speller.step` replays one recorded step instead
+(:func:`decoding_step`, used when :func:`decoding_applies`).
 """
 
 from __future__ import annotations
