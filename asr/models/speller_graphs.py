@@ -110,6 +110,12 @@ class _Recordings:
     def __getstate__(self) -> dict:
         return {"entries": collections.OrderedDict(), "pool": None}
 
+    def pool_handle(self):
+        """The CUDA memory pool the recordings share (they never run at the same time)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        return self.pool
+
     def get(self, key):
         if key in self.entries:
             self.entries.move_to_end(key)
@@ -120,6 +126,19 @@ class _Recordings:
         self.entries[key] = graphed
         while len(self.entries) > CAPACITY:
             self.entries.popitem(last=False)
+
+
+def _give_up(exc: Exception, what: str) -> None:
+    """A recording failed: warn once, and run eagerly from then on."""
+    global _enabled, _failure_warned
+    _enabled = False
+    if not _failure_warned:
+        _failure_warned = True
+        warnings.warn(
+            f"Speller: CUDA graph recording failed ({type(exc).__name__}: {exc}); running {what} eagerly "
+            "(ASR_SPELLER_CUDA_GRAPHS=0 skips the attempt)",
+            RuntimeWarning,
+        )
 
 
 def _key(speller, decoder_input, keys, mask) -> tuple:
@@ -200,34 +219,19 @@ class _Replay(torch.autograd.Function):
         return (None, None, grad_keys, None, *grads)
 
 
-def _record(speller, recordings: _Recordings, decoder_input, keys, mask) -> _Recording:
-    """Record the loop for these (padded) inputs; the warm-up runs use them too."""
-    if recordings.pool is None:
-        recordings.pool = torch.cuda.graph_pool_handle()
-    return _Recording(speller, decoder_input, keys, mask, recordings.pool)
-
-
 def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor):
     """:meth:`Speller.forward` by replaying recorded graphs (see the module docstring).
     If recording fails, warns once and runs the eager loop from then on."""
     recordings = speller.__dict__.setdefault("_cuda_graphs", _Recordings())
 
     def run(decoder_input, keys, mask):
-        global _enabled, _failure_warned
         key = _key(speller, decoder_input, keys, mask)
         graphed = recordings.get(key)
         if graphed is None:
             try:
-                graphed = _record(speller, recordings, decoder_input, keys, mask)
+                graphed = _Recording(speller, decoder_input, keys, mask, recordings.pool_handle())
             except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
-                _enabled = False
-                if not _failure_warned:
-                    _failure_warned = True
-                    warnings.warn(
-                        f"Speller: CUDA graph recording failed ({type(exc).__name__}: {exc}); running the "
-                        "teacher-forced loop eagerly (ASR_SPELLER_CUDA_GRAPHS=0 skips the attempt)",
-                        RuntimeWarning,
-                    )
+                _give_up(exc, "the teacher-forced loop")
                 return speller.teacher_forced(decoder_input, keys, mask)
             recordings.add(key, graphed)
         return graphed(decoder_input, keys, mask)
@@ -341,7 +345,6 @@ def decoding_step(speller, tokens: torch.Tensor, state: dict) -> tuple[torch.Ten
     """:meth:`Speller.step` by replaying a step recorded for the padded shape (rows to a
     multiple of 8, frames to :func:`padded_time`'s buckets). If recording fails, warns once
     and runs :meth:`Speller.eager_step` from then on."""
-    global _enabled, _failure_warned
     recordings = speller.__dict__.setdefault("_cuda_decoding_graphs", _Recordings())
     static = state[STATIC_STATE_KEY]
     rows, frames = static["keys"].shape[:2]
@@ -353,19 +356,11 @@ def decoding_step(speller, tokens: torch.Tensor, state: dict) -> tuple[torch.Ten
     )
     recording = recordings.get(key)
     if recording is None:
-        if recordings.pool is None and static["keys"].is_cuda:
-            recordings.pool = torch.cuda.graph_pool_handle()
+        pool = recordings.pool_handle() if static["keys"].is_cuda else None
         try:
-            recording = _StepRecording(speller, state, padded_batch(rows), padded_time(frames), recordings.pool)
+            recording = _StepRecording(speller, state, padded_batch(rows), padded_time(frames), pool)
         except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
-            _enabled = False
-            if not _failure_warned:
-                _failure_warned = True
-                warnings.warn(
-                    f"Speller: CUDA graph recording failed ({type(exc).__name__}: {exc}); running the "
-                    "decoder eagerly (ASR_SPELLER_CUDA_GRAPHS=0 skips the attempt)",
-                    RuntimeWarning,
-                )
+            _give_up(exc, "the decoder")
             return speller.eager_step(tokens, state)
         recordings.add(key, recording)
     return recording.run(tokens, state)
