@@ -60,6 +60,12 @@ def outputs_and_grads(speller, decoder_input, keys, mask, forward) -> dict:
     return {name: value.detach().float().cpu().clone() for name, value in result.items()}
 
 
+def recorded(speller, kind: str) -> list:
+    """The keys of the speller's recordings of one kind ("teacher-forced" or "step")."""
+    recordings = speller.__dict__.get("_cuda_graphs")
+    return [key for key in (recordings.entries if recordings else {}) if key[0] == kind]
+
+
 def assert_close(actual: dict, expected: dict, tol: float) -> None:
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
@@ -117,8 +123,7 @@ def test_replayed_graphs_match_the_eager_loop(kind, heads):
         assert speller_graphs.applies(speller, keys)
         actual = outputs_and_grads(speller, decoder_input, keys, mask, speller)
         assert_close(actual, expected, tol=1e-5)
-    recordings = speller.__dict__["_cuda_graphs"]
-    assert len(recordings.entries) == 2, "the first three batches share one bucket"
+    assert len(recorded(speller, "teacher-forced")) == 2, "the first three batches share one bucket"
     assert speller_graphs._enabled, "a recording failed and the loop fell back to eager runs"
     copied = copy.deepcopy(speller)  # a copy starts without the original's graphs
     assert len(copied.__dict__["_cuda_graphs"].entries) == 0
@@ -205,8 +210,20 @@ def test_decoding_recordings_bookkeeping_on_cpu(kind, monkeypatch):
     with torch.no_grad():
         assert speller_graphs.decoding_applies(model.speller, model.init_decoder_state(model.encode(*batch)))
     actual = decode_all(model, batch, "cpu")
-    recordings = model.speller.__dict__["_cuda_decoding_graphs"].entries
-    assert len(recordings) >= 2, "beam search with 15 and then fewer rows uses several recordings"
+    assert len(recorded(model.speller, "step")) >= 2, "15 rows and then fewer use several recordings"
+    assert actual == expected
+
+
+def test_decoding_runs_eagerly_once_the_recordings_are_full(monkeypatch):
+    """Beyond its capacity (or memory share) a speller records no new shape: those steps run
+    eagerly, with the same results."""
+    model = small_las("location")
+    batch = decoding_batch()
+    expected = decode_all(model, batch, "cpu")
+    monkeypatch.setattr(speller_graphs, "_decode_on_cpu", True)
+    monkeypatch.setattr(speller_graphs, "CAPACITY", 1)
+    actual = decode_all(model, batch, "cpu")
+    assert len(recorded(model.speller, "step")) == 1 and model.speller.__dict__["_cuda_graphs"].full
     assert actual == expected
 
 
@@ -220,5 +237,5 @@ def test_replayed_decoding_steps_match_the_eager_decoder(kind, monkeypatch):
     monkeypatch.setattr(speller_graphs, "_enabled", True)
     actual = decode_all(model, batch, "cuda")
     assert speller_graphs._enabled, "a recording failed and the decoder fell back to eager steps"
-    assert len(model.speller.__dict__["_cuda_decoding_graphs"].entries) >= 2
+    assert len(recorded(model.speller, "step")) >= 2
     assert actual == expected

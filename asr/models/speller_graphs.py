@@ -24,6 +24,8 @@ MoChA), one process (not under ``torch.distributed``), not disabled with
 ``ASR_SPELLER_CUDA_GRAPHS=0``. Everything the graphs bake in is part of their
 key: the padded shape, dtypes, the autocast state, the scheduled-sampling
 probability and the parameters' storage (a model moved or rebuilt records anew).
+A recording keeps its shape's saved activations, so a speller records at most
+CAPACITY shapes or MEMORY_SHARE of the GPU's memory; later new shapes run eagerly.
 Dropout and scheduled sampling draw fresh random numbers at every replay (the
 graphs use PyTorch's graph-safe generator), not the eager loop's numbers.
 
@@ -34,9 +36,11 @@ outside, so there :meth:`Speller.step` replays one recorded step instead
 
 from __future__ import annotations
 
-import collections
+import logging
+import math
 import os
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,10 +50,16 @@ from asr.models.attention import Attention
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm_triton import padded_batch, padded_time
 
+logger = logging.getLogger(__name__)
+
 _enabled = os.environ.get("ASR_SPELLER_CUDA_GRAPHS", "1") != "0"
 _failure_warned = False
 
-CAPACITY = 64  # recorded shapes per speller; the least recently used beyond this are dropped
+# A recording keeps what its shape's forward saved for the backward pass, so recordings
+# add up: a speller records new shapes until it holds CAPACITY of them or MEMORY_SHARE of
+# the GPU's memory, and runs shapes it meets after that eagerly.
+CAPACITY = 64
+MEMORY_SHARE = float(os.environ.get("ASR_SPELLER_CUDA_GRAPHS_MEMORY", "0.25"))
 WARMUP_STEPS = 2  # eager forward + backward runs before a recording (lazy initialisations)
 
 
@@ -94,38 +104,52 @@ def applies(speller, keys: torch.Tensor) -> bool:
 
 
 class _Recordings:
-    """The recorded loops of one speller, least recently used first, sharing one memory pool.
+    """The recorded loops and steps of one speller, sharing one memory pool (they never run
+    at the same time), up to CAPACITY of them or MEMORY_SHARE of the GPU's memory.
 
     Kept on the speller itself; a copy of the speller (``copy.deepcopy``, pickling)
     starts with none, since graphs point at the original's parameters.
     """
 
     def __init__(self) -> None:
-        self.entries: collections.OrderedDict = collections.OrderedDict()
+        self.entries: dict = {}
         self.pool = None
+        self.bytes = 0  # memory the recordings hold (CUDA)
+        self.full = False
 
     def __deepcopy__(self, memo) -> _Recordings:
         return _Recordings()
 
     def __getstate__(self) -> dict:
-        return {"entries": collections.OrderedDict(), "pool": None}
-
-    def pool_handle(self):
-        """The CUDA memory pool the recordings share (they never run at the same time)."""
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        return self.pool
+        return _Recordings().__dict__
 
     def get(self, key):
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            return self.entries[key]
-        return None
+        return self.entries.get(key)
 
-    def add(self, key, graphed) -> None:
-        self.entries[key] = graphed
-        while len(self.entries) > CAPACITY:
-            self.entries.popitem(last=False)
+    def record(self, key, make: Callable, device: torch.device):
+        """``make(pool)``, a new recording for ``key``, kept; or None once the recordings are full."""
+        if self.full:
+            return None
+        cuda = device.type == "cuda"
+        if cuda and self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        before = torch.cuda.memory_allocated(device) if cuda else 0
+        recording = make(self.pool)
+        if cuda:
+            self.bytes += torch.cuda.memory_allocated(device) - before
+        self.entries[key] = recording
+        limit = MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory if cuda else math.inf
+        if len(self.entries) >= CAPACITY or self.bytes >= limit:
+            self.full = True
+            logger.info(
+                "speller: %d shapes recorded as CUDA graphs (%.2f GiB); shapes not seen yet will run eagerly",
+                len(self.entries), self.bytes / 2**30,
+            )
+        return recording
+
+
+def _recordings(speller) -> _Recordings:
+    return speller.__dict__.setdefault("_cuda_graphs", _Recordings())
 
 
 def _give_up(exc: Exception, what: str) -> None:
@@ -222,18 +246,21 @@ class _Replay(torch.autograd.Function):
 def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor):
     """:meth:`Speller.forward` by replaying recorded graphs (see the module docstring).
     If recording fails, warns once and runs the eager loop from then on."""
-    recordings = speller.__dict__.setdefault("_cuda_graphs", _Recordings())
+    recordings = _recordings(speller)
 
     def run(decoder_input, keys, mask):
-        key = _key(speller, decoder_input, keys, mask)
+        key = ("teacher-forced", *_key(speller, decoder_input, keys, mask))
         graphed = recordings.get(key)
         if graphed is None:
             try:
-                graphed = _Recording(speller, decoder_input, keys, mask, recordings.pool_handle())
+                graphed = recordings.record(
+                    key, lambda pool: _Recording(speller, decoder_input, keys, mask, pool), keys.device
+                )
             except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
                 _give_up(exc, "the teacher-forced loop")
+                graphed = None
+            if graphed is None:
                 return speller.teacher_forced(decoder_input, keys, mask)
-            recordings.add(key, graphed)
         return graphed(decoder_input, keys, mask)
 
     return padded_call(speller, decoder_input, keys, mask, run)
@@ -345,22 +372,26 @@ def decoding_step(speller, tokens: torch.Tensor, state: dict) -> tuple[torch.Ten
     """:meth:`Speller.step` by replaying a step recorded for the padded shape (rows to a
     multiple of 8, frames to :func:`padded_time`'s buckets). If recording fails, warns once
     and runs :meth:`Speller.eager_step` from then on."""
-    recordings = speller.__dict__.setdefault("_cuda_decoding_graphs", _Recordings())
+    recordings = _recordings(speller)
     static = state[STATIC_STATE_KEY]
     rows, frames = static["keys"].shape[:2]
     autocast = static["keys"].is_cuda and torch.is_autocast_enabled("cuda")
     key = (
-        padded_batch(rows), padded_time(frames), static["keys"].device, static["keys"].dtype,
+        "step", padded_batch(rows), padded_time(frames), static["keys"].device, static["keys"].dtype,
         state["h"][0].dtype, autocast, torch.get_autocast_dtype("cuda") if autocast else None,
         tuple(p.data_ptr() for p in speller.parameters()),
     )
     recording = recordings.get(key)
     if recording is None:
-        pool = recordings.pool_handle() if static["keys"].is_cuda else None
         try:
-            recording = _StepRecording(speller, state, padded_batch(rows), padded_time(frames), pool)
+            recording = recordings.record(
+                key,
+                lambda pool: _StepRecording(speller, state, padded_batch(rows), padded_time(frames), pool),
+                static["keys"].device,
+            )
         except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
             _give_up(exc, "the decoder")
+            recording = None
+        if recording is None:
             return speller.eager_step(tokens, state)
-        recordings.add(key, recording)
     return recording.run(tokens, state)
