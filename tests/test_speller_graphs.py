@@ -100,15 +100,15 @@ def test_padding_changes_no_output_or_gradient(kind, heads):
 def test_graphs_apply_only_to_cuda_training_with_gradients():
     speller = make().train()
     keys = torch.randn(2, 4, KEY)
-    assert not speller_graphs.applies(speller, keys)  # CPU
+    assert not speller_graphs.teacher_forcing_applies(speller, keys)  # CPU
     if torch.cuda.is_available():
         speller.cuda()
         keys = keys.cuda()
-        assert speller_graphs.applies(speller, keys)
+        assert speller_graphs.teacher_forcing_applies(speller, keys)
         with torch.no_grad():
-            assert not speller_graphs.applies(speller, keys)
-        assert not speller_graphs.applies(speller.eval(), keys)
-        assert not speller_graphs.applies(make("mocha", device="cuda").train(), keys)
+            assert not speller_graphs.teacher_forcing_applies(speller, keys)
+        assert not speller_graphs.teacher_forcing_applies(speller.eval(), keys)
+        assert not speller_graphs.teacher_forcing_applies(make("mocha", device="cuda").train(), keys)
 
 
 @needs_cuda
@@ -120,7 +120,7 @@ def test_replayed_graphs_match_the_eager_loop(kind, heads):
     for batch, time, length, seed in [(5, 21, 11, 1), (7, 24, 13, 2), (5, 21, 11, 3), (19, 70, 30, 4)]:
         decoder_input, keys, mask = inputs(batch, time, length, "cuda", seed)
         expected = outputs_and_grads(speller, decoder_input, keys, mask, speller.teacher_forced)
-        assert speller_graphs.applies(speller, keys)
+        assert speller_graphs.teacher_forcing_applies(speller, keys)
         actual = outputs_and_grads(speller, decoder_input, keys, mask, speller)
         assert_close(actual, expected, tol=1e-5)
     assert len(recorded(speller, "teacher-forced")) == 2, "the first three batches share one bucket"

@@ -184,7 +184,7 @@ class Speller(nn.Module):
         In training on CUDA the loop runs as recorded CUDA graphs
         (:mod:`asr.models.speller_graphs`); elsewhere :meth:`teacher_forced` runs it.
         """
-        if speller_graphs.applies(self, keys):
+        if speller_graphs.teacher_forcing_applies(self, keys):
             return speller_graphs.teacher_forced(self, decoder_input, keys, mask)
         return self.teacher_forced(decoder_input, keys, mask)
 

@@ -1,5 +1,5 @@
-"""The teacher-forced speller on CUDA: its whole loop over output steps, forward and backward,
-recorded as CUDA graphs once per padded shape and replayed.
+"""The speller on CUDA as recorded CUDA graphs: in training its whole loop over output steps,
+forward and backward, in decoding one step; recorded once per padded shape and replayed.
 
 Eagerly, each output step of :meth:`asr.models.speller.Speller.forward` launches a few dozen
 small kernels (the embedding, the cells, the attention's energies, softmax and
@@ -18,7 +18,7 @@ one (nothing flows back from them), and padded rows (one valid frame of zeros,
 pad tokens) are sliced away. The eager loop on padded inputs is the reference:
 :func:`padded_call` runs either.
 
-Used by :meth:`Speller.forward` when :func:`applies`: CUDA tensors, training mode with
+Used by :meth:`Speller.forward` when :func:`teacher_forcing_applies`: CUDA tensors, training mode with
 gradients, the content, dot or location-aware attention (not windowed, not
 MoChA), one process (not under ``torch.distributed``), not disabled with
 ``ASR_SPELLER_CUDA_GRAPHS=0``. Everything the graphs bake in is part of their
@@ -91,7 +91,7 @@ def padded_call(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mask: 
     return log_probs[:batch, :steps], weights[:batch, :steps, :frames]
 
 
-def applies(speller, keys: torch.Tensor) -> bool:
+def teacher_forcing_applies(speller, keys: torch.Tensor) -> bool:
     """Whether :meth:`Speller.forward` should replay recorded graphs for this call."""
     if not (_enabled and keys.is_cuda and speller.training and torch.is_grad_enabled()):
         return False
