@@ -165,13 +165,32 @@ def _give_up(exc: Exception, what: str) -> None:
         )
 
 
-def _key(speller, decoder_input, keys, mask) -> tuple:
+def _baked_in(speller) -> tuple:
+    """What every recording bakes in besides its shapes: the autocast state and the
+    parameters' storage (a model moved or rebuilt records anew)."""
     autocast = torch.is_autocast_enabled("cuda")
     return (
-        tuple(decoder_input.shape), tuple(keys.shape), keys.dtype, keys.requires_grad, keys.device,
         autocast, torch.get_autocast_dtype("cuda") if autocast else None,
-        speller.sampling_probability,
         tuple(p.data_ptr() for p in speller.parameters()),
+    )
+
+
+def _warm_up(run) -> None:
+    """``run()`` WARMUP_STEPS times on a side stream before a capture, so that lazy
+    initialisations (handles, workspaces, compiled kernels) happen outside it."""
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_STEPS):
+            run()
+    torch.cuda.synchronize()
+
+
+def _key(speller, decoder_input, keys, mask) -> tuple:
+    return (
+        tuple(decoder_input.shape), tuple(keys.shape), keys.dtype, keys.requires_grad, keys.device,
+        speller.sampling_probability, *_baked_in(speller),
     )
 
 
@@ -196,15 +215,11 @@ class _Recording:
                                 enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False):
                 return speller.teacher_forced(self.decoder_input, self.keys, self.mask)
 
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up runs: lazy initialisations happen outside the capture
-            for _ in range(WARMUP_STEPS):
-                outputs = loop()
-                torch.autograd.grad(outputs, wrt, [torch.zeros_like(o) for o in outputs], allow_unused=True)
-            del outputs
-        torch.cuda.synchronize()
+        def forward_and_backward() -> None:
+            outputs = loop()
+            torch.autograd.grad(outputs, wrt, [torch.zeros_like(o) for o in outputs], allow_unused=True)
+
+        _warm_up(forward_and_backward)
         self.forward_graph = torch.cuda.CUDAGraph()
         self.backward_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward_graph, pool=pool, capture_error_mode="thread_local"):
@@ -319,13 +334,7 @@ class _StepRecording:
         self.copy_in(self.tokens[: len(state["h"][0])], state)  # a valid first input: pad tokens
         self.graph = None
         if self.tokens.is_cuda:
-            torch.cuda.synchronize()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_STEPS):
-                    speller.eager_step(self.tokens, self.state)
-            torch.cuda.synchronize()
+            _warm_up(lambda: speller.eager_step(self.tokens, self.state))
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.outputs = speller.eager_step(self.tokens, self.state)
@@ -375,11 +384,9 @@ def decoding_step(speller, tokens: torch.Tensor, state: dict) -> tuple[torch.Ten
     recordings = _recordings(speller)
     static = state[STATIC_STATE_KEY]
     rows, frames = static["keys"].shape[:2]
-    autocast = static["keys"].is_cuda and torch.is_autocast_enabled("cuda")
     key = (
         "step", padded_batch(rows), padded_time(frames), static["keys"].device, static["keys"].dtype,
-        state["h"][0].dtype, autocast, torch.get_autocast_dtype("cuda") if autocast else None,
-        tuple(p.data_ptr() for p in speller.parameters()),
+        state["h"][0].dtype, *_baked_in(speller),
     )
     recording = recordings.get(key)
     if recording is None:
