@@ -10,7 +10,7 @@ import soundfile
 import torch
 
 from asr.config import ConfigError, from_dict
-from asr.data import demo, espeak, pico
+from asr.data import demo, espeak, pico, piper, workers
 from asr.data.config import DataConfig, DigitsConfig
 from asr.data.corpus import load_split
 from asr.data.demo import (
@@ -196,6 +196,12 @@ def test_accents_times_variants_spell_out_the_training_voices():
         ({"pico_share": 0.5, "pico_voices": []}, "pico_voices"),
         ({"pico_pitch": [40, 100]}, "pico_pitch"),
         ({"pico_rate": [120, 80]}, "pico_rate"),
+        ({"piper_share": -0.5}, "piper_share"),
+        ({"piper_share": 0.5, "piper_voices": ["amy"]}, "piper_voices"),
+        ({"piper_share": 0.5, "piper_voices": ["joe", "joe"]}, "piper_voices"),
+        ({"piper_length_scale": [0.1, 1.0]}, "piper_length_scale"),
+        ({"piper_noise_scale": [0.9, 0.4]}, "piper_noise_scale"),
+        ({"piper_noise_w_scale": [0.0, 3.0]}, "piper_noise_w_scale"),
     ],
 )
 def test_invalid_options_raise_errors_naming_the_field(change, field):
@@ -353,4 +359,117 @@ def test_missing_pico_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(__import__("sys").modules, "ttspico", None)
     with pytest.raises(pico.PicoError, match="pip install ttspico"):
         demo_corpus(DemoConfig(**PICO), tmp_path)
+    assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())
+
+
+PIPER = {**TINY, "piper_share": 0.5}
+
+
+def test_piper_speaks_a_share_of_train_and_dev_and_every_other_draw_stays():
+    with_piper = demo._plan(DemoConfig(**PIPER))
+    espeak_only = demo._plan(DemoConfig(**TINY))
+    spoken_by_piper = {"train": 0, "dev": 0, "test": 0}
+    for mixed, plain in zip(with_piper, espeak_only, strict=True):
+        if isinstance(mixed.request, piper.PiperRequest):
+            spoken_by_piper[mixed.split] += 1
+            assert mixed.request.text == plain.request.text
+            assert 0.8 <= mixed.request.length_scale <= 1.6
+            assert mixed.utt_id.split("-")[0] == speaker_ids(DemoConfig(**PIPER))["piper:joe"]
+        else:  # the same voice, sentence, rate, level; the number within the speaker may move up
+            assert replace(mixed, utt_id=plain.utt_id) == plain
+        assert replace(mixed, request=plain.request, utt_id=plain.utt_id) == plain
+    assert spoken_by_piper["test"] == 0  # the held-out voices stay eSpeak's
+    assert 0 < spoken_by_piper["train"] < COUNTS["train"]
+    unused = DemoConfig(**TINY, piper_length_scale=[1.0, 2.0], piper_noise_scale=[0.1, 0.2])
+    assert corpus_key(unused) == corpus_key(DemoConfig(**TINY))  # unused options: the same corpus
+    assert corpus_key(DemoConfig(**PIPER)) != corpus_key(DemoConfig(**TINY))
+
+
+def test_piper_takes_its_share_of_what_pico_leaves_and_moves_no_pico_utterance():
+    both = demo._plan(DemoConfig(**{**TINY, "train_utterances": 60, "pico_share": 0.4, "piper_share": 0.5}))
+    pico_only = demo._plan(DemoConfig(**{**TINY, "train_utterances": 60, "pico_share": 0.4}))
+    for mixed, plain in zip(both, pico_only, strict=True):
+        assert isinstance(mixed.request, pico.PicoRequest) == isinstance(plain.request, pico.PicoRequest)
+        if isinstance(plain.request, pico.PicoRequest):
+            assert mixed.request == plain.request
+    kinds = [type(p.request) for p in both if p.split == "train"]
+    assert all(kinds.count(kind) > 0 for kind in (pico.PicoRequest, piper.PiperRequest, espeak.SynthesisRequest))
+
+
+def test_piper_speech_follows_the_text_and_the_length_scale():
+    speaker = piper.Speaker(["joe"])
+    short = speaker.speak(piper.PiperRequest("three", "joe", noise_w_scale=0.0))
+    long = speaker.speak(piper.PiperRequest("three seven zero four nine", "joe", noise_w_scale=0.0))
+    slow = speaker.speak(piper.PiperRequest("three seven zero four nine", "joe", length_scale=2.0, noise_w_scale=0.0))
+    assert short.dtype == np.float32 and 0.05 < np.abs(short).max() <= 1.0
+    assert len(long) > 2.5 * len(short)
+    assert 1.6 * len(long) < len(slow) < 2.4 * len(long)
+    with pytest.raises(ValueError, match="length_scale"):
+        speaker.speak(piper.PiperRequest("three", "joe", length_scale=10.0))
+
+
+def test_a_fresh_voice_repeats_itself_and_a_used_one_varies():
+    requests = [piper.PiperRequest("one two", "joe"), piper.PiperRequest("one two", "joe")]
+    first, again = (piper.Speaker(["joe"]) for _ in range(2))
+    a = [first.speak(r) for r in requests]
+    b = [again.speak(r) for r in requests]
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not (len(a[0]) == len(a[1]) and np.array_equal(a[0], a[1]))  # the network's noise moved on
+
+
+@pytest.mark.slow  # starts worker processes
+def test_speak_many_gives_the_same_samples_however_many_processes(monkeypatch):
+    monkeypatch.setattr(piper, "CHUNK", 3)  # several chunks from few requests
+    requests = [piper.PiperRequest(text, "joe", 1.0 + 0.1 * i) for i, text in enumerate(["one", "two three"] * 4)]
+    one = list(piper.speak_many(requests, processes=1))
+    three = list(piper.speak_many(requests, processes=3))
+    assert len(one) == len(three) == len(requests)
+    for x, y in zip(one, three, strict=True):
+        np.testing.assert_array_equal(x, y)
+    # each chunk starts from a freshly loaded voice: the first request of every chunk sounds alike
+    speaker = piper.Speaker(["joe"])
+    np.testing.assert_array_equal(one[0], speaker.speak(requests[0]))
+
+
+@pytest.mark.slow  # starts worker processes
+def test_closing_speak_many_before_reading_stops_its_workers(monkeypatch):
+    monkeypatch.setattr(piper, "CHUNK", 2)
+    started, start = [], workers.start
+    monkeypatch.setattr(workers, "start", lambda *args: started.append(start(*args)) or started[-1])
+    spoken = piper.speak_many([piper.PiperRequest("one two three four", "joe")] * 4, processes=2)
+    assert len(started) == 2 and all(w.process.poll() is None for w in started)  # working ahead
+    spoken.close()
+    assert all(w.process.poll() is not None for w in started)
+    assert list(piper.speak_many([])) == []
+
+
+@pytest.mark.slow  # starts worker processes
+def test_a_failing_piper_worker_names_the_reason():
+    bad = piper.PiperRequest("three", "joe", length_scale=9.0)  # out of range: refused inside the worker
+    with pytest.raises(piper.PiperError, match="length_scale"):
+        list(piper.speak_many([piper.PiperRequest("one", "joe"), bad], processes=1))
+
+
+@pytest.mark.slow  # starts worker processes
+def test_a_corpus_with_a_piper_voice_reads_back_and_is_the_same_every_time(tmp_path):
+    first = demo_corpus(DemoConfig(**PIPER), tmp_path / "a")
+    second = demo_corpus(DemoConfig(**PIPER), tmp_path / "b")
+    texts, audio = read_corpus(first)
+    second_texts, second_audio = read_corpus(second)
+    assert (texts, audio.keys()) == (second_texts, second_audio.keys())
+    for name, samples in second_audio.items():
+        np.testing.assert_array_equal(samples, audio[name])
+    voices = (first["train"].parent / "voices.txt").read_text()
+    assert [line.split("\t")[1:] for line in voices.splitlines() if "piper:" in line] == [["piper:joe", "train,dev"]]
+    train = read_subset(first["train"], cache_dir=tmp_path)
+    assert len(train) == COUNTS["train"]
+    joe = speaker_ids(DemoConfig(**PIPER))["piper:joe"]
+    assert any(u.speaker == joe for u in train)
+
+
+def test_missing_piper_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setitem(__import__("sys").modules, "piper", None)
+    with pytest.raises(piper.PiperError, match="pip install piper-tts"):
+        demo_corpus(DemoConfig(**PIPER), tmp_path)
     assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())

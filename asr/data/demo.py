@@ -8,7 +8,9 @@ e.g. ``"en-us+m3"``: accent x speaker-like variant; see :mod:`asr.data.espeak`).
 A share of the training and dev utterances (``pico_share``, off by default)
 can be spoken instead by a second synthesiser, SVOX Pico
 (:mod:`asr.data.pico`), whose two English voices are trained on recordings of
-real speakers; the test split is always the held-out eSpeak voices.
+real speakers, and another share (``piper_share``) by a neural synthesiser,
+Piper (:mod:`asr.data.piper`), whose voice is a network trained on one real
+speaker; the test split is always the held-out eSpeak voices.
 
 Splits:
     train  ``train_voices``, ``train_utterances`` utterances
@@ -60,7 +62,7 @@ import soundfile
 import torch
 
 from asr.config import check_range
-from asr.data import espeak, pico
+from asr.data import espeak, pico, piper
 from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import SPLITS
 from features.audio import resample
@@ -128,6 +130,16 @@ class DemoConfig:
     pico_rate: list[int] = field(default_factory=lambda: [75, 125])  # percent of the voice's own speaking rate
     # percent of the voice's own pitch: both voices are female, so most of the range lowers them
     pico_pitch: list[int] = field(default_factory=lambda: [55, 130])
+    # A neural synthesiser, Piper (asr.data.piper), whose voices are networks trained on one real
+    # speaker each: the share of train and dev utterances spoken by piper_voices (round robin) instead
+    # of an eSpeak voice (drawn after Pico's share, among the utterances Pico does not speak). 0 = none.
+    piper_share: float = 0.0
+    piper_voices: list[str] = field(default_factory=lambda: list(piper.VOICES))
+    # per-utterance draws: durations times length_scale (2 = half as fast), and the network's
+    # variation of sound (noise_scale) and of durations (noise_w_scale); the voices' own are 1, 0.667, 0.8
+    piper_length_scale: list[float] = field(default_factory=lambda: [0.8, 1.6])
+    piper_noise_scale: list[float] = field(default_factory=lambda: [0.4, 0.9])
+    piper_noise_w_scale: list[float] = field(default_factory=lambda: [0.4, 1.0])
     seed: int = 0  # the same seed (and options) gives the same transcripts and samples
 
     def __post_init__(self) -> None:
@@ -135,6 +147,9 @@ class DemoConfig:
         self.digit_fraction = float(self.digit_fraction)
         self.isolated_digits = float(self.isolated_digits)
         self.pico_share = float(self.pico_share)
+        self.piper_share = float(self.piper_share)
+        for name in ("piper_length_scale", "piper_noise_scale", "piper_noise_w_scale"):
+            setattr(self, name, [float(x) for x in getattr(self, name)])
         for name in ("level_db", "silence_seconds", "noise"):
             setattr(self, name, [float(x) for x in getattr(self, name)])
         for name in ("train_utterances", "dev_utterances", "test_utterances"):
@@ -164,7 +179,7 @@ class DemoConfig:
         shared = sorted(set(self.train_voices) & set(self.test_voices))
         if shared:
             raise ValueError(f"test_voices must be held out, but {', '.join(shared)} are also in train_voices")
-        for name in ("digit_fraction", "isolated_digits", "pico_share"):
+        for name in ("digit_fraction", "isolated_digits", "pico_share", "piper_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         check_range("digits_per_utterance", self.digits_per_utterance, 1, 20)
@@ -187,6 +202,19 @@ class DemoConfig:
                 raise ValueError(f"pico_voices: a voice is listed twice: {self.pico_voices}")
         check_range("pico_rate", self.pico_rate, *pico.RATE_LIMITS)
         check_range("pico_pitch", self.pico_pitch, *pico.PITCH_LIMITS)
+        if self.piper_share > 0:
+            if not self.piper_voices:
+                raise ValueError("piper_voices must name at least one voice when piper_share > 0")
+            for voice in self.piper_voices:
+                try:
+                    piper.check_voice(voice)
+                except piper.PiperError as err:
+                    raise ValueError(f"piper_voices: {err}") from None
+            if len(set(self.piper_voices)) < len(self.piper_voices):
+                raise ValueError(f"piper_voices: a voice is listed twice: {self.piper_voices}")
+        check_range("piper_length_scale", self.piper_length_scale, *piper.LENGTH_LIMITS)
+        check_range("piper_noise_scale", self.piper_noise_scale, *piper.NOISE_LIMITS)
+        check_range("piper_noise_w_scale", self.piper_noise_w_scale, *piper.NOISE_LIMITS)
         if self.sample_rate < 8000:
             raise ValueError(f"sample_rate must be at least 8000 Hz, got {self.sample_rate}")
 
@@ -278,7 +306,7 @@ class _Planned:
     split: str
     utt_id: str
     # transcript (lower-cased for the synthesiser), voice, rate, pitch, ...: eSpeak's or Pico's
-    request: espeak.SynthesisRequest | pico.PicoRequest
+    request: espeak.SynthesisRequest | pico.PicoRequest | piper.PiperRequest
     text: str  # the transcript as written to trans.txt
     level_db: float
     lead_seconds: float
@@ -314,6 +342,8 @@ def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
                 raise ValueError(f"demo corpus {name}: {err}") from err
     if config.pico_share > 0:
         pico.Speaker(config.pico_voices)  # a missing ttspico says how to install it before anything is built
+    if config.piper_share > 0:
+        piper.Speaker(config.piper_voices)  # likewise a missing piper-tts or voice package
 
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -362,6 +392,11 @@ def corpus_key(config: DemoConfig) -> str:
     else:
         for name in ("pico_share", "pico_voices", "pico_rate", "pico_pitch"):
             del options[name]
+    if options["piper_share"]:  # likewise
+        options["piper"] = piper.version()
+    else:
+        for name in ("piper_share", "piper_voices", "piper_length_scale", "piper_noise_scale", "piper_noise_w_scale"):
+            del options[name]
     try:
         engine_version = importlib.metadata.version("espeakng-loader")
     except importlib.metadata.PackageNotFoundError:
@@ -371,15 +406,20 @@ def corpus_key(config: DemoConfig) -> str:
 
 
 def speaker_ids(config: DemoConfig) -> dict[str, str]:
-    """Voice -> speaker id: 100, 101, ... in ``train_voices``, ``test_voices`` then Pico voice order
-    (``"pico:en-US"``, ... when ``pico_share`` > 0)."""
-    voices = [*config.train_voices, *config.test_voices, *pico_speakers(config)]
+    """Voice -> speaker id: 100, 101, ... in ``train_voices``, ``test_voices``, then Pico voice order
+    (``"pico:en-US"``, ... when ``pico_share`` > 0), then Piper's (``"piper:joe"`` when ``piper_share`` > 0)."""
+    voices = [*config.train_voices, *config.test_voices, *pico_speakers(config), *piper_speakers(config)]
     return {voice: str(_FIRST_SPEAKER_ID + i) for i, voice in enumerate(voices)}
 
 
 def pico_speakers(config: DemoConfig) -> list[str]:
     """The Pico voices as speakers are named in ``voices.txt``: ``"pico:<voice>"``; none when unused."""
     return [f"pico:{voice}" for voice in config.pico_voices] if config.pico_share > 0 else []
+
+
+def piper_speakers(config: DemoConfig) -> list[str]:
+    """The Piper voices as speakers are named in ``voices.txt``: ``"piper:<voice>"``; none when unused."""
+    return [f"piper:{voice}" for voice in config.piper_voices] if config.piper_share > 0 else []
 
 
 def _plan(config: DemoConfig) -> list[_Planned]:
@@ -392,6 +432,7 @@ def _plan(config: DemoConfig) -> list[_Planned]:
         count = getattr(config, f"{split}_utterances")
         per_speaker: Counter[str] = Counter()
         pico_count = 0
+        piper_count = 0
         for index in range(count):
             rng = np.random.default_rng([config.seed, split_number, index])
             voice = voices[index % len(voices)]  # round robin: every voice gets an equal share
@@ -431,6 +472,19 @@ def _plan(config: DemoConfig) -> list[_Planned]:
                     pitch=int(rng.integers(config.pico_pitch[0], config.pico_pitch[1] + 1)),
                 )
                 planned = replace(planned, request=request)
+            # and Piper's, among the utterances Pico does not speak
+            elif config.piper_share > 0 and split != "test" and rng.random() < config.piper_share:
+                piper_voice = config.piper_voices[piper_count % len(config.piper_voices)]
+                piper_count += 1
+                voice = f"piper:{piper_voice}"
+                request = piper.PiperRequest(
+                    text=planned.request.text,
+                    voice=piper_voice,
+                    length_scale=float(rng.uniform(*config.piper_length_scale)),
+                    noise_scale=float(rng.uniform(*config.piper_noise_scale)),
+                    noise_w_scale=float(rng.uniform(*config.piper_noise_w_scale)),
+                )
+                planned = replace(planned, request=request)
             speaker = ids[voice]
             planned = replace(planned, utt_id=f"{speaker}-{_CHAPTER[split]}-{per_speaker[speaker]:04d}")
             per_speaker[speaker] += 1
@@ -454,14 +508,18 @@ def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[
     seconds = dict.fromkeys(SPLITS, 0.0)
     # One worker process speaks the whole plan's eSpeak requests in order, so the samples depend only
     # on the plan (see asr.data.espeak); it synthesises the next utterances while this process writes.
-    # Pico speaks its requests here, in plan order, with engines fresh for this corpus.
+    # Pico speaks its requests here, in plan order, with engines fresh for this corpus; Piper's are
+    # spoken by worker processes (one per core), in chunks that do not depend on how many there are.
     spoken = espeak.synthesize_many([p.request for p in plan if isinstance(p.request, espeak.SynthesisRequest)])
     pico_voices = sorted({p.request.voice for p in plan if isinstance(p.request, pico.PicoRequest)})
     pico_speaker = pico.Speaker(pico_voices) if pico_voices else None
+    by_piper = piper.speak_many([p.request for p in plan if isinstance(p.request, piper.PiperRequest)])
 
     def speak(planned: _Planned) -> tuple[np.ndarray, int]:
         if isinstance(planned.request, pico.PicoRequest):
             return pico_speaker.speak(planned.request), pico.SAMPLE_RATE
+        if isinstance(planned.request, piper.PiperRequest):
+            return next(by_piper), piper.SAMPLE_RATE
         return next(spoken)
 
     try:
@@ -481,6 +539,7 @@ def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[
                 seconds[planned.split] += audio.size / config.sample_rate
     finally:
         spoken.close()  # stops the worker if writing failed half way
+        by_piper.close()  # and Piper's chunks not yet started
     for chapter_dir, lines in transcripts.items():
         speaker, chapter = chapter_dir.parent.name, chapter_dir.name
         (chapter_dir / f"{speaker}-{chapter}.trans.txt").write_text("".join(lines), encoding="utf-8")
@@ -545,6 +604,7 @@ def _write_description(
     lines = [
         "Synthetic demo speech corpus generated by lnasr (asr/data/demo.py) with eSpeak NG"
         + (f" and SVOX Pico ({100 * config.pico_share:.0f}% of train and dev)" if config.pico_share > 0 else "")
+        + (f" and Piper ({100 * config.piper_share:.0f}% of the rest of train and dev)" if config.piper_share > 0 else "")
         + ".\n",
         f"Corpus key {key}, format version {FORMAT_VERSION}. Delete this folder to regenerate it.\n\n",
         "Splits (LibriSpeech layout; chapter 1 = train, 2 = dev, 3 = test):\n",
@@ -559,6 +619,7 @@ def _write_description(
         f"\nTraining (and dev) voices: {', '.join(config.train_voices)}\n",
         f"Held-out test voices: {', '.join(config.test_voices)}\n",
         *([f"SVOX Pico voices (train and dev): {', '.join(pico_speakers(config))}\n"] if config.pico_share > 0 else []),
+        *([f"Piper voices (train and dev): {', '.join(piper_speakers(config))}\n"] if config.piper_share > 0 else []),
         "Speaker ids per voice: voices.txt\n",
         f"Vocabulary ({len(VOCABULARY)} words): {' '.join(sorted(VOCABULARY))}\n",
         f"\nOptions:\n{json.dumps({k: v for k, v in asdict(config).items() if k not in USE_OPTIONS}, indent=2)}\n",

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from asr.data import workers
 
 _INSTALL_HINT = "pip install espeakng-loader"
 
@@ -251,54 +250,21 @@ def synthesize_many(requests: Sequence[SynthesisRequest]) -> Iterator[tuple[np.n
     request eSpeak rejects ends the iteration with :class:`EspeakError`
     carrying the worker's message. Closing the iterator early stops the worker.
     """
-    payload = json.dumps([asdict(r) for r in requests]).encode()
-    # The worker must import this very package, also when it runs from a checkout that is not installed.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty worker cannot block on it
-        worker = subprocess.Popen(
-            [sys.executable, "-c", "from asr.data.espeak import _serve; _serve()"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            env=env,
-        )
+    worker = workers.start("from asr.data.espeak import _serve; _serve()", json.dumps([asdict(r) for r in requests]).encode())
+    try:
         try:
-            try:
-                # The worker reads all of stdin before writing anything, so this cannot deadlock.
-                worker.stdin.write(payload)
-                worker.stdin.close()
-                (rate,) = struct.unpack("<I", _read_exact(worker.stdout, 4))
-                for _ in range(len(requests)):
-                    (count,) = struct.unpack("<I", _read_exact(worker.stdout, 4))
-                    samples = np.frombuffer(_read_exact(worker.stdout, 2 * count), dtype="<i2")
-                    yield samples.astype(np.float32) / np.float32(32768), rate
-            except (_WorkerStopped, BrokenPipeError) as err:
-                worker.wait()
-                errors.seek(0)
-                lines = errors.read().decode(errors="replace").strip().splitlines()
-                raise EspeakError(
-                    f"eSpeak worker stopped early (exit status {worker.returncode}): "
-                    f"{lines[-1] if lines else 'no message'}"
-                ) from err
-            worker.wait()
-        finally:
-            if worker.poll() is None:  # the caller closed the iterator early
-                worker.kill()
-                worker.wait()
-            worker.stdout.close()
-
-
-class _WorkerStopped(Exception):
-    """The worker's output ended before all samples arrived."""
-
-
-def _read_exact(stream, size: int) -> bytes:
-    data = stream.read(size)
-    if len(data) < size:
-        raise _WorkerStopped
-    return data
+            (rate,) = struct.unpack("<I", workers.read_exact(worker.process.stdout, 4))
+            for _ in range(len(requests)):
+                samples = workers.read_array(worker.process.stdout, "<i2")
+                yield samples.astype(np.float32) / np.float32(32768), rate
+        except workers.WorkerStopped:
+            message = worker.last_message()  # waits for it to end
+            raise EspeakError(
+                f"eSpeak worker stopped early (exit status {worker.process.returncode}): {message}"
+            ) from None
+        worker.process.wait()
+    finally:
+        worker.close()  # stops it if the caller closed the iterator early
 
 
 def _serve() -> None:
@@ -309,9 +275,7 @@ def _serve() -> None:
         engine = _get_engine()
         out.write(struct.pack("<I", engine.sample_rate))
         for request in requests:
-            samples = engine.synthesize(request).astype("<i2")
-            out.write(struct.pack("<I", samples.size))
-            out.write(samples.tobytes())
+            workers.write_array(out, engine.synthesize(request).astype("<i2"))
         out.flush()
     except (EspeakError, ValueError) as err:
         print(err, file=sys.stderr)

@@ -1,0 +1,89 @@
+"""Synthesiser worker processes: starting one, and the arrays they send back.
+
+The demo corpus' synthesisers (:mod:`asr.data.espeak`, :mod:`asr.data.piper`)
+run in worker processes that read one JSON job from stdin and write each
+waveform to stdout as a little-endian uint32 sample count followed by the
+samples. This module is both ends of that pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+
+class WorkerStopped(Exception):
+    """A worker's output ended before all samples arrived."""
+
+
+@dataclass
+class Worker:
+    """A started worker process and the file its stderr goes to."""
+
+    process: subprocess.Popen
+    errors: IO[bytes]
+
+    def last_message(self) -> str:
+        """Waits for the process to end; the last line it wrote to stderr, or ``"no message"``."""
+        self.process.wait()
+        self.errors.seek(0)
+        lines = self.errors.read().decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else "no message"
+
+    def close(self) -> None:
+        """Stops the process if it still runs (the caller stopped early, or it failed) and frees its pipes."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.process.stdout.close()
+        self.errors.close()
+
+
+def start(entry: str, job: bytes) -> Worker:
+    """Starts ``python -c entry`` with ``job`` on its stdin (closed after it).
+
+    The worker must read all of stdin before writing anything, so this cannot
+    deadlock. It imports this very package, also when it runs from a checkout
+    that is not installed.
+    """
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    errors = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker cannot block on it
+    process = subprocess.Popen(
+        [sys.executable, "-c", entry], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env
+    )
+    try:
+        process.stdin.write(job)
+        process.stdin.close()
+    except BrokenPipeError:
+        pass  # it ended at once; reading its output says why
+    return Worker(process, errors)
+
+
+def read_exact(stream: IO[bytes], size: int) -> bytes:
+    """``size`` bytes from ``stream``; :class:`WorkerStopped` if it ends first."""
+    data = stream.read(size)
+    if len(data) < size:
+        raise WorkerStopped
+    return data
+
+
+def read_array(stream: IO[bytes], dtype: str) -> np.ndarray:
+    """One array as :func:`write_array` wrote it (``dtype`` little-endian, e.g. ``"<i2"``)."""
+    (count,) = struct.unpack("<I", read_exact(stream, 4))
+    return np.frombuffer(read_exact(stream, np.dtype(dtype).itemsize * count), dtype=dtype)
+
+
+def write_array(out: IO[bytes], samples: np.ndarray) -> None:
+    """Worker side: the sample count, then the samples as they are (make them little-endian first)."""
+    out.write(struct.pack("<I", samples.size))
+    out.write(samples.tobytes())
