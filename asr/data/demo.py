@@ -191,27 +191,11 @@ class DemoConfig:
         check_range("silence_seconds", self.silence_seconds, 0.0, 10.0)
         check_range("noise", self.noise, 0.0, 0.1)
         if self.pico_share > 0:
-            if not self.pico_voices:
-                raise ValueError("pico_voices must name at least one voice when pico_share > 0")
-            for voice in self.pico_voices:
-                try:
-                    pico.check_voice(voice)
-                except pico.PicoError as err:
-                    raise ValueError(f"pico_voices: {err}") from None
-            if len(set(self.pico_voices)) < len(self.pico_voices):
-                raise ValueError(f"pico_voices: a voice is listed twice: {self.pico_voices}")
+            _check_voices("pico", self.pico_voices, pico.check_voice, pico.PicoError)
         check_range("pico_rate", self.pico_rate, *pico.RATE_LIMITS)
         check_range("pico_pitch", self.pico_pitch, *pico.PITCH_LIMITS)
         if self.piper_share > 0:
-            if not self.piper_voices:
-                raise ValueError("piper_voices must name at least one voice when piper_share > 0")
-            for voice in self.piper_voices:
-                try:
-                    piper.check_voice(voice)
-                except piper.PiperError as err:
-                    raise ValueError(f"piper_voices: {err}") from None
-            if len(set(self.piper_voices)) < len(self.piper_voices):
-                raise ValueError(f"piper_voices: a voice is listed twice: {self.piper_voices}")
+            _check_voices("piper", self.piper_voices, piper.check_voice, piper.PiperError)
         check_range("piper_length_scale", self.piper_length_scale, *piper.LENGTH_LIMITS)
         check_range("piper_noise_scale", self.piper_noise_scale, *piper.NOISE_LIMITS)
         check_range("piper_noise_w_scale", self.piper_noise_w_scale, *piper.NOISE_LIMITS)
@@ -420,6 +404,21 @@ def pico_speakers(config: DemoConfig) -> list[str]:
 def piper_speakers(config: DemoConfig) -> list[str]:
     """The Piper voices as speakers are named in ``voices.txt``: ``"piper:<voice>"``; none when unused."""
     return [f"piper:{voice}" for voice in config.piper_voices] if config.piper_share > 0 else []
+
+
+def _check_voices(synthesiser: str, voices: list[str], check_voice, error: type[Exception]) -> None:
+    """``<synthesiser>_voices`` names at least one voice, each known (``check_voice`` raises ``error``
+    otherwise) and listed once; :class:`ValueError` naming the option if not."""
+    name = f"{synthesiser}_voices"
+    if not voices:
+        raise ValueError(f"{name} must name at least one voice when {synthesiser}_share > 0")
+    for voice in voices:
+        try:
+            check_voice(voice)
+        except error as err:
+            raise ValueError(f"{name}: {err}") from None
+    if len(set(voices)) < len(voices):
+        raise ValueError(f"{name}: a voice is listed twice: {voices}")
 
 
 def _plan(config: DemoConfig) -> list[_Planned]:
