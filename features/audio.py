@@ -7,6 +7,7 @@ require. Waveforms are float32 in [-1, 1] and channels-first, ``(C, N)``.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import soundfile
@@ -93,4 +94,12 @@ def resample(waveform: Tensor, orig_rate: int, new_rate: int) -> Tensor:
         raise AudioError(f"sample rate must be positive, got {orig_rate}")
     if orig_rate == new_rate:
         return waveform
-    return torchaudio.functional.resample(waveform, orig_rate, new_rate)
+    return _resampler(orig_rate, new_rate, waveform.dtype, waveform.device)(waveform)
+
+
+@functools.lru_cache(maxsize=32)
+def _resampler(orig_rate: int, new_rate: int, dtype: torch.dtype, device: torch.device) -> torchaudio.transforms.Resample:
+    # torchaudio.functional.resample builds its sinc kernel on every call, which cost as much as
+    # the filtering for a few seconds of audio; training resamples every utterance (speed
+    # perturbation, band limits) between a handful of rate pairs, so the kernels are kept.
+    return torchaudio.transforms.Resample(orig_rate, new_rate, dtype=dtype).to(device)

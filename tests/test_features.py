@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+import torchaudio
 from torchaudio.compliance import kaldi
 
 from features.audio import AudioError, load_audio, resample, to_mono
@@ -139,6 +140,19 @@ def test_resample_is_a_no_op_at_the_same_rate(digit_wav):
     waveform, sr = load_audio(digit_wav)
     assert resample(waveform, sr, sr) is waveform
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_resample_equals_torchaudio_and_keeps_no_state_between_calls(digit_wav, dtype):
+    # Kernels are kept between calls: the same rates must give torchaudio's result every time,
+    # whatever was resampled before, for mono (N,) and multichannel (C, N) input.
+    waveform, sr = load_audio(digit_wav)
+    waveform = waveform.to(dtype)
+    for orig, new in [(sr, 16000), (16000, 14400), (sr, 16000), (17600, 16000), (sr, 16000)]:
+        for signal in (waveform[0], torch.cat([waveform, -waveform])):
+            expected = torchaudio.functional.resample(signal, orig, new)
+            got = resample(signal, orig, new)
+            assert got.dtype == dtype
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 # --- deltas --------------------------------------------------------------------------------------------
 
