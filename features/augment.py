@@ -21,9 +21,10 @@ Every transform keeps the length ``N`` of its ``(N,)`` input and does not move
 it in time (see each function), so frame counts stay those of the clean utterance.
 
 Libraries: room impulse responses come from pyroomacoustics (a maintained
-image-source simulator); resampling is torchaudio's, filter design and
-filtering scipy's (its ``sosfilt`` and ``fftconvolve`` were 10x faster here than
-torchaudio's ``lfilter`` biquads and ``fftconvolve`` on one CPU core).
+image-source simulator); resampling is torchaudio's; the microphone's filters
+and the rooms' convolution are scipy's (its ``sosfilt`` and ``fftconvolve`` were
+10x faster here than torchaudio's ``lfilter`` biquads and ``fftconvolve`` on one
+CPU core); the band limit's low-pass is a product on the FFT (see :func:`lowpass`).
 Bundles such as ``audiomentations`` were not used: they draw from Python's and
 numpy's global random state, which cannot follow the per-item generator, and
 would add five packages for what is a few calls to the libraries above.
@@ -168,15 +169,26 @@ def narrowband(waveform: Tensor, sample_rate: int, narrow_rate: int) -> Tensor:
 
 def lowpass(waveform: Tensor, sample_rate: int, cutoff_hz: float, order: int = 8) -> Tensor:
     """``waveform (N,)`` through a Butterworth low-pass of ``order`` at ``cutoff_hz``, run forward and
-    backward (scipy's ``sosfiltfilt``): zero phase, so nothing moves in time; the attenuation in dB is
-    twice the filter's own."""
-    import scipy.signal  # scipy comes with librosa; imported here to keep inference's imports light
+    backward: zero phase, so nothing moves in time; the attenuation in dB is twice the filter's own.
+
+    Running the digital Butterworth filter forward and backward (scipy's ``butter`` + ``sosfiltfilt``)
+    multiplies the spectrum by the filter's squared magnitude, ``1 / (1 + r^(2 order))`` with
+    ``r = tan(pi f / rate) / tan(pi cutoff / rate)`` (the bilinear transform's frequency warping).
+    That product is taken here on the FFT of the waveform, about twice as fast as ``sosfiltfilt``;
+    the two differ only near the ends, where ``sosfiltfilt`` pads. The FFT is zero-padded by
+    20 ms, so the filter's ringing does not wrap from one end to the other.
+    """
+    import scipy.fft  # scipy comes with librosa; imported here to keep inference's imports light
 
     if cutoff_hz >= sample_rate / 2:
         return waveform
-    sections = scipy.signal.butter(order, cutoff_hz, btype="low", fs=sample_rate, output="sos")
-    filtered = scipy.signal.sosfiltfilt(sections, waveform.double().numpy())
-    return torch.from_numpy(filtered.copy()).to(waveform.dtype)
+    length = waveform.numel()
+    size = scipy.fft.next_fast_len(length + sample_rate // 50, real=True)
+    half_angle = np.arange(size // 2 + 1, dtype=np.float32) * np.float32(math.pi / size)  # pi f / rate
+    ratio = np.abs(np.tan(half_angle)) / np.float32(math.tan(math.pi * cutoff_hz / sample_rate))
+    gain = 1.0 / (1.0 + np.minimum(ratio, 100.0) ** (2 * order))  # 100^16 still fits a float32
+    filtered = scipy.fft.irfft(scipy.fft.rfft(waveform.numpy(), n=size) * gain, n=size)[:length]
+    return torch.from_numpy(np.ascontiguousarray(filtered)).to(waveform.dtype)
 
 
 def _fit(waveform: Tensor, length: int) -> Tensor:
