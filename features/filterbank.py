@@ -1,4 +1,5 @@
-"""Kaldi-compatible log-mel filterbanks and MFCCs, built on ``torchaudio.compliance.kaldi``.
+"""Kaldi-compatible log-mel filterbanks and MFCCs: what ``torchaudio.compliance.kaldi``'s ``fbank`` and
+``mfcc`` compute (the tests compare them), with its mel filters, built once per warp and kept.
 
 Scaling. Kaldi reads audio as 16-bit integers, so its dither (``--dither=1.0``
 means Gaussian noise of one least-significant bit) and its log energies are in
@@ -21,6 +22,8 @@ per-frame DC removal, power spectrum, mel filters from 20 Hz to Nyquist,
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterable
 
 import torch
@@ -36,6 +39,8 @@ INT16_SCALE = 32768.0
 # piecewise-linear warp bends so that 20 Hz and Nyquist stay where they are.
 VTLN_LOW = 100.0
 VTLN_HIGH = -500.0
+PREEMPHASIS = 0.97
+CEPSTRAL_LIFTER = 22.0
 
 
 def frame_sizes(config: FeatureConfig) -> tuple[int, int]:
@@ -86,8 +91,22 @@ def add_dither(waveform: Tensor, amount: float, generator: torch.Generator | Non
 
 
 def log_mel_fbank(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
-    """``waveform (N,)`` in int16 units -> log-mel filterbank ``(T, num_mel_bins)``; ``warp``: VTLN factor."""
-    return kaldi.fbank(waveform.unsqueeze(0), num_mel_bins=config.num_mel_bins, **_kaldi_options(config, warp))
+    """``waveform (N,)`` in int16 units -> log-mel filterbank ``(T, num_mel_bins)``; ``warp``: VTLN factor.
+
+    What ``kaldi.fbank`` computes with the options in the module docstring (the tests hold the two
+    together), but with the window and the mel filters built once (:func:`_mel_filters`) instead of
+    on every call, where they cost as much as the rest of the computation. ``warp`` is rounded to
+    0.001 for that: VTLP draws a new one for every utterance.
+    """
+    window, shift = frame_sizes(config)
+    fft_size = 1 << (window - 1).bit_length()  # Kaldi rounds the window up to a power of two
+    frames = waveform.unfold(0, window, shift)  # (T, window): whole frames only (snip_edges)
+    frames = frames - frames.mean(dim=1, keepdim=True)  # DC removal per frame
+    previous = torch.cat([frames[:, :1], frames[:, :-1]], dim=1)  # the first sample is its own predecessor
+    frames = (frames - PREEMPHASIS * previous) * _povey_window(window, frames.dtype)
+    power = torch.fft.rfft(frames, n=fft_size).abs().pow(2)  # (T, fft_size // 2 + 1)
+    filters = _mel_filters(config.num_mel_bins, fft_size, float(config.sample_rate), round(warp, 3)).to(frames.dtype)
+    return torch.mm(power, filters.T).clamp_min(torch.finfo(frames.dtype).eps).log()
 
 
 def mfcc(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
@@ -96,12 +115,34 @@ def mfcc(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
     The DCT runs over ``config.num_mel_bins`` filters, so ``num_ceps=40`` over
     40+ filters gives Kaldi's "hires" MFCC, an invertible rotation of the fbank.
     """
-    return kaldi.mfcc(
-        waveform.unsqueeze(0),
-        num_ceps=config.num_ceps,
-        num_mel_bins=config.num_mel_bins,
-        **_kaldi_options(config, warp),
-    )
+    fbank = log_mel_fbank(waveform, config, warp)
+    return fbank @ _liftered_dct(config.num_mel_bins, config.num_ceps).to(fbank.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _povey_window(size: int, dtype: torch.dtype) -> Tensor:
+    """Kaldi's default window: a Hann window to the power 0.85, ``(size,)``."""
+    return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85)
+
+
+@functools.lru_cache(maxsize=1024)
+def _mel_filters(num_bins: int, fft_size: int, sample_rate: float, warp: float) -> Tensor:
+    """The mel filters ``(num_bins, fft_size // 2 + 1)`` over the power spectrum, from 20 Hz to Nyquist,
+    warped by ``warp`` between Kaldi's VTLN breakpoints; the Nyquist bin gets no weight, as in Kaldi."""
+    filters, _ = kaldi.get_mel_banks(num_bins, fft_size, sample_rate, 20.0, 0.0, VTLN_LOW, VTLN_HIGH, warp)
+    return torch.nn.functional.pad(filters, (0, 1))
+
+
+@functools.lru_cache(maxsize=8)
+def _liftered_dct(num_bins: int, num_ceps: int) -> Tensor:
+    """``(num_bins, num_ceps)``: Kaldi's MFCC as one product, the orthonormal DCT-II of the log-mel
+    energies times the sine lifter with Q = 22."""
+    bins = torch.arange(num_bins, dtype=torch.float64)[:, None]
+    ceps = torch.arange(num_ceps, dtype=torch.float64)
+    dct = math.sqrt(2.0 / num_bins) * torch.cos(math.pi / num_bins * (bins + 0.5) * ceps)
+    dct[:, 0] = math.sqrt(1.0 / num_bins)
+    lifter = 1.0 + (CEPSTRAL_LIFTER / 2) * torch.sin(math.pi * ceps / CEPSTRAL_LIFTER)
+    return (dct * lifter).float()
 
 
 def extract(
@@ -129,17 +170,3 @@ def extract(
     if config.kind == "fbank":
         return log_mel_fbank(scaled, config, warp)
     return mfcc(scaled, config, warp)
-
-
-def _kaldi_options(config: FeatureConfig, warp: float) -> dict:
-    # dither=0 here: the dither, if any, was already added with a reproducible generator.
-    return dict(
-        sample_frequency=float(config.sample_rate),
-        frame_length=config.frame_length_ms,
-        frame_shift=config.frame_shift_ms,
-        dither=0.0,
-        snip_edges=True,
-        vtln_low=VTLN_LOW,
-        vtln_high=VTLN_HIGH,
-        vtln_warp=warp,
-    )

@@ -108,6 +108,30 @@ def test_fbank_matches_kaldi_on_int16_samples(libri_flac):
     torch.testing.assert_close(feats, reference, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "rate, bins, frame_ms, warp", [(16000, 80, 25.0, 1.0), (16000, 40, 25.0, 0.913), (8000, 23, 20.0, 1.087)]
+)
+def test_fbank_and_mfcc_match_kaldi_with_a_vtln_warp(libri_flac, rate, bins, frame_ms, warp):
+    # extract() builds the window and the mel filters itself and keeps them between calls: it must
+    # still compute what torchaudio's Kaldi functions compute, for every warp, rate and frame length.
+    waveform, sr = load_audio(libri_flac)
+    waveform = resample(waveform[0], sr, rate)
+    scaled = waveform * 32768.0
+    options = dict(
+        num_mel_bins=bins, sample_frequency=float(rate), frame_length=frame_ms, dither=0.0,
+        vtln_low=100.0, vtln_high=-500.0, vtln_warp=warp,
+    )
+    for _ in range(2):  # the second time from the kept filters
+        config = FeatureConfig(sample_rate=rate, num_mel_bins=bins, frame_length_ms=frame_ms)
+        torch.testing.assert_close(
+            extract(waveform, config, warp=warp), kaldi.fbank(scaled[None], **options), rtol=1e-5, atol=1e-4
+        )
+        config = FeatureConfig(kind="mfcc", sample_rate=rate, num_mel_bins=bins, num_ceps=13, frame_length_ms=frame_ms)
+        torch.testing.assert_close(
+            extract(waveform, config, warp=warp), kaldi.mfcc(scaled[None], num_ceps=13, **options), rtol=1e-4, atol=1e-3
+        )
+
+
 @pytest.mark.parametrize("num_ceps", [13, 40])
 def test_mfcc_is_the_liftered_dct_of_the_log_mel_fbank(libri_flac, num_ceps):
     mfcc = FeaturePipeline(FeatureConfig(kind="mfcc", num_ceps=num_ceps)).from_file(libri_flac)
