@@ -65,13 +65,10 @@ def check_mel_filters(config: FeatureConfig, test_warps: Iterable[float] = ()) -
     of the warp range are checked too, and so are ``test_warps`` (test-time VTLN).
     """
     window, _ = frame_sizes(config)
-    fft_size = 1 << (window - 1).bit_length()  # Kaldi rounds the window up to a power of two
     test_warps = set(test_warps)
     for warp in sorted({1.0, *config.vtlp, *test_warps}):
-        # low_freq=20, high_freq=Nyquist and the VTLN breakpoints: the defaults extract() uses.
-        banks, _ = kaldi.get_mel_banks(
-            config.num_mel_bins, fft_size, float(config.sample_rate), 20.0, 0.0, VTLN_LOW, VTLN_HIGH, warp
-        )
+        # The filters extract() uses: 20 Hz to Nyquist, Kaldi's VTLN breakpoints.
+        banks = _mel_filters(config.num_mel_bins, _fft_size(window), float(config.sample_rate), warp)
         empty = int((banks.sum(dim=1) == 0).sum())
         if empty:
             source = "test-time VTLN" if warp in test_warps else "features.vtlp"
@@ -99,7 +96,7 @@ def log_mel_fbank(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) ->
     0.001 for that: VTLP draws a new one for every utterance.
     """
     window, shift = frame_sizes(config)
-    fft_size = 1 << (window - 1).bit_length()  # Kaldi rounds the window up to a power of two
+    fft_size = _fft_size(window)
     frames = waveform.unfold(0, window, shift)  # (T, window): whole frames only (snip_edges)
     frames = frames - frames.mean(dim=1, keepdim=True)  # DC removal per frame
     previous = torch.cat([frames[:, :1], frames[:, :-1]], dim=1)  # the first sample is its own predecessor
@@ -117,6 +114,11 @@ def mfcc(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
     """
     fbank = log_mel_fbank(waveform, config, warp)
     return fbank @ _liftered_dct(config.num_mel_bins, config.num_ceps).to(fbank.dtype)
+
+
+def _fft_size(window: int) -> int:
+    """The FFT length for frames of ``window`` samples: Kaldi rounds the window up to a power of two."""
+    return 1 << (window - 1).bit_length()
 
 
 @functools.lru_cache(maxsize=8)
