@@ -49,7 +49,7 @@ def waveforms(count: int, rate: int) -> list[torch.Tensor]:
     paths = sorted(DEV.rglob("*.flac"))[:count]
     if not paths:
         raise SystemExit(f"no audio under {DEV}")
-    return [resample(*load_audio(path), rate)[0] for path, _ in zip(paths, range(count))]
+    return [resample(*load_audio(path), rate)[0] for path in paths]
 
 
 def per_utterance_ms(function, inputs: list) -> float:
@@ -114,7 +114,9 @@ def main() -> None:
     pipeline = FeaturePipeline(config)
     training = []
     for _ in range(args.repeats + 1):
-        training.append(per_utterance_ms(lambda w: pipeline.from_waveform(w, rate, train=True, generator=generator), audio))
+        training.append(
+            per_utterance_ms(lambda w: pipeline.from_waveform(w, rate, train=True, generator=generator), audio)
+        )
     print(f"whole training pipeline of recipes/demo.yaml: {statistics.median(training[1:]):.2f} ms/utt")
 
 

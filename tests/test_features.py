@@ -178,6 +178,7 @@ def test_resample_equals_torchaudio_and_keeps_no_state_between_calls(digit_wav, 
             assert got.dtype == dtype
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
+
 # --- deltas --------------------------------------------------------------------------------------------
 
 
