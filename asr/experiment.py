@@ -32,7 +32,7 @@ class TrainConfig:
     lr: float = 1e-3                    # peak rate for inverse_sqrt/linear_warmup; for noam the constant k (peak = k / sqrt(d_model * warmup))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
-    # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | constant.
+    # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | cosine | constant.
     # Post-norm Transformers need warmup; see docs/normalization.md.
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it

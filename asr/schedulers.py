@@ -19,6 +19,11 @@ Formulas (``s = step + 1``, ``w = warmup_steps``, ``d = d_model``):
 ``linear_warmup`` factor = min(s / w, 1)
                   Linear warmup, then constant: for models that need only the
                   start tamed.
+``cosine``        factor = s / w while s <= w, then f + (1 - f) * (1 + cos(pi * p)) / 2
+                  with p = (s - w) / (T - w): linear warmup, then half a cosine from 1
+                  down to ``final_factor`` f at the run's planned last update T
+                  (``max_epochs`` epochs, or ``max_steps``), where it stays.
+                  Loshchilov & Hutter (2017), without restarts.
 ``constant``      factor = 1.
 
 Post-norm Transformers need one of the warmup schedules (the gradients near
@@ -35,29 +40,33 @@ Use::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "constant")
+SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant")
 
 
 @dataclass
 class SchedulerConfig:
     """How the learning rate moves over updates (the ``optimizer.lr`` is scaled by it)."""
 
-    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "constant"] = "noam"
+    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "cosine", "constant"] = "noam"
     # 25k updates is the ESPnet LibriSpeech Transformer setting; on small data
     # sets use a few hundred to a few thousand so the peak is reached at all.
     warmup_steps: int = 25000
+    final_factor: float = 0.0  # cosine only: the share of the peak rate left at the last update
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULE_KINDS:
             raise ValueError(f"kind must be one of {SCHEDULE_KINDS}, got {self.kind!r}")
         if self.warmup_steps < 1 and self.kind != "constant":
             raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
+        if not 0.0 <= self.final_factor <= 1.0:
+            raise ValueError(f"final_factor must be within [0, 1], got {self.final_factor}")
 
 
 def warmup_updates(config: SchedulerConfig) -> int:
@@ -104,8 +113,28 @@ def linear_warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: SchedulerConfig, d_model: int | None = None) -> LambdaLR:
-    """The LambdaLR for ``config``; ``d_model`` is required by (and only used by) ``noam``."""
+def cosine_lambda(warmup_steps: int, total_updates: int, final_factor: float = 0.0) -> Callable[[int], float]:
+    """Linear warmup to 1 at ``s = w``, then half a cosine down to ``final_factor`` at ``s = total_updates``."""
+    _check_warmup(warmup_steps)
+    if total_updates <= warmup_steps:
+        raise ValueError(f"the cosine schedule needs more updates ({total_updates}) than its warmup ({warmup_steps})")
+
+    def factor(step: int) -> float:
+        s = step + 1
+        if s <= warmup_steps:
+            return s / warmup_steps
+        done = min((s - warmup_steps) / (total_updates - warmup_steps), 1.0)
+        return final_factor + (1.0 - final_factor) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    return factor
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: SchedulerConfig, d_model: int | None = None,
+    total_updates: int | None = None,
+) -> LambdaLR:
+    """The LambdaLR for ``config``; ``d_model`` is required by (and only used by) ``noam``,
+    ``total_updates`` (the run's planned updates) by ``cosine``."""
     if config.kind == "noam":
         if d_model is None:
             raise ValueError("scheduler.kind 'noam' needs the model's d_model (a Transformer setting)")
@@ -114,6 +143,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: SchedulerConfig, d
         factor = inverse_sqrt_lambda(config.warmup_steps)
     elif config.kind == "linear_warmup":
         factor = linear_warmup_lambda(config.warmup_steps)
+    elif config.kind == "cosine":
+        if total_updates is None:
+            raise ValueError("scheduler.kind 'cosine' needs the run's planned number of updates")
+        factor = cosine_lambda(config.warmup_steps, total_updates, config.final_factor)
     elif config.kind == "constant":
         factor = _constant
     else:

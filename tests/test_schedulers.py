@@ -9,6 +9,7 @@ from asr.config import ConfigError, from_dict
 from asr.schedulers import (
     SchedulerConfig,
     build_scheduler,
+    cosine_lambda,
     inverse_sqrt_lambda,
     linear_warmup_lambda,
     noam_lambda,
@@ -57,6 +58,37 @@ def test_linear_warmup_ramps_then_holds():
     assert factor(10_000) == 1.0
 
 
+def test_cosine_is_torchs_linear_warmup_then_cosine_annealing():
+    lr, warmup, total, final = 0.5, 7, 60, 0.1
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=lr)
+    reference = torch.optim.lr_scheduler.SequentialLR(optimizer, [
+        torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / warmup, total_iters=warmup - 1),
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total - warmup, eta_min=final * lr),
+    ], milestones=[warmup - 1])
+    expected = []
+    for _ in range(total):  # torch's cosine turns back up after T_max; ours holds (below)
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        reference.step()
+    factor = cosine_lambda(warmup, total, final)
+    assert [lr * factor(step) for step in range(total)] == pytest.approx(expected, abs=1e-9)
+
+
+def test_cosine_reaches_its_floor_at_the_last_planned_update_and_stays():
+    warmup, total = 10, 110
+    factor = cosine_lambda(warmup, total, 0.2)
+    assert factor(warmup - 1) == 1.0
+    assert factor(warmup - 1 + (total - warmup) // 2) == pytest.approx(0.6)  # halfway down
+    after_warmup = _lrs(factor, total)[warmup - 1 :]
+    assert all(a > b for a, b in zip(after_warmup, after_warmup[1:]))
+    assert after_warmup[-1] == pytest.approx(0.2)
+    assert factor(total) == factor(10 * total) == pytest.approx(0.2)
+    assert cosine_lambda(warmup, total)(total - 1) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="warmup"):
+        cosine_lambda(100, 100)
+
+
 def test_build_scheduler_drives_the_optimizer():
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=2.0)
@@ -81,7 +113,11 @@ def test_bad_settings_are_rejected_with_the_key_named():
     with pytest.raises(ValueError, match="d_model"):
         build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), SchedulerConfig(kind="noam"))
     with pytest.raises(ConfigError, match="scheduler.kind"):
-        from_dict(SchedulerConfig, {"kind": "cosine"}, "scheduler")
+        from_dict(SchedulerConfig, {"kind": "cosin"}, "scheduler")
+    with pytest.raises(ConfigError, match="final_factor"):
+        from_dict(SchedulerConfig, {"kind": "cosine", "final_factor": 1.5}, "scheduler")
+    with pytest.raises(ValueError, match="planned number of updates"):
+        build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), SchedulerConfig(kind="cosine"))
     with pytest.raises(ConfigError, match="warmup_steps"):
         from_dict(SchedulerConfig, {"kind": "inverse_sqrt", "warmup_steps": 0}, "scheduler")
     with pytest.raises(ValueError, match="warmup_steps"):

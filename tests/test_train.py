@@ -201,3 +201,21 @@ def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, 
     ]
     assert main(args) == 0
     assert load_checkpoint(tmp_path / "exp" / "last.pt")["training"]["progress"]["step"] == 2
+
+
+def test_the_cosine_schedule_ends_at_its_floor_on_the_runs_last_update(tmp_path):
+    from asr.curves import read_scalars
+    from asr.schedulers import cosine_lambda
+
+    lr, warmup, final = 0.002, 3, 0.1
+    args = overrides(tmp_path, "train.max_epochs=3", "data.max_frames_per_batch=600", "train.accum_grad=2",
+                     "train.log_every_steps=1", f"train.lr={lr}", "train.scheduler.kind=cosine",
+                     f"train.scheduler.warmup_steps={warmup}", f"train.scheduler.final_factor={final}")
+    assert main([str(RECIPE), *args]) == 0
+    logged = {step: value for _, step, value in read_scalars(tmp_path / "exp")["train/lr"]}
+    total = max(logged)  # the updates the run planned: epochs of accumulated batches
+    assert sorted(logged) == list(range(1, total + 1)) and total > 2 * warmup
+    factor = cosine_lambda(warmup, total, final)
+    # Logged after update s: the rate of the next update.
+    assert [logged[s] for s in sorted(logged)] == pytest.approx([lr * factor(s) for s in sorted(logged)])
+    assert logged[total - 1] == pytest.approx(lr * final)

@@ -74,7 +74,10 @@ class Trainer:
                 self.raw_model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         self.optimizer = build_optimizer(self.raw_model, self.train_cfg)
-        self.scheduler = build_scheduler(self.optimizer, self.train_cfg.scheduler, d_model=config.model.schedule_dim)
+        self.scheduler = build_scheduler(
+            self.optimizer, self.train_cfg.scheduler, d_model=config.model.schedule_dim,
+            total_updates=planned_updates(self.train_cfg, len(self.data.sampler)),
+        )
         use_amp = self.train_cfg.amp and self.device.type == "cuda"
         self.step = TrainingStep(
             self.model, self.optimizer, self.scheduler, self.train_cfg.grad_clip, use_amp=use_amp,
