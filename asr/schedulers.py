@@ -117,7 +117,10 @@ def cosine_lambda(warmup_steps: int, total_updates: int, final_factor: float = 0
     """Linear warmup to 1 at ``s = w``, then half a cosine down to ``final_factor`` at ``s = total_updates``."""
     _check_warmup(warmup_steps)
     if total_updates <= warmup_steps:
-        raise ValueError(f"the cosine schedule needs more updates ({total_updates}) than its warmup ({warmup_steps})")
+        raise ValueError(
+            f"the cosine schedule needs more updates than train.scheduler.warmup_steps ({warmup_steps}); "
+            f"the run plans {total_updates} (train.max_epochs, train.max_steps)"
+        )
 
     def factor(step: int) -> float:
         s = step + 1
