@@ -15,7 +15,9 @@ from conftest import PROJECT_ROOT, TINY, subprocess_env, tiny_run, tiny_valid
 
 from asr.checkpoint import load_checkpoint
 from asr.cli.train import main
+from asr.curves import read_scalars
 from asr.experiment import load_experiment_config
+from asr.schedulers import cosine_lambda
 from asr.training import Trainer, TrainingError
 from asr.training.data import make_loader
 
@@ -204,9 +206,6 @@ def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, 
 
 
 def test_the_cosine_schedule_ends_at_its_floor_on_the_runs_last_update(tmp_path):
-    from asr.curves import read_scalars
-    from asr.schedulers import cosine_lambda
-
     lr, warmup, final = 0.002, 3, 0.1
     args = overrides(tmp_path, "train.max_epochs=3", "data.max_frames_per_batch=600", "train.accum_grad=2",
                      "train.log_every_steps=1", f"train.lr={lr}", "train.scheduler.kind=cosine",
