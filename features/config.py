@@ -149,7 +149,12 @@ class FeatureConfig:
     frame_length_ms: float = 25.0
     frame_shift_ms: float = 10.0   # 10 ms shift -> 100 frames per second
     deltas: bool = False           # append delta and delta-delta (triples the dimension)
-    dither: float = 0.0            # training-only Gaussian dither in int16 units (Kaldi's 1.0 = one LSB); 0 disables
+    dither: float = 0.0            # Gaussian dither in int16 units (Kaldi's 1.0 = one LSB) in training; 0 disables
+    # Dither outside training too (validation, evaluation, transcription), as Kaldi does: the same
+    # amount, the noise seeded by the audio's own samples, so a recording always gives the same
+    # features. Without it, near-silent audio (digital silence, an 8 kHz recording's empty upper band)
+    # falls far below the dithered floor every training utterance had.
+    dither_inference: bool = False
     # Training-only speed perturbation (Ko et al. 2015, as Kaldi/ESPnet do it): each utterance is
     # resampled by a factor drawn from this list, which changes tempo and pitch together
     # (0.9 = 10% slower and lower). [] disables; [0.9, 1.0, 1.1] is the usual choice.
@@ -183,6 +188,8 @@ class FeatureConfig:
             )
         if self.dither < 0:
             raise ValueError(f"dither must be >= 0, got {self.dither}")
+        if not isinstance(self.dither_inference, bool):
+            raise ValueError(f"dither_inference must be true or false, got {self.dither_inference!r}")
         for factor in self.speed_perturb:
             if not 0.5 <= factor <= 2.0:
                 raise ValueError(f"speed_perturb factors must be in [0.5, 2.0], got {factor}")

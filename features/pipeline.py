@@ -3,6 +3,8 @@
     load -> downmix -> resample -> (if train: speed perturbation, rooms, noise, microphone, band limit,
          dither) -> fbank | MFCC -> deltas -> MVN -> (SpecAugment if train)
 
+(with ``config.dither_inference``, dither outside training too, seeded by the audio itself)
+
 Training, evaluation and ``transcribe`` all call :meth:`FeaturePipeline.from_waveform`
 (or :meth:`~FeaturePipeline.from_file`, which is ``load_audio`` + ``from_waveform``);
 ``train`` switches on exactly the stochastic steps and nothing else, so the
@@ -19,6 +21,7 @@ D = :attr:`FeaturePipeline.feature_dim`.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from pathlib import Path
 
 import torch
@@ -79,7 +82,9 @@ class FeaturePipeline:
         factors), the waveform augmentation of ``config.augment`` (rooms, noise,
         microphone, band limit; :mod:`features.augment`), dither (if ``config.dither > 0``),
         VTLP (if ``config.vtlp`` gives a range) and SpecAugment (if enabled),
-        all drawn from ``generator``; ``train=False`` is deterministic.
+        all drawn from ``generator``; ``train=False`` is deterministic: it dithers only with
+        ``config.dither_inference``, with noise seeded by the waveform's samples (see
+        :func:`audio_seeded_generator`), so the same audio always gives the same features.
         ``warp`` fixes the mel filters' VTLN factor instead (test-time VTLN, see
         :meth:`asr.inference.Recogniser.transcribe_utterances`); ``None`` means VTLP's draw
         in training and no warp (1.0) otherwise.
@@ -115,7 +120,7 @@ class FeaturePipeline:
 
     def raw_features(self, waveform: Tensor, sample_rate: int) -> Tensor:
         """Features ``(T, D)`` before MVN and SpecAugment, without dither: what global stats are accumulated on."""
-        return self._base_features(waveform, sample_rate, train=False, generator=None)
+        return self._base_features(waveform, sample_rate, train=False, generator=None, inference_dither=False)
 
     def state_dict(self) -> dict:
         """``{"config": plain dict, "stats": GlobalStats state or None}``, for the model checkpoint."""
@@ -140,9 +145,10 @@ class FeaturePipeline:
         train: bool,
         generator: torch.Generator | None,
         warp: float | None = None,
+        inference_dither: bool = True,
     ) -> Tensor:
         """Downmix -> resample -> (speed perturbation, augmentation, dither, VTLP) -> fbank/MFCC -> deltas:
-        ``(T, D)`` float32."""
+        ``(T, D)`` float32. Outside training, dither only if ``inference_dither`` and the config asks."""
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
         check_finite(waveform, "waveform")
@@ -153,12 +159,21 @@ class FeaturePipeline:
         if train and self.config.augment.enabled:
             mono = augment_waveform(mono, rate, self.config.augment, generator)
         dither = self.config.dither if train else 0.0
+        if not train and inference_dither and self.config.dither_inference and self.config.dither > 0:
+            dither, generator = self.config.dither, audio_seeded_generator(mono)
         if warp is None:
             warp = vtlp_factor(self.config.vtlp, generator) if train and self.config.vtlp else 1.0
         feats = extract(mono, self.config, dither=dither, generator=generator, warp=warp)
         if self.config.deltas:
             feats = add_deltas(feats)
         return feats
+
+
+def audio_seeded_generator(waveform: Tensor) -> torch.Generator:
+    """A generator seeded by the CRC-32 of ``waveform``'s float32 samples: the same audio, the same noise,
+    whatever else is decoded with it and in whatever order, and the global RNG left alone."""
+    samples = waveform.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return torch.Generator().manual_seed(zlib.crc32(samples))
 
 
 def speed_perturb(

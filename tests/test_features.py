@@ -234,6 +234,57 @@ def test_dither_only_in_training_and_reproducible_with_a_generator(digit_wav):
     assert (train_a - reference).abs().median() < 0.05
 
 
+def test_inference_dither_is_reproducible_per_recording_and_leaves_the_global_rng_alone(digit_wav):
+    waveform, sr = load_audio(digit_wav)
+    undithered = FeaturePipeline(FeatureConfig(sample_rate=8000, dither=1.0)).from_waveform(waveform, sr)
+    pipeline = FeaturePipeline(FeatureConfig(sample_rate=8000, dither=1.0, dither_inference=True))
+    torch.manual_seed(0)
+    first = pipeline.from_waveform(waveform, sr)
+    after_first = torch.rand(3)
+    torch.manual_seed(0)
+    pipeline.from_waveform(waveform[:, :4000], sr)  # another recording in between changes nothing
+    second = pipeline.from_waveform(waveform, sr)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(torch.rand(3), after_first, rtol=0, atol=0)  # the noise is not the global RNG's
+    assert not torch.equal(first, undithered)
+    assert (first - undithered).abs().median() < 0.05  # one LSB, as in training
+    # The same audio through from_file gives the same noise; raw_features (global MVN statistics) has none.
+    torch.testing.assert_close(pipeline.from_file(digit_wav), first, rtol=0, atol=0)
+    torch.testing.assert_close(pipeline.raw_features(waveform, sr), undithered, rtol=0, atol=0)
+    # Without dither there is nothing to apply.
+    plain = FeaturePipeline(FeatureConfig(sample_rate=8000, dither_inference=True)).from_waveform(waveform, sr)
+    torch.testing.assert_close(plain, undithered, rtol=0, atol=0)
+
+
+def test_inference_dither_gives_near_silence_the_floor_training_saw():
+    # A quiet 8 kHz recording played at 16 kHz: speech below 4 kHz, and nothing above but the
+    # resampler's residue, as in the real connected-digit dev set. In training every utterance had
+    # one LSB of dither; without dither at inference the empty mel bins fall far below that floor.
+    rate = 16000
+    generator = seeded(0)
+    narrow = resample(resample(0.01 * torch.randn(rate, generator=generator), rate, 8000), 8000, rate)
+    config = dict(kind="fbank", num_mel_bins=40, sample_rate=rate, dither=1.0)
+    trained_on = FeaturePipeline(FeatureConfig(**config)).from_waveform(narrow, rate, train=True, generator=seeded(1))
+    plain = FeaturePipeline(FeatureConfig(**config)).from_waveform(narrow, rate)
+    dithered = FeaturePipeline(FeatureConfig(**config, dither_inference=True)).from_waveform(narrow, rate)
+    top = slice(36, 40)  # the highest mel bins, well above 4 kHz
+    floor = trained_on[:, top].mean()
+    assert plain[:, top].mean() < floor - 2  # more than a factor e^2 (8.7 dB) below what training saw
+    assert abs(dithered[:, top].mean() - floor) < 0.1
+    torch.testing.assert_close(dithered[:, :20], plain[:, :20], rtol=0, atol=0.05)  # speech bins barely move
+
+
+def test_dither_inference_must_be_a_boolean():
+    with pytest.raises(ValueError, match="dither_inference"):
+        FeatureConfig(dither=1.0, dither_inference="yes")
+
+
+def test_a_checkpoint_from_before_dither_inference_loads_without_it():
+    state = FeaturePipeline(FeatureConfig(dither=1.0)).state_dict()
+    del state["config"]["dither_inference"]
+    assert FeaturePipeline.from_state_dict(state).config.dither_inference is False
+
+
 @pytest.mark.parametrize("factor", [0.9, 1.1])
 def test_speed_perturbation_scales_duration_and_pitch(factor):
     # A 500 Hz tone, 1 s at 8 kHz: played `factor` times as fast it lasts 1/factor s at 500*factor Hz.

@@ -458,3 +458,17 @@ def test_ensemble_members_may_differ_in_training_only_augmentation(untrained, tm
     save_checkpoint(other, state)
     with pytest.raises(CheckpointError, match="feature pipelines differ"):
         load_recogniser([untrained, other])
+
+
+def test_ensemble_members_must_agree_on_dither_when_it_applies_at_inference(untrained, tmp_path):
+    def variant(name, dither, dither_inference):
+        state = load_checkpoint(untrained)
+        state["features"]["config"].update(dither=dither, dither_inference=dither_inference)
+        save_checkpoint(tmp_path / name, state)
+        return tmp_path / name
+
+    assert load_recogniser([variant("a.pt", 1.0, False), variant("b.pt", 0.5, False)])  # training only: fine
+    with pytest.raises(CheckpointError, match="feature pipelines differ"):
+        load_recogniser([variant("c.pt", 1.0, True), variant("d.pt", 0.5, True)])
+    with pytest.raises(CheckpointError, match="feature pipelines differ"):
+        load_recogniser([variant("e.pt", 1.0, True), variant("f.pt", 1.0, False)])

@@ -205,6 +205,25 @@ def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, 
     assert load_checkpoint(tmp_path / "exp" / "last.pt")["training"]["progress"]["step"] == 2
 
 
+def test_dither_at_inference_changes_validation_but_not_training(tmp_path):
+    # The recipe dithers in training (features.dither: 1.0); dither_inference adds it to validation,
+    # with noise of its own, so the weights a run ends with are the same to the bit.
+    runs = {}
+    for name, flag in (("plain", "false"), ("dithered", "true")):
+        folder = tmp_path / name
+        folder.mkdir()
+        assert main([str(RECIPE), *overrides(folder, "train.max_epochs=2", f"features.dither_inference={flag}")]) == 0
+        runs[name] = folder / "exp"
+    plain, dithered = (load_checkpoint(runs[n] / "last.pt") for n in ("plain", "dithered"))
+    assert plain["features"]["config"]["dither_inference"] is False
+    assert dithered["features"]["config"]["dither_inference"] is True
+    assert plain["model"].keys() == dithered["model"].keys()
+    for key, weights in plain["model"].items():
+        assert torch.equal(weights, dithered["model"][key]), key
+    metrics = [load_checkpoint(runs[n] / "epoch1.pt")["training"]["metric"] for n in ("plain", "dithered")]
+    assert metrics[0] != metrics[1]
+
+
 def test_the_cosine_schedule_ends_at_its_floor_on_the_runs_last_update(tmp_path):
     lr, warmup, final = 0.002, 3, 0.1
     args = overrides(tmp_path, "train.max_epochs=3", "data.max_frames_per_batch=600", "train.accum_grad=2",

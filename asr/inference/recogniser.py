@@ -199,13 +199,15 @@ def load_recogniser(
     return dataclasses.replace(first.with_models([member.model for member in members]), pruned=pruned)
 
 
-# Feature settings used only in training: members may differ in them and still see the same features.
+# Feature settings used only in training: members may differ in them and still see the same features
+# (dither too, unless dither_inference applies it outside training).
 _TRAINING_ONLY_FEATURES = ("dither", "speed_perturb", "vtlp", "spec_augment", "augment")
 
 
 def _inference_features(pipeline: FeaturePipeline) -> dict:
     state = pipeline.state_dict()
-    config = {k: v for k, v in state["config"].items() if k not in _TRAINING_ONLY_FEATURES}
+    training_only = set(_TRAINING_ONLY_FEATURES) - ({"dither"} if pipeline.config.dither_inference else set())
+    config = {k: v for k, v in state["config"].items() if k not in training_only}
     return {**state, "config": config}
 
 
