@@ -445,6 +445,22 @@ def test_closing_speak_many_before_reading_stops_its_workers(monkeypatch):
 
 
 @pytest.mark.slow  # starts worker processes
+def test_speak_many_workers_finish_without_waiting_for_their_reader(monkeypatch):
+    # each waveform (about 130 kB) is more than a pipe holds: a worker writing straight into its pipe
+    # would wait there until the caller reads, and so would take turns with the other instead of running beside it
+    monkeypatch.setattr(piper, "CHUNK", 2)
+    started, start = [], workers.start
+    monkeypatch.setattr(workers, "start", lambda *args: started.append(start(*args)) or started[-1])
+    requests = [piper.PiperRequest("one two three four", "joe", noise_w_scale=0.0)] * 4
+    spoken = piper.speak_many(requests, processes=2)
+    for worker in started:
+        assert worker.process.wait(timeout=60) == 0  # nothing has been read yet
+    waveforms = list(spoken)
+    assert len(waveforms) == len(requests) and all(w.size * 4 > 65536 for w in waveforms)
+    np.testing.assert_array_equal(waveforms[0], waveforms[2])  # chunks 0 and 1, each from a fresh voice
+
+
+@pytest.mark.slow  # starts worker processes
 def test_a_failing_piper_worker_names_the_reason():
     bad = piper.PiperRequest("three", "joe", length_scale=9.0)  # out of range: refused inside the worker
     with pytest.raises(piper.PiperError, match="length_scale"):

@@ -178,15 +178,18 @@ class _Spoken(Iterator[np.ndarray]):
 
     def __init__(self, started: list[workers.Worker], sizes: list[int]) -> None:
         self._started = started
-        self._sources = iter([started[index % len(started)] for index, size in enumerate(sizes) for _ in range(size)])
+        # read ahead: while chunk i is read, the worker speaking chunk i + 1 must not wait on a full pipe
+        self._readers = [workers.ReadAhead(worker, "<f4") for worker in started]
+        self._sources = iter([index % len(started) for index, size in enumerate(sizes) for _ in range(size)])
 
     def __next__(self) -> np.ndarray:
-        worker = next(self._sources, None)
-        if worker is None:
+        index = next(self._sources, None)
+        if index is None:
             self.close()
             raise StopIteration
+        worker = self._started[index]
         try:
-            return workers.read_array(worker.process.stdout, "<f4").astype(np.float32)
+            return self._readers[index].next().astype(np.float32)
         except workers.WorkerStopped:
             message = worker.last_message()  # waits for it to end
             self.close()
@@ -198,6 +201,8 @@ class _Spoken(Iterator[np.ndarray]):
         """Stops the workers still running (the caller stopped early, or one failed)."""
         for worker in self._started:
             worker.close()
+        for reader in self._readers:
+            reader.join()
 
 
 def _serve() -> None:

@@ -9,10 +9,12 @@ samples. This module is both ends of that pipe.
 from __future__ import annotations
 
 import os
+import queue
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -87,3 +89,37 @@ def write_array(out: IO[bytes], samples: np.ndarray) -> None:
     """Worker side: the sample count, then the samples as they are (make them little-endian first)."""
     out.write(struct.pack("<I", samples.size))
     out.write(samples.tobytes())
+
+
+class ReadAhead:
+    """A worker's arrays read on a thread as soon as it writes them, kept in order until :meth:`next` takes them.
+
+    A pipe holds only 64 KiB, less than one second of audio: a worker whose
+    reader is busy with another worker's output would stop after its first
+    waveform and wait. Read ahead, the workers run side by side; the arrays
+    waiting in memory are those the worker is ahead of its reader.
+    """
+
+    def __init__(self, worker: Worker, dtype: str) -> None:
+        self._arrays: queue.SimpleQueue[np.ndarray | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._read, args=(worker.process.stdout, dtype), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[bytes], dtype: str) -> None:
+        try:
+            while True:
+                self._arrays.put(read_array(stream, dtype))
+        except (WorkerStopped, OSError, ValueError):  # the output ended, or Worker.close closed it
+            self._arrays.put(None)
+
+    def next(self) -> np.ndarray:
+        """The next array; :class:`WorkerStopped` once the output has ended."""
+        array = self._arrays.get()
+        if array is None:
+            self._arrays.put(None)  # and stays ended
+            raise WorkerStopped
+        return array
+
+    def join(self) -> None:
+        """Waits for the reading thread to end (it ends with the worker's output)."""
+        self._thread.join()
