@@ -302,8 +302,8 @@ class _Planned:
 def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
     """The ``train``, ``dev`` and ``test`` subset folders of the corpus ``config`` describes.
 
-    Generated under ``<cache_dir>/demo/<key>/`` on the first call (about 25 s of CPU
-    for the default 3600 utterances) and reused afterwards. Generation builds
+    Generated under ``<cache_dir>/demo/<key>/`` on the first call (the demo recipe's
+    cost is in docs/results.md, "The demo") and reused afterwards. Generation builds
     into a hidden temporary folder beside the target and renames it into place
     when complete, so an interrupted run never leaves a half corpus that a
     later run would take for a finished one. An unknown voice raises
