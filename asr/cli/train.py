@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_experiment_config(args.recipe, args.overrides)
         Trainer(config, resume=args.resume).fit()
+        if dist.is_available() and dist.is_initialized():
+            # rank 0 still writes checkpoints after the last collective: no rank takes its end of
+            # the process group down while another is busy (not on the error path: a rank that
+            # failed never reaches a barrier, and the others would wait for it)
+            dist.barrier()
     except (CheckpointError, ConfigError, DataError, TrainingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
