@@ -47,7 +47,7 @@ class TrainConfig:
     log_every_steps: int = 10
     max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
     valid_beam_size: int = 1            # decoding for the per-epoch validation WER (1 = greedy)
-    valid_max_utterances: int | None = None  # decode only the first N validation utterances for WER
+    valid_max_utterances: int | None = None  # decode about N validation utterances for WER, spread over the lengths
 
     def __post_init__(self) -> None:
         if self.curriculum_epochs < 0:

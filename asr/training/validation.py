@@ -29,15 +29,39 @@ class Validation:
     skipped: SkipReport = field(default_factory=SkipReport)
 
 
+def decoded_batches(batch_sizes: list[int], max_utterances: int | None) -> set[int]:
+    """Indices of the batches whose utterances are decoded for WER: all of them when ``max_utterances``
+    is None or covers every utterance, else about ``max_utterances`` utterances' worth of batches spread
+    evenly over the list.
+
+    Validation batches come shortest first, so the first N utterances would be the N shortest, and a
+    speller that loses its alignment on long utterances would not show in the WER. A batch is taken when that brings the
+    count decoded so far nearer to ``max_utterances / total`` of the utterances seen so far, so the
+    count stays within half a batch of that line all along the list.
+    """
+    total = sum(batch_sizes)
+    if max_utterances is None or max_utterances >= total:
+        return set(range(len(batch_sizes)))
+    chosen, seen, decoded = set(), 0, 0
+    for index, size in enumerate(batch_sizes):
+        seen += size
+        if decoded + size / 2 <= seen * max_utterances / total:
+            chosen.add(index)
+            decoded += size
+    return chosen
+
+
 @torch.no_grad()
 def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
-    """Loss over every batch of ``loader``; WER and CER of the first ``max_utterances`` (all: None)."""
+    """Loss over every batch of ``loader``; WER and CER of about ``max_utterances`` utterances spread
+    over the lengths (see :func:`decoded_batches`; all: None)."""
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
     refs, hyps = [], []
     skipped = SkipReport()
-    for batch in loader:
+    decoded = decoded_batches([len(b) for b in loader.batch_sampler], max_utterances)
+    for index, batch in enumerate(loader):
         for skip in batch.skipped:
             skipped.add(skip)
         if len(batch) == 0:
@@ -46,7 +70,7 @@ def validate(model, loader, tokenizer, device: torch.device, options: DecodingOp
         output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
         total += float(output.loss) * output.num_tokens
         tokens += output.num_tokens
-        if max_utterances is None or len(refs) < max_utterances:
+        if index in decoded:
             hyps += [tokenizer.decode(h) for h in decode(model, batch.features, batch.feature_lengths, options)]
             refs += [tokenizer.decode(t[:n].tolist()) for t, n in zip(batch.tokens, batch.token_lengths)]
     model.train(was_training)
