@@ -136,32 +136,37 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
 
 
 def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path) -> list[Run]:
-    """Every combination of the grid as a :class:`Run`, each config validated before anything trains.
-
-    Each demo corpus the runs read must have been prepared: the runs only read it, so the
-    corpus is made once, not per run. If one is missing, the error lists the command that
-    prepares each missing corpus (runs that differ only in options that do not change the
-    corpus share one)."""
+    """Every combination of the grid as a :class:`Run`, each config validated before anything trains."""
     runs = []
-    unprepared: dict[str, str] = {}  # corpus key -> the command that prepares it
     for combination in itertools.product(*grid.values()):
         values = dict(zip(grid, combination))
         run = Run(values, out / "runs" / folder_name(values))
         try:
-            config = load_experiment_config(recipe, [*overrides, *run.overrides(), f"exp_dir={run.exp_dir}"])
+            load_experiment_config(recipe, [*overrides, *run.overrides(), f"exp_dir={run.exp_dir}"])
         except ConfigError as err:
             raise StudyError(f"run {run.name}: {err}") from None
+        runs.append(run)
+    return runs
+
+
+def check_demo_corpora(recipe: Path, overrides: list[str], runs: list[Run]) -> None:
+    """Refuse to start when a run would read a demo corpus that has not been prepared.
+
+    The runs only read it, so it is made once, before the study, not per run: the error
+    lists the command that prepares each missing corpus (runs that differ only in options
+    that do not change the corpus share one)."""
+    unprepared: dict[str, str] = {}  # corpus key -> the command that prepares it
+    for run in runs:
+        config = load_experiment_config(recipe, [*overrides, *run.overrides()])
         try:
             check_demo_prepared(config.data, prepare_command(recipe, [*overrides, *run.overrides()]))
         except DemoCorpusNotPrepared as err:
             unprepared.setdefault(err.key, err.command)
-        runs.append(run)
     if unprepared:
         raise StudyError(
             f"the runs read {len(unprepared)} demo corpus(es) not prepared yet ({', '.join(unprepared)}); "
             "prepare them first, once:\n" + "\n".join(f"    {command}" for command in unprepared.values())
         )
-    return runs
 
 
 def folder_name(values: dict[str, str]) -> str:
