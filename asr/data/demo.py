@@ -63,7 +63,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -315,7 +315,7 @@ class _Planned:
 _GENERIC_COMMAND = "python -m asr.synth_demo RECIPE [key=value ...]   (the recipe and overrides of this run)"
 
 
-def prepare_command(source: str | Path, overrides: list[str] = ()) -> str:
+def prepare_command(source: str | Path, overrides: Iterable[str] = ()) -> str:
     """The shell command that prepares the demo corpus of a recipe (or of the config a checkpoint
     holds) with these overrides: ``python -m asr.synth_demo recipes/demo.yaml data.demo.seed=1``."""
     return shlex.join(["python", "-m", "asr.synth_demo", str(source), *overrides])
