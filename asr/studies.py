@@ -34,7 +34,8 @@ from asr.convergence import (
     read_run_curves,
     summarise_reached,
 )
-from asr.data.corpus import load_split
+from asr.data.corpus import check_demo_prepared, load_split
+from asr.data.demo import DemoCorpusNotPrepared, prepare_command
 from asr.data.report import DataError, SkipReport
 from asr.experiment import load_experiment_config
 from asr.inference import DecodeSettings
@@ -146,6 +147,26 @@ def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], ou
             raise StudyError(f"run {run.name}: {err}") from None
         runs.append(run)
     return runs
+
+
+def check_demo_corpora(recipe: Path, overrides: list[str], runs: list[Run]) -> None:
+    """Refuse to start when a run would read a demo corpus that has not been prepared.
+
+    The runs only read it, so it is made once, before the study, not per run: the error
+    lists the command that prepares each missing corpus (runs that differ only in options
+    that do not change the corpus share one)."""
+    unprepared: dict[str, str] = {}  # corpus key -> the command that prepares it
+    for run in runs:
+        config = load_experiment_config(recipe, [*overrides, *run.overrides()])
+        try:
+            check_demo_prepared(config.data, prepare_command(recipe, [*overrides, *run.overrides()]))
+        except DemoCorpusNotPrepared as err:
+            unprepared.setdefault(err.key, err.command)
+    if unprepared:
+        raise StudyError(
+            f"the runs read {len(unprepared)} demo corpus(es) not prepared yet ({', '.join(unprepared)}); "
+            "prepare them first, once:\n" + "\n".join(f"    {command}" for command in unprepared.values())
+        )
 
 
 def folder_name(values: dict[str, str]) -> str:

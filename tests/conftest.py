@@ -42,6 +42,26 @@ TINY = [
 ]
 
 
+def prepare_tiny_demo(*overrides: str) -> Path:
+    """Prepare the demo corpus that the tiny LAS (:data:`TINY`, with these overrides) trains on, as a
+    user does with ``python -m asr.synth_demo``: synthesised once (a second or two), then reused.
+    Training only reads it. Returns the corpus folder."""
+    from asr.data.demo import corpus_folder, prepare_corpus
+    from asr.data.librispeech import default_cache_dir
+    from asr.experiment import load_experiment_config
+
+    data = load_experiment_config(LAS_RECIPE, [*TINY, *overrides]).data
+    prepare_corpus(data.demo, data.cache_dir or default_cache_dir())
+    return corpus_folder(data.demo, data.cache_dir or default_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_demo_corpus() -> Path:
+    """The tiny LAS's demo corpus in the default cache folder, prepared once per session: test modules
+    that train it say ``pytestmark = pytest.mark.usefixtures("tiny_demo_corpus")``."""
+    return prepare_tiny_demo()
+
+
 def tiny_valid(tmp_path: Path, count: int = 6) -> Path:
     """A LibriSpeech-layout copy (symlinks) of the first ``count`` dev utterances, to keep validation short."""
     source = SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev" / "9000" / "1"

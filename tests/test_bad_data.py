@@ -14,7 +14,7 @@ import pytest
 import soundfile
 import torch
 from conftest import LAS_RECIPE as RECIPE
-from conftest import SHARED_DATA, TINY, subprocess_env, tiny_valid
+from conftest import SHARED_DATA, TINY, prepare_tiny_demo, subprocess_env, tiny_valid
 
 from asr.cli import average, check, evaluate, transcribe
 from asr.checkpoint import CheckpointError, load_checkpoint
@@ -129,6 +129,7 @@ def run_on_bad_data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad")
     corpus = make_corpus(tmp, bad_line=True)
     exp = tmp / "exp"
+    prepare_tiny_demo(f"data.cache_dir={tmp / 'cache'}")
     args = [
         str(RECIPE), *TINY, f"exp_dir={exp}", f"data.dev=[{tiny_valid(tmp)}]", f"data.train=[{corpus}]",
         "features.mvn=global", "data.num_workers=1", "train.max_epochs=2", f"data.cache_dir={tmp / 'cache'}",
@@ -158,7 +159,7 @@ def test_training_goes_on_past_bad_files_and_counts_them_every_epoch(run_on_bad_
 
 
 @pytest.mark.slow
-def test_strict_training_stops_at_the_bad_file_and_names_it(tmp_path, capsys):
+def test_strict_training_stops_at_the_bad_file_and_names_it(tiny_demo_corpus, tmp_path, capsys):
     corpus = make_corpus(tmp_path, good=6)
     args = [
         str(RECIPE), *TINY, f"exp_dir={tmp_path / 'exp'}", f"data.dev=[{tiny_valid(tmp_path)}]",
@@ -232,7 +233,7 @@ def write_malicious(path: Path, marker: Path, template: dict) -> None:
 
 
 @pytest.mark.slow
-def test_no_entry_point_runs_code_from_a_checkpoint(run_on_bad_data, tmp_path, capsys):
+def test_no_entry_point_runs_code_from_a_checkpoint(run_on_bad_data, tiny_demo_corpus, tmp_path, capsys):
     _, exp, corpus = run_on_bad_data
     marker = tmp_path / "marker"
     template = load_checkpoint(exp / "last.pt")
@@ -330,7 +331,7 @@ def test_rng_state_round_trips_through_a_safe_checkpoint(tmp_path):
 
 
 @pytest.mark.slow  # DataLoader worker processes
-def test_the_checker_finds_before_training_what_training_would_skip(tmp_path, capsys):
+def test_the_checker_finds_before_training_what_training_would_skip(tiny_demo_corpus, tmp_path, capsys):
     corpus = make_corpus(tmp_path, good=5, bad_line=True)
     out = tmp_path / "folder.json"
     assert check.main([str(corpus), "--jobs", "1", "--out", str(out)]) == 1

@@ -20,6 +20,7 @@ from asr.data.dataset import (
     prepare_utterances,
     set_loader_epoch,
 )
+from asr.data.demo import prepare_corpus
 from asr.data.fsdd import build_connected_digits, read_fsdd
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError
@@ -221,14 +222,15 @@ def test_data_config_from_recipe_and_load_split(shared_data, tmp_path):
 
 
 @pytest.mark.slow  # starts worker processes
-def test_the_demo_corpus_is_synthesised_once_and_read_as_three_splits(tmp_path):
+def test_the_demo_corpus_is_prepared_once_and_read_as_three_splits(tmp_path):
     demo = {"enabled": True, "train_utterances": 6, "dev_utterances": 2, "test_utterances": 3}
     config = from_dict(DataConfig, {"demo": demo, "cache_dir": str(tmp_path)}, "data")
+    prepare_corpus(config.demo, tmp_path)  # python -m asr.synth_demo does this
     train, dev, test = (load_split(config, split)[0] for split in ("train", "dev", "test"))
     assert (len(train), len(dev), len(test)) == (6, 2, 3)
     assert not {u.speaker for u in test} & {u.speaker for u in train + dev}  # held-out voices
-    flac = sorted(tmp_path.glob("demo/*/train/*/*/*.flac"))
+    flac = sorted(tmp_path.glob("demo/*/LibriSpeech/train/*/*/*.flac"))
     assert len(flac) == 6
     stamp = flac[0].stat().st_mtime_ns
     assert [u.text for u in load_split(config, "train")[0]] == [u.text for u in train]
-    assert flac[0].stat().st_mtime_ns == stamp  # read from the cache, not synthesised again
+    assert flac[0].stat().st_mtime_ns == stamp  # reading writes nothing

@@ -17,7 +17,7 @@ from asr.data.demo import (
     VOCABULARY,
     DemoConfig,
     corpus_key,
-    demo_corpus,
+    prepare_corpus,
     draw_transcript,
     speaker_ids,
 )
@@ -48,15 +48,20 @@ def parse_transcripts(subset) -> dict[str, str]:
 
 def read_corpus(paths) -> tuple[dict[str, bytes], dict[str, np.ndarray]]:
     """Transcript files' bytes and every file's int16 samples, keyed by path within the corpus."""
-    root = paths["train"].parent
+    root = corpus_dir(paths)
     texts = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.trans.txt"))}
     audio = {str(p.relative_to(root)): soundfile.read(p, dtype="int16")[0] for p in sorted(root.rglob("*.flac"))}
     return texts, audio
 
 
+def corpus_dir(paths):
+    """The corpus folder (``<cache>/demo/<key>``) of its subsets ``<key>/LibriSpeech/<split>``."""
+    return paths["train"].parents[1]
+
+
 @pytest.fixture(scope="module")
 def tiny_corpus(tmp_path_factory):
-    return demo_corpus(DemoConfig(**TINY), tmp_path_factory.mktemp("cache"))
+    return prepare_corpus(DemoConfig(**TINY), tmp_path_factory.mktemp("cache"))
 
 
 @pytest.mark.slow  # starts worker processes
@@ -94,12 +99,12 @@ def test_test_voices_are_held_out_and_dev_uses_training_voices(tiny_corpus, tmp_
     assert speakers["test"] == {ids[v] for v in config.test_voices}
     assert speakers["dev"] <= speakers["train"]
     assert not speakers["test"] & speakers["train"]
-    listed = (tiny_corpus["train"].parent / "voices.txt").read_text().splitlines()[1:]
+    listed = (corpus_dir(tiny_corpus) / "voices.txt").read_text().splitlines()[1:]
     assert {tuple(line.split("\t")[:2]) for line in listed} == {(s, v) for v, s in ids.items()}
 
 
 def test_second_call_reuses_the_corpus_without_synthesising(tiny_corpus, monkeypatch, caplog):
-    root = tiny_corpus["train"].parent
+    root = corpus_dir(tiny_corpus)
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.suffix in (".flac", ".txt")}
 
     def no_synthesis(requests):
@@ -107,16 +112,16 @@ def test_second_call_reuses_the_corpus_without_synthesising(tiny_corpus, monkeyp
 
     monkeypatch.setattr(espeak, "synthesize_many", no_synthesis)
     with caplog.at_level(logging.INFO, logger="asr.data.demo"):
-        again = demo_corpus(DemoConfig(**TINY), root.parent.parent)
+        again = prepare_corpus(DemoConfig(**TINY), root.parent.parent)
     assert again == tiny_corpus
-    assert "reusing cached demo corpus" in caplog.text
+    assert "reusing the demo corpus" in caplog.text
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
 
 @pytest.mark.slow  # starts worker processes
 def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus, tmp_path):
-    again = demo_corpus(DemoConfig(**TINY), tmp_path / "elsewhere")
-    assert again["train"].parent.name == tiny_corpus["train"].parent.name
+    again = prepare_corpus(DemoConfig(**TINY), tmp_path / "elsewhere")
+    assert corpus_dir(again).name == corpus_dir(tiny_corpus).name
     texts, audio = read_corpus(again)
     expected_texts, expected_audio = read_corpus(tiny_corpus)
     assert texts == expected_texts  # byte-identical transcripts
@@ -124,9 +129,9 @@ def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus,
     for name, samples in audio.items():
         np.testing.assert_array_equal(samples, expected_audio[name], err_msg=name)
 
-    other = demo_corpus(DemoConfig(**{**TINY, "seed": 1}), tmp_path / "elsewhere")
-    assert other["train"].parent != again["train"].parent
-    assert other["train"].parent.parent == again["train"].parent.parent  # both under <cache>/demo
+    other = prepare_corpus(DemoConfig(**{**TINY, "seed": 1}), tmp_path / "elsewhere")
+    assert corpus_dir(other) != corpus_dir(again)
+    assert corpus_dir(other).parent == corpus_dir(again).parent  # both under <cache>/demo
     assert parse_transcripts(other["train"]) != parse_transcripts(again["train"])
 
 
@@ -134,7 +139,7 @@ def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus,
 def test_a_recipe_adds_the_corpus_to_the_splits_it_lists(tiny_corpus, fsdd_recordings, splits):
     # data.demo.splits=[train] adds the synthetic voices as training data only: a real-speech
     # recipe's dev and test sets (here connected digits) stay as they were.
-    cache = tiny_corpus["train"].parents[2]
+    cache = corpus_dir(tiny_corpus).parents[1]
     digits = DigitsConfig(utterances=6, dev_utterances=3, test_utterances=3, held_out_speaker="george")
     config = DataConfig(
         fsdd=str(fsdd_recordings), digits=digits, demo=DemoConfig(**TINY, enabled=True, splits=splits),
@@ -220,7 +225,7 @@ def test_recipe_section_errors_name_the_dotted_key():
 def test_unknown_voice_fails_before_anything_is_written(tmp_path):
     config = DemoConfig(**{**TINY, "test_voices": ["en-us+m99"]})
     with pytest.raises(ValueError, match=r"test_voices.*'m99'"):
-        demo_corpus(config, tmp_path)
+        prepare_corpus(config, tmp_path)
     assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())
 
 
@@ -236,11 +241,11 @@ def test_interrupted_generation_leaves_no_corpus_behind(tmp_path, monkeypatch):
 
     monkeypatch.setattr(soundfile, "write", failing_write)
     with pytest.raises(OSError, match="disk full"):
-        demo_corpus(DemoConfig(**TINY), tmp_path)
+        prepare_corpus(DemoConfig(**TINY), tmp_path)
     assert len(written) == 5
     assert list((tmp_path / "demo").iterdir()) == []  # neither a corpus nor the partial build
     monkeypatch.setattr(soundfile, "write", real_write)
-    paths = demo_corpus(DemoConfig(**TINY), tmp_path)
+    paths = prepare_corpus(DemoConfig(**TINY), tmp_path)
     assert len(read_subset(paths["train"], cache_dir=tmp_path)) == COUNTS["train"]
 
 
@@ -340,14 +345,14 @@ def test_pico_speech_follows_the_text_and_the_rate():
 
 @pytest.mark.slow  # starts worker processes
 def test_a_corpus_with_pico_voices_reads_back_and_is_the_same_every_time(tmp_path):
-    first = demo_corpus(DemoConfig(**PICO), tmp_path / "a")
-    second = demo_corpus(DemoConfig(**PICO), tmp_path / "b")
+    first = prepare_corpus(DemoConfig(**PICO), tmp_path / "a")
+    second = prepare_corpus(DemoConfig(**PICO), tmp_path / "b")
     texts, audio = read_corpus(first)
     second_texts, second_audio = read_corpus(second)
     assert (texts, audio.keys()) == (second_texts, second_audio.keys())
     for name, samples in second_audio.items():
         np.testing.assert_array_equal(samples, audio[name])
-    voices = (first["train"].parent / "voices.txt").read_text()
+    voices = (corpus_dir(first) / "voices.txt").read_text()
     pico_ids = [line.split("\t")[0] for line in voices.splitlines() if "\tpico:" in line]
     assert len(pico_ids) == 2 and all(line.endswith("train,dev") for line in voices.splitlines() if "pico:" in line)
     train = read_subset(first["train"], cache_dir=tmp_path)
@@ -358,7 +363,7 @@ def test_a_corpus_with_pico_voices_reads_back_and_is_the_same_every_time(tmp_pat
 def test_missing_pico_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(__import__("sys").modules, "ttspico", None)
     with pytest.raises(pico.PicoError, match="pip install ttspico"):
-        demo_corpus(DemoConfig(**PICO), tmp_path)
+        prepare_corpus(DemoConfig(**PICO), tmp_path)
     assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())
 
 
@@ -469,14 +474,14 @@ def test_a_failing_piper_worker_names_the_reason():
 
 @pytest.mark.slow  # starts worker processes
 def test_a_corpus_with_a_piper_voice_reads_back_and_is_the_same_every_time(tmp_path):
-    first = demo_corpus(DemoConfig(**PIPER), tmp_path / "a")
-    second = demo_corpus(DemoConfig(**PIPER), tmp_path / "b")
+    first = prepare_corpus(DemoConfig(**PIPER), tmp_path / "a")
+    second = prepare_corpus(DemoConfig(**PIPER), tmp_path / "b")
     texts, audio = read_corpus(first)
     second_texts, second_audio = read_corpus(second)
     assert (texts, audio.keys()) == (second_texts, second_audio.keys())
     for name, samples in second_audio.items():
         np.testing.assert_array_equal(samples, audio[name])
-    voices = (first["train"].parent / "voices.txt").read_text()
+    voices = (corpus_dir(first) / "voices.txt").read_text()
     assert [line.split("\t")[1:] for line in voices.splitlines() if "piper:" in line] == [["piper:joe", "train,dev"]]
     train = read_subset(first["train"], cache_dir=tmp_path)
     assert len(train) == COUNTS["train"]
@@ -487,5 +492,5 @@ def test_a_corpus_with_a_piper_voice_reads_back_and_is_the_same_every_time(tmp_p
 def test_missing_piper_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setitem(__import__("sys").modules, "piper", None)
     with pytest.raises(piper.PiperError, match="pip install piper-tts"):
-        demo_corpus(DemoConfig(**PIPER), tmp_path)
+        prepare_corpus(DemoConfig(**PIPER), tmp_path)
     assert not (tmp_path / "demo").exists() or not any((tmp_path / "demo").iterdir())

@@ -8,7 +8,7 @@ import pytest
 from conftest import LAS_RECIPE as RECIPE
 from conftest import PROJECT_ROOT, TINY, subprocess_env, tiny_valid
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

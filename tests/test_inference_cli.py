@@ -78,7 +78,7 @@ def untrained(tmp_path_factory, librivox_mini) -> Path:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path]:
+def trained(tiny_demo_corpus, tmp_path_factory) -> tuple[Path, Path]:
     """(experiment folder, validation folder) of a 2-epoch tiny LAS run on real connected digits."""
     tmp = tmp_path_factory.mktemp("trained")
     assert train_main(tiny_run(tmp, "train.max_epochs=2", "train.keep_last=2")) == 0

@@ -70,7 +70,7 @@ def test_a_typo_in_a_grid_key_fails_before_anything_trains(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp_path, capsys):
+def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tiny_demo_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
     argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george,jackson"]
@@ -103,7 +103,7 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tmp
 
 
 @pytest.mark.slow
-def test_average_last_evaluates_the_mean_of_the_last_epochs(tmp_path, capsys):
+def test_average_last_evaluates_the_mean_of_the_last_epochs(tiny_demo_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=2"]
     argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "--out", str(out)]
@@ -133,7 +133,7 @@ def test_average_last_evaluates_the_mean_of_the_last_epochs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_seeds_ensembled_and_scored_with_and_without_vtln(tmp_path, capsys):
+def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
     argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "train.seed=0,1"]
@@ -212,8 +212,10 @@ def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys
 def test_every_shipped_recipe_loads_and_the_studies_its_header_shows_plan(recipe, tmp_path):
     """A typo in a recipe's keys, or in a grid its header shows, fails here rather than for a user."""
     path = RECIPE.parent / recipe
-    load_experiment_config(path, [])
+    config = load_experiment_config(path, [])
     header = "\n".join(line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#"))
+    if config.data.demo.enabled:  # a recipe that reads the demo corpus shows the command that prepares it
+        assert f"python -m asr.synth_demo recipes/{recipe}" in header
     for line in header.replace("\\\n", " ").splitlines():
         if line.startswith("python -m asr.study "):
             args = study_cli.build_parser().parse_args(shlex.split(line)[3:])

@@ -21,7 +21,7 @@ from asr.schedulers import cosine_lambda
 from asr.training import Trainer, TrainingError
 from asr.training.data import make_loader
 
-pytestmark = pytest.mark.slow  # every test here trains
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
 
 
 def overrides(tmp_path: Path, *extra: str) -> list[str]:

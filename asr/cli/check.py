@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 from asr.config import ConfigError
+from asr.data.corpus import check_demo_prepared
+from asr.data.demo import prepare_command
 from asr.data.report import DataError
 from asr.data.validation import check_folders, check_splits
 from asr.experiment import load_experiment_config
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if first.suffix in (".yaml", ".yml"):
             config = load_experiment_config(args.sources[0], args.sources[1:])
+            check_demo_prepared(config.data, prepare_command(args.sources[0], args.sources[1:]))
             reports = check_splits(config.data, config.features, args.jobs)
             out = args.out or Path(config.exp_dir) / "data_check.json"
         else:

@@ -10,7 +10,9 @@
 the checkpoint defines it (its ``data.dev``/``data.test`` folders and any
 built sets: the demo corpus's held-out voices, a leave-one-speaker-out fold's
 held-out speaker), with relative paths taken from the working directory as in
-training.
+training. The demo corpus is read, never synthesised: if it has not been
+prepared, the error gives the command that prepares it
+(``python -m asr.synth_demo CHECKPOINT``).
 
 Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or split>``):
 ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
@@ -56,7 +58,8 @@ from asr.checkpoint import CheckpointError, load_checkpoint
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.config import ConfigError
 from asr.data import report as reasons
-from asr.data.corpus import load_split
+from asr.data.corpus import check_demo_prepared, load_split
+from asr.data.demo import prepare_command
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError, SkipReport
 from asr.data.utterance import Utterance
@@ -150,6 +153,8 @@ def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple
         else:
             config = experiment_config_from_dict(load_checkpoint(checkpoint)["config"])
             where = f"the {args.split} split of {checkpoint}"
+            # its demo corpus is read, never synthesised: the error says how to prepare it
+            check_demo_prepared(config.data, prepare_command(checkpoint), [args.split])
             utterances, _ = load_split(config.data, args.split, report)
     except (DataError, CheckpointError, ConfigError) as err:
         parser.error(str(err))

@@ -57,6 +57,11 @@ in KEY are also decoded together as one ensemble, into
   its last epoch (the ``alignment_<utterance>.png`` the trainer writes), one
   row per setting (with ``--seeds``, the seeds side by side).
 
+A recipe that reads the demo corpus (``data.demo``) needs it prepared first,
+once (``python -m asr.synth_demo RECIPE [OVERRIDE ...]``): the runs only read
+it, and the study stops before anything trains with the commands to run when
+a corpus the runs read is missing.
+
 A study is resumable: a finished run (its folder holds ``study_time.json``)
 is not trained again, an interrupted one (``last.pt`` but no
 ``study_time.json``) is continued with ``--resume``, and an evaluation is
@@ -88,6 +93,7 @@ from asr.studies import (
     StudyError,
     average_run,
     check_average,
+    check_demo_corpora,
     convergence_table,
     ensemble_table,
     evaluate_run,
@@ -174,6 +180,7 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
         if args.seeds is not None and args.seeds == args.pool:
             raise StudyError(f"--seeds and --pool name the same key {args.seeds!r}")
         runs = plan_runs(args.recipe, args.overrides, grid, out)
+        check_demo_corpora(args.recipe, args.overrides, runs)
         if args.average_last:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
     except StudyError as err:

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from asr.checkpoint import CheckpointError
 from asr.config import ConfigError
+from asr.data.corpus import check_demo_prepared
+from asr.data.demo import prepare_command
 from asr.data.report import DataError
 from asr.experiment import load_experiment_config
 from asr.training import Trainer, TrainingError
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_experiment_config(args.recipe, args.overrides)
+        check_demo_prepared(config.data, prepare_command(args.recipe, args.overrides))
         Trainer(config, resume=args.resume).fit()
         if dist.is_available() and dist.is_initialized():
             # rank 0 still writes checkpoints after the last collective: no rank takes its end of

@@ -3,6 +3,8 @@
     corpus.load_split            read a recipe's split (LibriSpeech-layout subsets + FSDD connected digits)
       librispeech.read_subset      one LibriSpeech-layout folder, durations cached in a manifest
       fsdd.connected_digits        connected-digit utterances built in memory from FSDD takes
+      demo.corpus_subsets          the prepared demo corpus (made beforehand by demo.prepare_corpus,
+                                   python -m asr.synth_demo); never synthesised here
     corpus.build_tokenizer       characters or sentencepiece BPE (tokenizer.py); PAD=0 SOS=1 EOS=2 UNK=3
     dataset.prepare_utterances   one-shot validation; every skip recorded in a report.SkipReport
     dataset.SpeechDataset        utterance -> features (features.pipeline) + token ids

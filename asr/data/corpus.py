@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from typing import Literal
 
 from asr.data.config import DataConfig
-from asr.data.demo import demo_corpus
+from asr.data.demo import corpus_subsets
 from asr.data.fsdd import connected_digits
 from asr.data.librispeech import default_cache_dir, read_librispeech
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
-from asr.data.utterance import Utterance
+from asr.data.utterance import SPLITS, Utterance
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +28,10 @@ def load_split(
     """All utterances of ``split`` as read (not yet filtered), and the reader's skips.
 
     A split gathers its LibriSpeech-layout subsets (``data.train``, ``data.dev``,
-    ``data.test``), its part of the demo corpus (``data.demo``, synthesised
-    into the cache folder on first use, where ``data.demo.splits`` lists the split) and its connected digits
-    (:func:`asr.data.fsdd.connected_digits`).
+    ``data.test``), its part of the demo corpus (``data.demo``, where ``data.demo.splits`` lists
+    the split; prepared beforehand by ``python -m asr.synth_demo``, else
+    :class:`asr.data.demo.DemoCorpusNotPrepared` says how) and its connected digits
+    (:func:`asr.data.fsdd.connected_digits`). Nothing is synthesised here.
     In a leave-one-speaker-out fold (``data.digits.held_out_speaker``) the dev
     split is the built one alone: ``data.dev`` is not read, because a shared dev
     set may contain the held-out speaker. A split with no sources gives no
@@ -49,14 +50,23 @@ def load_split(
             )
         subsets = []
     if config.demo.enabled and split in config.demo.splits:
-        # Synthesised on first use, then read from the cache like any LibriSpeech-layout subset.
-        subsets = [*subsets, demo_corpus(config.demo, config.cache_dir or default_cache_dir())[split]]
+        # prepared by python -m asr.synth_demo, read like any LibriSpeech-layout subset
+        subsets = [*subsets, corpus_subsets(config.demo, config.cache_dir or default_cache_dir())[split]]
     utterances = read_librispeech(subsets, report, config.cache_dir or None)
     digits = connected_digits(config, split, report)
     utterances.extend(digits)
     if not utterances and subsets:
         raise DataError(f"data.{split}: every utterance was skipped\n{report.summary()}")
     return utterances, report
+
+
+def check_demo_prepared(config: DataConfig, command: str, splits: Iterable[str] = SPLITS) -> None:
+    """Raise :class:`asr.data.demo.DemoCorpusNotPrepared` telling the user to run ``command``
+    (:func:`asr.data.demo.prepare_command`) when one of ``splits`` reads a demo corpus that has
+    not been prepared: entry points call this first, so the error names the exact command and
+    comes before anything else is done."""
+    if config.demo.enabled and set(splits) & set(config.demo.splits):
+        corpus_subsets(config.demo, config.cache_dir or default_cache_dir(), command)
 
 
 def build_tokenizer(config: DataConfig, texts: Iterable[str]) -> Tokenizer:

@@ -31,8 +31,9 @@ the audio is resampled to ``sample_rate`` with :func:`features.audio.resample`
 and stored as 16-bit FLAC in LibriSpeech layout, which
 :func:`asr.data.librispeech.read_subset` reads::
 
-    <cache_dir>/demo/<key>/{train,dev,test}/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac
-                                                      .../<speaker>-<chapter>.trans.txt
+    <cache_dir>/demo/<key>/LibriSpeech/{train,dev,test}/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac
+                                                                  .../<speaker>-<chapter>.trans.txt
+    <cache_dir>/demo/<key>/README.txt, voices.txt
 
 with one speaker id per voice (100, 101, ... in ``train_voices`` then
 ``test_voices`` order, then the Pico voices when they speak) and the chapter telling the split (1 train, 2 dev,
@@ -40,6 +41,13 @@ with one speaker id per voice (100, 101, ... in ``train_voices`` then
 hash of every option that changes the corpus, the format version and the
 synthesisers' package versions: a changed option makes a new corpus beside the old
 one, and an unchanged one reuses the corpus already there.
+
+The corpus is prepared apart from training, as ESPnet's and icefall's data
+preparation stages are: ``python -m asr.synth_demo RECIPE [key=value ...]``
+(:mod:`asr.cli.synth_demo`) runs :func:`prepare_corpus`, which synthesises
+it; training, checking and evaluation only read it, through
+:func:`corpus_subsets`, which raises :class:`DemoCorpusNotPrepared` (naming
+the key and the command that prepares it) when it is not there.
 """
 
 from __future__ import annotations
@@ -50,19 +58,23 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import soundfile
 import torch
+from tqdm import tqdm
 
 from asr.config import check_range
 from asr.data import espeak, pico, piper
+from asr.data.report import DataError
 from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import SPLITS
 from features.audio import resample
@@ -71,7 +83,7 @@ logger = logging.getLogger(__name__)
 
 # Bump when the generation changes in a way the config does not show (grammar,
 # rendering, layout), so corpora made by older code are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the splits under LibriSpeech/ (the samples are those of version 1)
 USE_OPTIONS = ("enabled", "splits")  # how a recipe uses the corpus; they do not change its audio
 _CHAPTER = {"train": 1, "dev": 2, "test": 3}
 _FIRST_SPEAKER_ID = 100
@@ -90,7 +102,7 @@ DEFAULT_TEST_VOICES = ("en-us+m5", "en+f4", "en-gb-x-rp+m7", "en-029+f5")
 class DemoConfig:
     """The synthetic demo corpus (the ``data.demo`` section of a recipe). See the module docstring."""
 
-    enabled: bool = False  # true: generate (or reuse) the corpus and train/evaluate on it
+    enabled: bool = False  # true: train/evaluate on the corpus (prepared first with python -m asr.synth_demo)
     # the recipe's splits the corpus joins: [train] adds its voices as training data only
     # (e.g. more speakers for a real-speech recipe), leaving that recipe's dev and test sets as they are
     splits: list[str] = field(default_factory=lambda: list(SPLITS))
@@ -299,8 +311,54 @@ class _Planned:
     noise_seed: tuple[int, ...]
 
 
-def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
-    """The ``train``, ``dev`` and ``test`` subset folders of the corpus ``config`` describes.
+# what the error says to run when the caller does not know the recipe (entry points pass the exact command)
+_GENERIC_COMMAND = "python -m asr.synth_demo RECIPE [key=value ...]   (the recipe and overrides of this run)"
+
+
+def prepare_command(source: str | Path, overrides: Iterable[str] = ()) -> str:
+    """The shell command that prepares the demo corpus of a recipe (or of the config a checkpoint
+    holds) with these overrides: ``python -m asr.synth_demo recipes/demo.yaml data.demo.seed=1``."""
+    return shlex.join(["python", "-m", "asr.synth_demo", str(source), *overrides])
+
+
+class DemoCorpusNotPrepared(DataError):
+    """A recipe reads a demo corpus that has not been prepared: the message names the corpus
+    key, the folder it was looked for in and the command that prepares it."""
+
+    def __init__(self, key: str, folder: Path, command: str = _GENERIC_COMMAND):
+        super().__init__(
+            f"data.demo: the demo corpus {key} has not been prepared ({folder} not found). "
+            f"Training and evaluation only read it; prepare it once with\n    {command}"
+        )
+        self.key = key
+        self.folder = folder
+        self.command = command
+
+
+def corpus_folder(config: DemoConfig, cache_dir: str | Path) -> Path:
+    """Where the corpus ``config`` describes lives: ``<cache_dir>/demo/<key>`` (see :func:`corpus_key`)."""
+    return Path(cache_dir).expanduser() / "demo" / corpus_key(config)
+
+
+def corpus_subsets(config: DemoConfig, cache_dir: str | Path, command: str = _GENERIC_COMMAND) -> dict[str, Path]:
+    """The ``train``, ``dev`` and ``test`` subset folders of the prepared corpus ``config`` describes.
+
+    Reads only: a corpus not yet prepared raises :class:`DemoCorpusNotPrepared`, whose
+    message tells the user to run ``command`` (the exact ``python -m asr.synth_demo ...``
+    when the caller knows it)."""
+    target = corpus_folder(config, cache_dir)
+    if not target.is_dir():
+        raise DemoCorpusNotPrepared(target.name, target, command)
+    return _subsets(target)
+
+
+def _subsets(target: Path) -> dict[str, Path]:
+    return {split: target / "LibriSpeech" / split for split in SPLITS}
+
+
+def prepare_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
+    """The ``train``, ``dev`` and ``test`` subset folders of the corpus ``config`` describes,
+    synthesised first when they are not there yet (``python -m asr.synth_demo`` calls this).
 
     Generated under ``<cache_dir>/demo/<key>/`` on the first call (the demo recipe's
     cost is in docs/results.md, "The demo") and reused afterwards. Generation builds
@@ -310,12 +368,11 @@ def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
     :class:`ValueError` naming it and the config field; a missing eSpeak raises
     :class:`asr.data.espeak.EspeakError` saying how to install it.
     """
-    root = Path(cache_dir).expanduser() / "demo"
-    key = corpus_key(config)
-    target = root / key
-    paths = {split: target / split for split in SPLITS}
+    target = corpus_folder(config, cache_dir)
+    root, key = target.parent, target.name
+    paths = _subsets(target)
     if target.is_dir():
-        logger.info("reusing cached demo corpus at %s", target)
+        logger.info("reusing the demo corpus at %s", target)
         return paths
 
     for name in ("train_voices", "test_voices"):
@@ -339,7 +396,9 @@ def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
     )
     building = Path(tempfile.mkdtemp(prefix=f".{key}-partial-", dir=root))
     try:
-        seconds = _render_all(plan, config, building)
+        # disable=None: a bar on a terminal, nothing in a log file
+        with tqdm(total=len(plan), desc="synthesising the demo corpus", unit="utt", disable=None) as bar:
+            seconds = _render_all(plan, config, building / "LibriSpeech", bar.update)
         _write_description(building, config, key, plan, seconds)
         building.chmod(0o755)  # mkdtemp makes it private; the corpus is meant to be shared like any other
         try:
@@ -349,7 +408,7 @@ def demo_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]:
                 raise
             # another process finished the same corpus first; theirs is identical
             shutil.rmtree(building)
-            logger.info("reusing cached demo corpus at %s (generated concurrently)", target)
+            logger.info("reusing the demo corpus at %s (generated concurrently)", target)
             return paths
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
@@ -501,8 +560,11 @@ def spoken_one_by_one(text: str) -> str:
     return " ".join(f"{word.capitalize()}." for word in text.lower().split())
 
 
-def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[str, float]:
-    """Synthesise, render and write every planned utterance with its transcripts; seconds of audio per split."""
+def _render_all(
+    plan: list[_Planned], config: DemoConfig, folder: Path, progress: Callable[[int], object] = lambda done: None
+) -> dict[str, float]:
+    """Synthesise, render and write every planned utterance with its transcripts; seconds of audio per split.
+    ``progress(n)`` is called after each ``n`` utterances written (a progress bar's ``update``)."""
     transcripts: dict[Path, list[str]] = {}
     seconds = dict.fromkeys(SPLITS, 0.0)
     # One worker process speaks the whole plan's eSpeak requests in order, so the samples depend only
@@ -536,6 +598,7 @@ def _render_all(plan: list[_Planned], config: DemoConfig, folder: Path) -> dict[
                 soundfile.write(chapter_dir / f"{planned.utt_id}.flac", audio, config.sample_rate, subtype="PCM_16")
                 transcripts[chapter_dir].append(f"{planned.utt_id} {planned.text}\n")
                 seconds[planned.split] += audio.size / config.sample_rate
+            progress(len(batch))
     finally:
         spoken.close()  # stops the worker if writing failed half way
         by_piper.close()  # and Piper's chunks not yet started
