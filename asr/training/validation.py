@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asr.data.batching import collate
+from asr.data.batching import collate, with_features
 from asr.data.dataset import SpeechDataset
 from asr.data.report import SkipReport
 from asr.decoding import DecodingOptions, decode
 from asr.metrics import error_rates
+from features.pipeline import FeaturePipeline
 
 ALIGNMENT_UTTERANCES = 3  # dev utterances whose attention is drawn at every validation
 ALIGNMENT_PREFIX = "alignment_"
@@ -30,8 +31,10 @@ class Validation:
 
 
 @torch.no_grad()
-def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
-    """Loss over every batch of ``loader``; WER and CER of the first ``max_utterances`` (all: None)."""
+def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None,
+             pipeline: FeaturePipeline | None = None) -> Validation:
+    """Loss over every batch of ``loader``; WER and CER of the first ``max_utterances`` (all: None).
+    ``pipeline`` computes the features of batches that hold audio (``features.compute_on: device``)."""
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
@@ -43,6 +46,10 @@ def validate(model, loader, tokenizer, device: torch.device, options: DecodingOp
         if len(batch) == 0:
             continue
         batch = batch.to(device)
+        if batch.audio is not None:
+            if pipeline is None:
+                raise ValueError("validate: the batches hold audio (features.compute_on: device) but no pipeline was given")
+            batch = with_features(batch, pipeline)
         output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
         total += float(output.loss) * output.num_tokens
         tokens += output.num_tokens
@@ -64,7 +71,7 @@ def alignment_figures(model, dataset: SpeechDataset, tokenizer, device: torch.de
         return []
     was_training = model.training
     model.eval()
-    batch = collate(items).to(device)
+    batch = with_features(collate(items).to(device), dataset.pipeline)
     output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
     model.train(was_training)
     if output.attention_weights is None:
