@@ -148,13 +148,13 @@ def test_features_on_cuda_equal_the_loader_features(mini, tokenizer, name):
 
 @pytest.mark.slow
 def test_training_with_features_on_the_device_is_training_with_features_in_the_loader(tmp_path):
-    """The same run (two updates, then validation) with each path ends with the same weights, to float
+    """The same run (an epoch, then validation) with each path ends with the same weights, to float
     rounding; each run's config.yaml and train.log say where its features were computed."""
     runs = {}
     for where in ("auto", "device"):
         folder = tmp_path / where
         folder.mkdir()
-        args = tiny_run(folder, "train.max_steps=2", "train.max_epochs=1", "features.mvn=global",
+        args = tiny_run(folder, "train.max_epochs=1", "features.mvn=global",
                         f"features.compute_on={where}")
         assert main(args) == 0
         runs[where] = folder / "exp"
@@ -163,6 +163,26 @@ def test_training_with_features_on_the_device_is_training_with_features_in_the_l
     assert resolved == {"auto": "loader", "device": "device"}  # auto on CPU: the loader
     assert "features computed on the device (features.compute_on=device" in (runs["device"] / "train.log").read_text()
     loader, device = (load_checkpoint(runs[w] / "last.pt") for w in ("auto", "device"))
-    assert loader["training"]["progress"]["step"] == device["training"]["progress"]["step"] == 2
+    assert loader["training"]["progress"]["step"] == device["training"]["progress"]["step"] > 2
+    metrics = [load_checkpoint(runs[w] / "epoch0.pt")["training"]["metric"] for w in ("auto", "device")]
+    assert metrics[0] == pytest.approx(metrics[1], rel=1e-4)  # validation on the same features
     for key, weights in loader["model"].items():
         torch.testing.assert_close(device["model"][key], weights, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_with_features_on_the_device_ends_as_the_uninterrupted_run(tmp_path):
+    """Stopped after two updates and resumed, the run sees the same batches with the same draws."""
+    ends = {}
+    for name in ("whole", "resumed"):
+        folder = tmp_path / name
+        folder.mkdir()
+        args = tiny_run(folder, "train.max_epochs=1", "features.compute_on=device")
+        if name == "resumed":
+            assert main([*args, "train.max_steps=2"]) == 0
+            args = [*args, "--resume"]
+        assert main(args) == 0
+        ends[name] = load_checkpoint(folder / "exp" / "last.pt")
+    assert ends["whole"]["training"]["progress"]["step"] == ends["resumed"]["training"]["progress"]["step"] > 2
+    for key, weights in ends["whole"]["model"].items():
+        torch.testing.assert_close(ends["resumed"]["model"][key], weights, rtol=0, atol=0, msg=key)
