@@ -111,18 +111,17 @@ def log_mel_fbank_batch(waveforms: Tensor, config: FeatureConfig, warps: Sequenc
     frames = waveforms.unfold(-1, window, shift)  # (B, T, window): whole frames only (snip_edges)
     frames = frames - frames.mean(dim=-1, keepdim=True)  # DC removal per frame
     previous = torch.cat([frames[..., :1], frames[..., :-1]], dim=-1)  # the first sample is its own predecessor
-    window_weights = _povey_window(window, frames.dtype).to(frames.device)
-    frames = (frames - PREEMPHASIS * previous) * window_weights
+    frames = (frames - PREEMPHASIS * previous) * _povey_window(window, frames.dtype, frames.device)
     power = torch.fft.rfft(frames, n=fft_size).abs().pow(2)  # (B, T, fft_size // 2 + 1)
     rounded = [round(float(w), 3) for w in warps]
+
+    def filters(warp: float) -> Tensor:
+        return _mel_filters_on(config.num_mel_bins, fft_size, float(config.sample_rate), warp, frames.device, frames.dtype)
+
     if len(set(rounded)) == 1:  # the usual case (no VTLP): one product for the whole batch
-        filters = _mel_filters(config.num_mel_bins, fft_size, float(config.sample_rate), rounded[0])
-        mel = power @ filters.to(frames.device, frames.dtype).T
+        mel = power @ filters(rounded[0]).T
     else:  # one set of warped filters per row
-        filters = torch.stack(
-            [_mel_filters(config.num_mel_bins, fft_size, float(config.sample_rate), w) for w in rounded]
-        )
-        mel = power @ filters.to(frames.device, frames.dtype).transpose(1, 2)
+        mel = power @ torch.stack([filters(w) for w in rounded]).transpose(1, 2)
     return mel.clamp_min(torch.finfo(frames.dtype).eps).log()
 
 
@@ -154,9 +153,17 @@ def _fft_size(window: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _povey_window(size: int, dtype: torch.dtype) -> Tensor:
-    """Kaldi's default window: a Hann window to the power 0.85, ``(size,)``."""
-    return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85)
+def _povey_window(size: int, dtype: torch.dtype, device: torch.device = torch.device("cpu")) -> Tensor:
+    """Kaldi's default window: a Hann window to the power 0.85, ``(size,)``, kept on ``device``."""
+    return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85).to(device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _mel_filters_on(
+    num_bins: int, fft_size: int, sample_rate: float, warp: float, device: torch.device, dtype: torch.dtype
+) -> Tensor:
+    """:func:`_mel_filters`, kept on ``device`` in ``dtype``: a batch on the GPU copies none from the host."""
+    return _mel_filters(num_bins, fft_size, sample_rate, warp).to(device, dtype)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -2,13 +2,16 @@
 and the features of a whole padded batch are computed at once where the model is. They must equal, item by
 item, the features the loader path computes per utterance, with the same random draws, on real speech."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import tiny_run
+from conftest import PROJECT_ROOT, SHARED_DATA, subprocess_env, tiny_run
 
+from asr.checkpoint import load_checkpoint
 from asr.cli.train import main
 from asr.config import ConfigError
 from asr.data.batching import collate, with_features
@@ -16,7 +19,6 @@ from asr.data.dataset import SpeechDataset, compute_global_stats
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
 from asr.experiment import load_experiment_config
-from asr.checkpoint import load_checkpoint
 from features.config import FeatureConfig, SpecAugmentConfig, resolve_compute_on
 from features.pipeline import FeaturePipeline
 
@@ -186,3 +188,27 @@ def test_a_resumed_run_with_features_on_the_device_ends_as_the_uninterrupted_run
     assert ends["whole"]["training"]["progress"]["step"] == ends["resumed"]["training"]["progress"]["step"] > 2
     for key, weights in ends["whole"]["model"].items():
         torch.testing.assert_close(ends["resumed"]["model"][key], weights, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.slow
+def test_the_data_loading_benchmark_measures_both_paths_of_both_recipes(tmp_path):
+    """benchmarks/data_loading.py on a tiny tiled corpus: each recipe, each path, both measures."""
+    command = [
+        sys.executable, str(PROJECT_ROOT / "benchmarks" / "data_loading.py"), "--shared-data", str(SHARED_DATA),
+        "--tile", "4", "--workers", "1", "--steps", "1", "--warmup", "1", "--threads", "1",
+        "data.max_frames_per_batch=2000", "data.bpe_vocab_size=40",
+        "--las", "model.listener.hidden_size=16", "--las", "model.attention.dim=16",
+        "--las", "model.speller.hidden_size=16", "--las", "model.speller.embedding_dim=16",
+        "--transformer", "model.d_model=32", "--transformer", "model.encoder.num_layers=1",
+        "--transformer", "model.decoder.num_layers=1", "--transformer", "model.encoder.ff_dim=32",
+        "--transformer", "model.decoder.ff_dim=32",
+    ]
+    env = dict(subprocess_env(), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "audio-s of features per CPU-s" in line]
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "features on the loader", "features on the device", "features on the loader", "features on the device"
+    ]
+    assert all("loader wait" in line and "% of step time" in line for line in lines)
+    assert "librispeech100.yaml (las" in result.stdout and "librispeech100_transformer.yaml (transformer" in result.stdout
