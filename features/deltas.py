@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from features.frames import take_frames
+
 DELTA_WINDOW = 2  # N above; the filter has 2N + 1 taps
 
 
@@ -51,7 +53,7 @@ def add_deltas_batch(feats: Tensor, lengths: Tensor) -> Tensor:
             if tap == 0.0:
                 continue
             index = torch.minimum((frames + offset).clamp(min=0), last)  # (B, T)
-            out += tap * torch.gather(feats, 1, index[..., None].expand(-1, -1, feats.shape[2]))
+            out += tap * take_frames(feats, index)
         return out
 
     return torch.cat([feats, filtered(delta_taps), filtered(twice_taps)], dim=2)

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from features.frames import valid_frames
+
 DEFAULT_STD_FLOOR = 1e-5
 
 
@@ -39,11 +41,12 @@ def utterance_mvn_batch(feats: Tensor, lengths: Tensor, std_floor: float = DEFAU
     """``(B, T, D)`` -> ``(B, T, D)`` float32, each row normalised by the mean and std of its first
     ``lengths[b]`` frames only (padded frames neither count nor matter)."""
     x = feats.double()
-    valid = (torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None])[..., None]
+    padding = ~valid_frames(lengths.to(x.device), x.shape[1])[..., None]
     count = lengths.to(x.device, torch.float64).clamp(min=1)[:, None, None]
-    mean = (x * valid).sum(dim=1, keepdim=True) / count
-    variance = (((x - mean) * valid) ** 2).sum(dim=1, keepdim=True) / count
-    return ((x - mean) / variance.sqrt().clamp(min=std_floor)).float()
+    mean = x.masked_fill(padding, 0.0).sum(dim=1, keepdim=True) / count
+    centred = x - mean
+    variance = centred.masked_fill(padding, 0.0).pow(2).sum(dim=1, keepdim=True) / count
+    return (centred / variance.sqrt().clamp(min=std_floor)).float()
 
 
 class GlobalStats:

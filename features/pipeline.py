@@ -47,6 +47,7 @@ from features.augment import augment_waveform, room_impulse_responses
 from features.config import FeatureConfig
 from features.deltas import add_deltas_batch
 from features.filterbank import INT16_SCALE, add_dither, base_features_batch, check_frame, check_mel_filters, num_frames
+from features.frames import valid_frames
 from features.mvn import GlobalStats, apply_mvn
 from features.specaugment import SpecAugmentDraws, apply_batch, draw
 
@@ -245,8 +246,7 @@ class FeaturePipeline:
                 # After MVN, 0 is the mean; without MVN fill with the utterance mean (see features.specaugment).
                 fill = "mean" if self.config.mvn == "none" else "zero"
                 feats = apply_batch(feats, lengths, batch.spec_augment, fill=fill)
-        valid = torch.arange(feats.shape[1], device=feats.device)[None, :] < lengths[:, None]
-        return feats.masked_fill(~valid[..., None], 0.0), lengths
+        return feats.masked_fill(~valid_frames(lengths, feats.shape[1])[..., None], 0.0), lengths
 
     def state_dict(self) -> dict:
         """``{"config": plain dict, "stats": GlobalStats state or None}``, for the model checkpoint."""

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from features.config import SpecAugmentConfig
+from features.frames import take_frames, valid_frames
 
 
 @dataclass
@@ -135,9 +136,7 @@ def warp_frames(feats: Tensor, lengths: Tensor, warps: Sequence[tuple[int, int] 
     side_end = torch.where(has_warp & (out_index < length), side_end, out_index)
     high = torch.minimum(low + 1, side_end)
     weight = (source - low).to(feats.dtype)[..., None]
-    low_rows = torch.gather(feats, 1, low.long()[..., None].expand(-1, -1, feats.shape[2]))
-    high_rows = torch.gather(feats, 1, high.long()[..., None].expand(-1, -1, feats.shape[2]))
-    return low_rows * (1 - weight) + high_rows * weight
+    return take_frames(feats, low.long()) * (1 - weight) + take_frames(feats, high.long()) * weight
 
 
 def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -174,7 +173,7 @@ def apply_batch(
     if fill not in ("zero", "mean"):
         raise ValueError(f"spec_augment: fill must be 'zero' or 'mean', got {fill!r}")
     batch, frames, bins = feats.shape
-    valid = torch.arange(frames, device=feats.device)[None, :] < lengths.to(feats.device)[:, None]  # (B, T), True = valid
+    valid = valid_frames(lengths.to(feats.device), frames)  # (B, T), True = valid
     if fill == "mean":
         counts = lengths.to(feats.device, feats.dtype).clamp(min=1)[:, None]
         fill_rows = (feats * valid[..., None]).sum(dim=1) / counts  # (B, D), before the warp as in spec_augment
