@@ -47,6 +47,8 @@ from asr.training.data import make_loader
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"las": "librispeech100.yaml", "transformer": "librispeech100_transformer.yaml"}
 SHARED_DATA = ROOT.parent / "shared" / "data"
+TARGET_WAIT_SHARE = 0.05  # on one H100/H200 (issue 39)
+TARGET_WORKERS = 8
 
 
 def synchronize(device: torch.device) -> None:
@@ -158,6 +160,10 @@ def run_recipe(name: str, root: Path, overrides: list[str], args, fixed: list[st
                   f"process {done['main']:.1f}, {done['wall']:.1f} s wall{device_part}); "
                   f"loader wait {100 * wait / total:.1f}% of step time ({args.steps} steps in {total:.1f} s, "
                   f"waiting {wait:.2f} s)")
+            if trainer.device.type == "cuda":
+                met = wait / total <= TARGET_WAIT_SHARE and args.workers <= TARGET_WORKERS
+                print(f"    target (at most {100 * TARGET_WAIT_SHARE:.0f}% with at most {TARGET_WORKERS} workers): "
+                      f"{'met' if met else 'NOT met'}")
 
 
 def main() -> None:
