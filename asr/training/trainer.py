@@ -232,8 +232,7 @@ class Trainer:
         if self.dist.is_main and len(self.data.valid_set) > 0:
             loader = self._loader(self.data.valid_batches, self.data.valid_set, 0)
             options = DecodingOptions(beam_size=self.train_cfg.valid_beam_size)
-            result = validate(self.raw_model, loader, self.tokenizer, self.device, options, self.train_cfg.valid_max_utterances,
-                              pipeline=self.pipeline)
+            result = validate(self.raw_model, loader, self.tokenizer, self.device, options, self.train_cfg.valid_max_utterances)
             if result.skipped:
                 result.skipped.log("validation")
             metrics = result.metrics

@@ -11,7 +11,6 @@ from asr.data.dataset import SpeechDataset
 from asr.data.report import SkipReport
 from asr.decoding import DecodingOptions, decode
 from asr.metrics import error_rates
-from features.pipeline import FeaturePipeline
 
 ALIGNMENT_UTTERANCES = 3  # dev utterances whose attention is drawn at every validation
 ALIGNMENT_PREFIX = "alignment_"
@@ -31,10 +30,8 @@ class Validation:
 
 
 @torch.no_grad()
-def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None,
-             pipeline: FeaturePipeline | None = None) -> Validation:
-    """Loss over every batch of ``loader``; WER and CER of the first ``max_utterances`` (all: None).
-    ``pipeline`` computes the features of batches that hold audio (``features.compute_on: device``)."""
+def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
+    """Loss over every batch of ``loader``; WER and CER of the first ``max_utterances`` (all: None)."""
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
@@ -46,10 +43,8 @@ def validate(model, loader, tokenizer, device: torch.device, options: DecodingOp
         if len(batch) == 0:
             continue
         batch = batch.to(device)
-        if batch.audio is not None:
-            if pipeline is None:
-                raise ValueError("validate: the batches hold audio (features.compute_on: device) but no pipeline was given")
-            batch = with_features(batch, pipeline)
+        if batch.audio is not None:  # features.compute_on: device; the dataset's pipeline computes them here
+            batch = with_features(batch, loader.dataset.pipeline)
         output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
         total += float(output.loss) * output.num_tokens
         tokens += output.num_tokens
