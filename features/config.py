@@ -12,6 +12,7 @@ from typing import Literal
 
 FEATURE_KINDS = ("fbank", "mfcc")
 MVN_MODES = ("none", "utterance", "global")
+COMPUTE_ON = ("auto", "loader", "device")
 
 
 @dataclass
@@ -168,6 +169,17 @@ class FeatureConfig:
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     # Training-only waveform augmentation (rooms, noise, microphones, band limits), after speed perturbation.
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    # Where training and validation compute the features. "loader": DataLoader workers compute them
+    # per utterance on CPU. "device": workers only read the audio (decode, downmix, resample, and the
+    # waveform-level augmentation: speed perturbation, rooms, noise, microphones, band limits, dither)
+    # and draw every random number of the utterance from its own (seed, epoch, index) generator;
+    # fbank/MFCC, VTLP's warped filters, deltas, MVN and SpecAugment then run batched on the model's
+    # device in the training process. Why: a GPU consumes speech several times faster than a few CPU
+    # cores can turn it into features (docs/performance.md, "Data loading"). Both are the same code
+    # (features.pipeline), so they give the same features within float rounding. "auto": "device"
+    # when training on CUDA, "loader" otherwise; the run's config.yaml records what it resolved to.
+    # Inference (asr.evaluate, asr.transcribe) always computes features per utterance on CPU.
+    compute_on: Literal["auto", "loader", "device"] = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in FEATURE_KINDS:
@@ -188,6 +200,8 @@ class FeatureConfig:
             )
         if self.dither < 0:
             raise ValueError(f"dither must be >= 0, got {self.dither}")
+        if self.compute_on not in COMPUTE_ON:
+            raise ValueError(f"compute_on must be one of {COMPUTE_ON}, got {self.compute_on!r}")
         if not isinstance(self.dither_inference, bool):
             raise ValueError(f"dither_inference must be true or false, got {self.dither_inference!r}")
         for factor in self.speed_perturb:
@@ -205,3 +219,14 @@ class FeatureConfig:
     def feature_dim(self) -> int:
         """D of the (T, D) features the pipeline emits (deltas triple it)."""
         return self.base_dim * (3 if self.deltas else 1)
+
+
+def resolve_compute_on(compute_on: str, device_type: str) -> Literal["loader", "device"]:
+    """``features.compute_on`` for a run training on ``device_type`` (``"cuda"``, ``"cpu"``, ...):
+    ``auto`` is ``device`` on CUDA, where the GPU would otherwise wait for the loader's CPU cores,
+    and ``loader`` elsewhere, where the device is the CPU the workers would run on anyway."""
+    if compute_on not in COMPUTE_ON:
+        raise ValueError(f"features.compute_on must be one of {COMPUTE_ON}, got {compute_on!r}")
+    if compute_on == "auto":
+        return "device" if device_type == "cuda" else "loader"
+    return compute_on

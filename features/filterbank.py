@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -93,17 +93,36 @@ def log_mel_fbank(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) ->
     What ``kaldi.fbank`` computes with the options in the module docstring (the tests hold the two
     together), but with the window and the mel filters built once (:func:`_mel_filters`) instead of
     on every call, where they cost as much as the rest of the computation. ``warp`` is rounded to
-    0.001 for that: VTLP draws a new one for every utterance.
+    0.001 for that: VTLP draws a new one for every utterance. :func:`log_mel_fbank_batch` on a batch of one.
+    """
+    return log_mel_fbank_batch(waveform.unsqueeze(0), config, [warp]).squeeze(0)
+
+
+def log_mel_fbank_batch(waveforms: Tensor, config: FeatureConfig, warps: Sequence[float]) -> Tensor:
+    """``waveforms (B, N)`` in int16 units, zero-padded -> log-mel filterbanks ``(B, T, num_mel_bins)``,
+    T = :func:`num_frames` of N; row b's mel filters are warped by ``warps[b]``.
+
+    Each frame is computed from its own samples only, so row b's first ``num_frames(length_b)``
+    frames are exactly the features of that utterance alone; the frames after them read padding.
+    Runs wherever ``waveforms`` is (a DataLoader worker's CPU or the model's GPU).
     """
     window, shift = frame_sizes(config)
     fft_size = _fft_size(window)
-    frames = waveform.unfold(0, window, shift)  # (T, window): whole frames only (snip_edges)
-    frames = frames - frames.mean(dim=1, keepdim=True)  # DC removal per frame
-    previous = torch.cat([frames[:, :1], frames[:, :-1]], dim=1)  # the first sample is its own predecessor
-    frames = (frames - PREEMPHASIS * previous) * _povey_window(window, frames.dtype)
-    power = torch.fft.rfft(frames, n=fft_size).abs().pow(2)  # (T, fft_size // 2 + 1)
-    filters = _mel_filters(config.num_mel_bins, fft_size, float(config.sample_rate), round(warp, 3)).to(frames.dtype)
-    return torch.mm(power, filters.T).clamp_min(torch.finfo(frames.dtype).eps).log()
+    frames = waveforms.unfold(-1, window, shift)  # (B, T, window): whole frames only (snip_edges)
+    frames = frames - frames.mean(dim=-1, keepdim=True)  # DC removal per frame
+    previous = torch.cat([frames[..., :1], frames[..., :-1]], dim=-1)  # the first sample is its own predecessor
+    frames = (frames - PREEMPHASIS * previous) * _povey_window(window, frames.dtype, frames.device)
+    power = torch.fft.rfft(frames, n=fft_size).abs().pow(2)  # (B, T, fft_size // 2 + 1)
+    rounded = [round(float(w), 3) for w in warps]
+
+    def filters(warp: float) -> Tensor:
+        return _mel_filters_on(config.num_mel_bins, fft_size, float(config.sample_rate), warp, frames.device, frames.dtype)
+
+    if len(set(rounded)) == 1:  # the usual case (no VTLP): one product for the whole batch
+        mel = power @ filters(rounded[0]).T
+    else:  # one set of warped filters per row
+        mel = power @ torch.stack([filters(w) for w in rounded]).transpose(1, 2)
+    return mel.clamp_min(torch.finfo(frames.dtype).eps).log()
 
 
 def mfcc(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
@@ -112,8 +131,20 @@ def mfcc(waveform: Tensor, config: FeatureConfig, warp: float = 1.0) -> Tensor:
     The DCT runs over ``config.num_mel_bins`` filters, so ``num_ceps=40`` over
     40+ filters gives Kaldi's "hires" MFCC, an invertible rotation of the fbank.
     """
-    fbank = log_mel_fbank(waveform, config, warp)
-    return fbank @ _liftered_dct(config.num_mel_bins, config.num_ceps).to(fbank.dtype)
+    return mfcc_batch(waveform.unsqueeze(0), config, [warp]).squeeze(0)
+
+
+def mfcc_batch(waveforms: Tensor, config: FeatureConfig, warps: Sequence[float]) -> Tensor:
+    """``waveforms (B, N)`` in int16 units -> MFCC ``(B, T, num_ceps)``, as :func:`log_mel_fbank_batch`."""
+    fbank = log_mel_fbank_batch(waveforms, config, warps)
+    return fbank @ _liftered_dct(config.num_mel_bins, config.num_ceps).to(fbank.device, fbank.dtype)
+
+
+def base_features_batch(waveforms: Tensor, config: FeatureConfig, warps: Sequence[float]) -> Tensor:
+    """``waveforms (B, N)`` in int16 units -> ``(B, T, config.base_dim)``: fbank or MFCC as ``config.kind`` says."""
+    if config.kind == "fbank":
+        return log_mel_fbank_batch(waveforms, config, warps)
+    return mfcc_batch(waveforms, config, warps)
 
 
 def _fft_size(window: int) -> int:
@@ -122,9 +153,17 @@ def _fft_size(window: int) -> int:
 
 
 @functools.lru_cache(maxsize=8)
-def _povey_window(size: int, dtype: torch.dtype) -> Tensor:
-    """Kaldi's default window: a Hann window to the power 0.85, ``(size,)``."""
-    return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85)
+def _povey_window(size: int, dtype: torch.dtype, device: torch.device = torch.device("cpu")) -> Tensor:
+    """Kaldi's default window: a Hann window to the power 0.85, ``(size,)``, kept on ``device``."""
+    return torch.hann_window(size, periodic=False, dtype=dtype).pow(0.85).to(device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _mel_filters_on(
+    num_bins: int, fft_size: int, sample_rate: float, warp: float, device: torch.device, dtype: torch.dtype
+) -> Tensor:
+    """:func:`_mel_filters`, kept on ``device`` in ``dtype``: a batch on the GPU copies none from the host."""
+    return _mel_filters(num_bins, fft_size, sample_rate, warp).to(device, dtype)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -147,6 +186,18 @@ def _liftered_dct(num_bins: int, num_ceps: int) -> Tensor:
     return (dct * lifter).float()
 
 
+def check_frame(waveform: Tensor, config: FeatureConfig) -> None:
+    """Raise :class:`AudioError` unless ``waveform`` is mono ``(N,)`` and holds at least one frame."""
+    window, _ = frame_sizes(config)
+    if waveform.dim() != 1:
+        raise AudioError(f"expected a mono waveform of shape (N,), got {tuple(waveform.shape)}")
+    if waveform.shape[0] < window:
+        raise ShortAudioError(
+            f"waveform of {waveform.shape[0]} samples is shorter than one {config.frame_length_ms:g} ms frame "
+            f"({window} samples at {config.sample_rate} Hz)"
+        )
+
+
 def extract(
     waveform: Tensor,
     config: FeatureConfig,
@@ -160,15 +211,6 @@ def extract(
     ``warp`` is the VTLN factor of the mel filters (1.0 = none; VTLP draws it in training).
     Raises :class:`AudioError` if the waveform is shorter than one frame.
     """
-    window, _ = frame_sizes(config)
-    if waveform.dim() != 1:
-        raise AudioError(f"expected a mono waveform of shape (N,), got {tuple(waveform.shape)}")
-    if waveform.shape[0] < window:
-        raise ShortAudioError(
-            f"waveform of {waveform.shape[0]} samples is shorter than one {config.frame_length_ms:g} ms frame "
-            f"({window} samples at {config.sample_rate} Hz)"
-        )
+    check_frame(waveform, config)
     scaled = add_dither(waveform.float() * INT16_SCALE, dither, generator)
-    if config.kind == "fbank":
-        return log_mel_fbank(scaled, config, warp)
-    return mfcc(scaled, config, warp)
+    return base_features_batch(scaled.unsqueeze(0), config, [warp]).squeeze(0)

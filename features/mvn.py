@@ -26,15 +26,27 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from features.frames import valid_frames
+
 DEFAULT_STD_FLOOR = 1e-5
 
 
 def utterance_mvn(feats: Tensor, std_floor: float = DEFAULT_STD_FLOOR) -> Tensor:
     """``(T, D)`` -> ``(T, D)`` float32 with per-dimension mean 0 and std 1 over this utterance's T frames."""
+    lengths = torch.tensor([feats.shape[0]], device=feats.device)
+    return utterance_mvn_batch(feats.unsqueeze(0), lengths, std_floor).squeeze(0)
+
+
+def utterance_mvn_batch(feats: Tensor, lengths: Tensor, std_floor: float = DEFAULT_STD_FLOOR) -> Tensor:
+    """``(B, T, D)`` -> ``(B, T, D)`` float32, each row normalised by the mean and std of its first
+    ``lengths[b]`` frames only (padded frames neither count nor matter)."""
     x = feats.double()
-    mean = x.mean(dim=0)
-    std = x.std(dim=0, unbiased=False).clamp(min=std_floor)
-    return ((x - mean) / std).float()
+    padding = ~valid_frames(lengths.to(x.device), x.shape[1])[..., None]
+    count = lengths.to(x.device, torch.float64).clamp(min=1)[:, None, None]
+    mean = x.masked_fill(padding, 0.0).sum(dim=1, keepdim=True) / count
+    centred = x - mean
+    variance = centred.masked_fill(padding, 0.0).pow(2).sum(dim=1, keepdim=True) / count
+    return (centred / variance.sqrt().clamp(min=std_floor)).float()
 
 
 class GlobalStats:
@@ -84,8 +96,9 @@ class GlobalStats:
         return variance.sqrt().clamp(min=self.std_floor)
 
     def normalize(self, feats: Tensor) -> Tensor:
-        """``(T, D)`` -> ``(T, D)`` float32, ``(feats - mean) / std`` with the accumulated statistics."""
-        if feats.dim() != 2 or feats.shape[1] != self.dim:
+        """``(..., T, D)`` -> the same shape in float32, ``(feats - mean) / std`` with the accumulated statistics
+        (frame by frame, so a batch's padded frames change nothing else)."""
+        if feats.dim() < 2 or feats.shape[-1] != self.dim:
             raise ValueError(f"global MVN: expected features of shape (T, {self.dim}), got {tuple(feats.shape)}")
         mean, std = self.mean.to(feats.device), self.std.to(feats.device)
         return ((feats.double() - mean) / std).float()
@@ -144,12 +157,15 @@ class GlobalStats:
         return f"GlobalStats(dim={self.dim}, count={self.count})"
 
 
-def apply_mvn(feats: Tensor, mode: str, stats: GlobalStats | None = None) -> Tensor:
-    """Normalise ``feats (T, D)`` according to ``mode`` (``none | utterance | global``); float32 out."""
+def apply_mvn(feats: Tensor, mode: str, stats: GlobalStats | None = None, lengths: Tensor | None = None) -> Tensor:
+    """Normalise ``feats (T, D)`` according to ``mode`` (``none | utterance | global``); float32 out.
+
+    ``feats (B, T, D)`` with ``lengths (B,)``: a padded batch, each row normalised over its own valid frames.
+    """
     if mode == "none":
         return feats
     if mode == "utterance":
-        return utterance_mvn(feats)
+        return utterance_mvn(feats) if lengths is None else utterance_mvn_batch(feats, lengths)
     if mode == "global":
         if stats is None:
             raise ValueError(

@@ -27,14 +27,15 @@ gives the same augmentation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from features.config import SpecAugmentConfig
+from features.frames import take_frames, valid_frames
 
 
 @dataclass
@@ -83,6 +84,15 @@ def apply_masks(feats: Tensor, masks: Masks, fill: Tensor | None = None) -> Tens
     return out
 
 
+def draw_time_warp(num_frames: int, max_warp: int, generator: torch.Generator | None = None) -> tuple[int, int] | None:
+    """``(centre, warped centre)`` of a time warp of ``num_frames`` frames, or None when ``max_warp`` is 0 or
+    the utterance is too short (``T < 2W + 2``): c ~ U{W+1..T-W-1}, warped = c + w, w ~ U{-W..W}."""
+    if max_warp <= 0 or num_frames < 2 * max_warp + 2:
+        return None
+    centre = _randint(max_warp + 1, num_frames - max_warp - 1, generator)
+    return centre, centre + _randint(-max_warp, max_warp, generator)
+
+
 def time_warp(feats: Tensor, max_warp: int, generator: torch.Generator | None = None) -> Tensor:
     """Warp ``feats (T, D)`` along time, keeping the shape ``(T, D)``.
 
@@ -92,15 +102,106 @@ def time_warp(feats: Tensor, max_warp: int, generator: torch.Generator | None = 
     linear stand-in for the paper's sparse image warp, as in ESPnet/Lingvo
     ports. Utterances with T < 2W + 2 are returned unchanged.
     """
-    num_frames = feats.shape[0]
-    if max_warp <= 0 or num_frames < 2 * max_warp + 2:
+    warp = draw_time_warp(feats.shape[0], max_warp, generator)
+    if warp is None:
         return feats
-    centre = _randint(max_warp + 1, num_frames - max_warp - 1, generator)
-    warped = centre + _randint(-max_warp, max_warp, generator)
-    x = feats.transpose(0, 1).unsqueeze(0)  # (1, D, T): interpolate works on the last axis
-    left = F.interpolate(x[..., :centre], size=warped, mode="linear", align_corners=True)
-    right = F.interpolate(x[..., centre:], size=num_frames - warped, mode="linear", align_corners=True)
-    return torch.cat([left, right], dim=-1).squeeze(0).transpose(0, 1).contiguous()
+    lengths = torch.tensor([feats.shape[0]], device=feats.device)
+    return warp_frames(feats.unsqueeze(0), lengths, [warp]).squeeze(0)
+
+
+def warp_frames(feats: Tensor, lengths: Tensor, warps: Sequence[tuple[int, int] | None]) -> Tensor:
+    """Time warp each row of ``feats (B, T, D)`` (``lengths (B,)`` valid frames) by ``warps[b]``
+    (``(centre, warped centre)`` from :func:`draw_time_warp`, None = unchanged), batched.
+
+    What ``F.interpolate(mode="linear", align_corners=True)`` does to each side of the centre
+    (frames ``[0, c)`` stretched onto ``[0, c')``, frames ``[c, T)`` onto ``[c', T)``), written
+    as one gather so that a batch of utterances of different lengths and warps is one operation
+    on the device. Frames after a row's length are left as they are.
+    """
+    batch, frames = feats.shape[:2]
+    device = feats.device
+    centre = torch.tensor([w[0] if w else 0 for w in warps], dtype=torch.float64, device=device)[:, None]
+    warped = torch.tensor([w[1] if w else 0 for w in warps], dtype=torch.float64, device=device)[:, None]
+    length = lengths.to(device, torch.float64)[:, None]
+    out_index = torch.arange(frames, dtype=torch.float64, device=device)[None, :]  # (1, T)
+    # align_corners=True: output j of a side of n_in -> n_out frames reads input j * (n_in - 1) / (n_out - 1).
+    left = out_index * _ratio(centre - 1, warped - 1)
+    right = centre + (out_index - warped) * _ratio(length - centre - 1, length - warped - 1)
+    source = torch.where(out_index < warped, left, right)
+    has_warp = torch.tensor([w is not None for w in warps], device=device)[:, None]
+    source = torch.where(has_warp & (out_index < length), source, out_index)  # (B, T)
+    low = source.floor()
+    # the last frame of each side interpolates with nothing beyond it (the side ends there)
+    side_end = torch.where(out_index < warped, centre - 1, length - 1)
+    side_end = torch.where(has_warp & (out_index < length), side_end, out_index)
+    high = torch.minimum(low + 1, side_end)
+    weight = (source - low).to(feats.dtype)[..., None]
+    return take_frames(feats, low.long()) * (1 - weight) + take_frames(feats, high.long()) * weight
+
+
+def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """``numerator / denominator``, 0 where the denominator is 0 (a side of one frame maps to its first)."""
+    return torch.where(denominator > 0, numerator / denominator.clamp(min=1), torch.zeros_like(numerator))
+
+
+@dataclass
+class SpecAugmentDraws:
+    """Everything random about one utterance's SpecAugment. The draws depend only on the feature shape
+    ``(T, D)``, so they can be made where the audio is read (a DataLoader worker, with the utterance's
+    own generator) and applied later, batched, where the features are computed (:func:`apply_batch`)."""
+
+    warp: tuple[int, int] | None  # (centre, warped centre) of the time warp; None: not warped
+    masks: Masks
+
+
+def draw(
+    num_frames: int, num_bins: int, config: SpecAugmentConfig, generator: torch.Generator | None = None
+) -> SpecAugmentDraws:
+    """The time warp, then the frequency and time masks of a ``(num_frames, num_bins)`` input, in that order."""
+    warp = draw_time_warp(num_frames, config.time_warp, generator)
+    return SpecAugmentDraws(warp, draw_masks(num_frames, num_bins, config, generator))
+
+
+def apply_batch(
+    feats: Tensor, lengths: Tensor, draws: Sequence[SpecAugmentDraws], fill: Literal["zero", "mean"] = "zero"
+) -> Tensor:
+    """SpecAugment of each row of ``feats (B, T, D)`` with its ``draws``; ``lengths (B,)`` are the valid frames.
+
+    Padded frames (after a row's length) take no part: they are not in the mean of ``fill="mean"``
+    and no warp reads them; what they hold afterwards is unspecified (the caller zeroes them).
+    """
+    if fill not in ("zero", "mean"):
+        raise ValueError(f"spec_augment: fill must be 'zero' or 'mean', got {fill!r}")
+    batch, frames, bins = feats.shape
+    valid = valid_frames(lengths.to(feats.device), frames)  # (B, T), True = valid
+    if fill == "mean":
+        counts = lengths.to(feats.device, feats.dtype).clamp(min=1)[:, None]
+        fill_rows = (feats * valid[..., None]).sum(dim=1) / counts  # (B, D), before the warp as in spec_augment
+    else:
+        fill_rows = torch.zeros(batch, bins, dtype=feats.dtype, device=feats.device)
+    if any(d.warp is not None for d in draws):
+        feats = warp_frames(feats, lengths, [d.warp for d in draws])
+    masked = _mask_cells(draws, frames, bins, feats.device)
+    return torch.where(masked, fill_rows[:, None, :], feats)
+
+
+def _mask_cells(draws: Sequence[SpecAugmentDraws], frames: int, bins: int, device: torch.device) -> Tensor:
+    """``(B, T, D)`` bool, True = masked, from each row's frequency and time masks."""
+
+    def spans(masks: list[list[tuple[int, int]]], size: int) -> Tensor:
+        width = max((len(m) for m in masks), default=0)
+        starts = torch.zeros(len(masks), max(width, 1), dtype=torch.long)
+        ends = torch.zeros_like(starts)  # empty spans [0, 0) pad rows with fewer masks
+        for row, row_masks in enumerate(masks):
+            for column, (start, extent) in enumerate(row_masks):
+                starts[row, column], ends[row, column] = start, start + extent
+        starts, ends = starts.to(device), ends.to(device)
+        position = torch.arange(size, device=device)[None, :, None]  # (1, size, 1)
+        return ((position >= starts[:, None, :]) & (position < ends[:, None, :])).any(dim=2)  # (B, size)
+
+    freq = spans([d.masks.freq for d in draws], bins)  # (B, D)
+    time = spans([d.masks.time for d in draws], frames)  # (B, T)
+    return freq[:, None, :] | time[:, :, None]
 
 
 def spec_augment(
@@ -113,11 +214,11 @@ def spec_augment(
 
     ``fill="zero"`` for mean-variance-normalised features (0 is the mean);
     ``fill="mean"`` fills with each bin's mean over this utterance (for
-    ``mvn: none``). See the module docstring.
+    ``mvn: none``). See the module docstring. The same code as the batched
+    :func:`apply_batch`, on a batch of one.
     """
     if fill not in ("zero", "mean"):
         raise ValueError(f"spec_augment: fill must be 'zero' or 'mean', got {fill!r}")
-    fill_row = feats.mean(dim=0) if fill == "mean" else None
-    feats = time_warp(feats, config.time_warp, generator)
-    masks = draw_masks(feats.shape[0], feats.shape[1], config, generator)
-    return apply_masks(feats, masks, fill_row)
+    draws = draw(feats.shape[0], feats.shape[1], config, generator)
+    lengths = torch.tensor([feats.shape[0]], device=feats.device)
+    return apply_batch(feats.unsqueeze(0), lengths, [draws], fill).squeeze(0)

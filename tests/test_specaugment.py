@@ -2,12 +2,13 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from features.audio import load_audio
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.mvn import GlobalStats
 from features.pipeline import FeaturePipeline
-from features.specaugment import apply_masks, draw_masks, spec_augment, time_warp
+from features.specaugment import apply_masks, draw_masks, spec_augment, time_warp, warp_frames
 
 
 def seeded(seed):
@@ -147,3 +148,24 @@ def test_time_warp_moves_a_frame_to_its_warped_position():
     assert shift != 0
     assert (warped[1:, 0] >= warped[:-1, 0]).all()
     assert warped[centre + shift, 0] == pytest.approx(float(centre), abs=1e-4)
+
+
+def test_batched_time_warp_is_linear_interpolation_of_each_side():
+    """warp_frames on a padded batch equals F.interpolate(align_corners=True) of each row's two sides,
+    row by row, and reads nothing past a row's length."""
+    generator = seeded(2)
+    lengths = torch.tensor([60, 45, 23, 60])
+    feats = torch.randn(4, 60, 6, generator=generator)
+    warps = [(30, 24), (10, 14), None, (55, 59)]
+    warped = warp_frames(feats, lengths, warps)
+    for row, warp in enumerate(warps):
+        frames = int(lengths[row])
+        x = feats[row, :frames].T.unsqueeze(0)  # (1, D, T)
+        if warp is None:
+            expected = feats[row, :frames]
+        else:
+            centre, target = warp
+            left = F.interpolate(x[..., :centre], size=target, mode="linear", align_corners=True)
+            right = F.interpolate(x[..., centre:], size=frames - target, mode="linear", align_corners=True)
+            expected = torch.cat([left, right], dim=-1).squeeze(0).T
+        torch.testing.assert_close(warped[row, :frames], expected, rtol=1e-5, atol=1e-5)

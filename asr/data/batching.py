@@ -19,6 +19,7 @@ from torch.utils.data import Sampler
 
 from asr.data.report import Skip
 from asr.data.tokenizer import PAD_ID
+from features.pipeline import AudioBatch, FeaturePipeline
 
 
 class BucketBatchSampler(Sampler[list[int]]):
@@ -123,20 +124,24 @@ class Batch:
     """A padded mini-batch.
 
     ids:             (B,) utterance ids, in batch order.
-    features:        (B, T, D) float32, zero after each utterance's length.
-    feature_lengths: (B,) long, valid frames per row (mask: ``lengths_to_mask``, True = valid).
+    features:        (B, T, D) float32, zero after each utterance's length; None while the batch
+                     holds ``audio`` instead (features computed on the model's device, see :func:`with_features`).
+    feature_lengths: (B,) long, valid frames per row (mask: ``lengths_to_mask``, True = valid); known
+                     before the features are (from the sample counts).
     tokens:          (B, L) long, padded with the PAD id (0); no <sos>/<eos>.
     token_lengths:   (B,) long.
     skipped:         the items of this batch left out because their audio failed where it
                      was read; when every item failed, B is 0.
+    audio:           the padded, prepared audio the features are to be computed from, or None.
     """
 
     ids: list[str]
-    features: torch.Tensor
+    features: torch.Tensor | None
     feature_lengths: torch.Tensor
     tokens: torch.Tensor
     token_lengths: torch.Tensor
     skipped: list[Skip] = field(default_factory=list)
+    audio: AudioBatch | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
@@ -146,8 +151,10 @@ class Batch:
         return self._map(lambda t: t.pin_memory())
 
     def _map(self, move) -> "Batch":
-        tensors = (self.features, self.feature_lengths, self.tokens, self.token_lengths)
-        return Batch(self.ids, *(move(t) for t in tensors), skipped=self.skipped)
+        features = None if self.features is None else move(self.features)
+        tensors = (self.feature_lengths, self.tokens, self.token_lengths)
+        audio = None if self.audio is None else self.audio._map(move)
+        return Batch(self.ids, features, *(move(t) for t in tensors), skipped=self.skipped, audio=audio)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -158,6 +165,8 @@ def collate(items: Sequence[dict]) -> Batch:
 
     Items ``{"id", "skip": Skip}`` (audio that failed to read, see
     :class:`asr.data.dataset.SpeechDataset`) are left out and listed in ``Batch.skipped``.
+    Items holding ``"audio"`` (:class:`~features.pipeline.PreparedAudio`) instead of features are
+    padded into ``Batch.audio``; :func:`with_features` computes their features later.
     """
     if not items:
         raise ValueError("cannot collate an empty batch")
@@ -167,14 +176,31 @@ def collate(items: Sequence[dict]) -> Batch:
         no_lengths = torch.zeros(0, dtype=torch.long)
         no_tokens = torch.zeros(0, 0, dtype=torch.long)
         return Batch([], torch.zeros(0, 0, 0), no_lengths, no_tokens, no_lengths.clone(), skipped=skipped)
+    token_lengths = torch.tensor([item["tokens"].shape[0] for item in items], dtype=torch.long)
+    tokens = torch.full((len(items), int(token_lengths.max())), PAD_ID, dtype=torch.long)
+    for row, item in enumerate(items):
+        tokens[row, : token_lengths[row]] = item["tokens"]
+    ids = [item["id"] for item in items]
+    if any("audio" in item for item in items):
+        if not all("audio" in item for item in items):
+            raise ValueError("a batch mixes items with features and items with audio")
+        audio = AudioBatch.pad([item["audio"] for item in items])
+        return Batch(ids, None, audio.num_frames.clone(), tokens, token_lengths, skipped=skipped, audio=audio)
     dims = {item["features"].shape[1] for item in items}
     if len(dims) != 1:
         raise ValueError(f"feature dimensions differ within a batch: {sorted(dims)}")
     feature_lengths = torch.tensor([item["features"].shape[0] for item in items], dtype=torch.long)
-    token_lengths = torch.tensor([item["tokens"].shape[0] for item in items], dtype=torch.long)
     features = torch.zeros(len(items), int(feature_lengths.max()), dims.pop(), dtype=torch.float32)
-    tokens = torch.full((len(items), int(token_lengths.max())), PAD_ID, dtype=torch.long)
     for row, item in enumerate(items):
         features[row, : feature_lengths[row]] = item["features"]
-        tokens[row, : token_lengths[row]] = item["tokens"]
-    return Batch([item["id"] for item in items], features, feature_lengths, tokens, token_lengths, skipped=skipped)
+    return Batch(ids, features, feature_lengths, tokens, token_lengths, skipped=skipped)
+
+
+def with_features(batch: Batch, pipeline: FeaturePipeline) -> Batch:
+    """``batch`` with its features: unchanged when the loader computed them; otherwise computed from
+    ``batch.audio`` by ``pipeline``, batched, on the device the audio is on (move the batch to the
+    model's device first). Call it outside autocast: the features are float32 either way."""
+    if batch.audio is None:
+        return batch
+    features, lengths = pipeline.features(batch.audio)
+    return Batch(batch.ids, features, lengths, batch.tokens, batch.token_lengths, skipped=batch.skipped)

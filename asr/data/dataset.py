@@ -33,7 +33,7 @@ from asr.data.utterance import InMemoryAudio, Utterance
 from features.audio import AudioError, NonFiniteAudioError, load_audio
 from features.filterbank import num_frames
 from features.mvn import GlobalStats
-from features.pipeline import FeaturePipeline
+from features.pipeline import FeaturePipeline, PreparedAudio
 
 
 def prepare_utterances(
@@ -88,6 +88,10 @@ def prepare_utterances(
 class SpeechDataset(Dataset):
     """Items ``{"id": str, "features": (T, D) float32, "tokens": (L,) long}`` for :func:`asr.data.batching.collate`,
     or ``{"id": str, "skip": Skip}`` for an utterance whose audio fails where it is read (module docstring).
+    With ``compute_on="device"`` an item holds ``"audio"``, a :class:`~features.pipeline.PreparedAudio`
+    (read, augmented, dithered, every random draw made), instead of ``"features"``: the features are then
+    computed for the whole batch where the model is (:func:`asr.data.batching.with_features`), with the
+    same draws from the same generator, so they equal the ``"loader"`` item's features.
 
     train: apply the pipeline's training-time augmentation (speed perturbation, rooms, noise,
            microphones, band limits, dither, VTLP, SpecAugment). Its randomness comes
@@ -99,6 +103,8 @@ class SpeechDataset(Dataset):
     warp:  a fixed VTLN factor for every item instead of VTLP's draw (speaker
            adaptation at the speaker's test-time warp, see :mod:`asr.adapt`).
     strict: raise :class:`DataError` naming the file instead of handing back a skip.
+    compute_on: ``"loader"`` (features here, per item) or ``"device"`` (audio here, features later;
+           ``features.compute_on`` resolved by :func:`features.config.resolve_compute_on`).
     """
 
     def __init__(
@@ -110,7 +116,11 @@ class SpeechDataset(Dataset):
         seed: int = 0,
         warp: float | None = None,
         strict: bool = False,
+        compute_on: str = "loader",
     ):
+        if compute_on not in ("loader", "device"):
+            raise ValueError(f"SpeechDataset: compute_on must be 'loader' or 'device', got {compute_on!r}")
+        self.compute_on = compute_on
         self.utterances = list(utterances)
         self.pipeline = pipeline
         self.tokenizer = tokenizer
@@ -141,7 +151,11 @@ class SpeechDataset(Dataset):
         utt = self.utterances[index]
         generator = self.generator(index) if self.train else None
         try:
-            features = utterance_features(utt, self.pipeline, train=self.train, generator=generator, warp=self.warp)
+            if self.compute_on == "device":
+                content = {"audio": utterance_audio(utt, self.pipeline, self.train, generator, self.warp)}
+            else:
+                features = utterance_features(utt, self.pipeline, train=self.train, generator=generator, warp=self.warp)
+                content = {"features": features}
         except AudioError as err:
             skip = audio_skip(err)
             if self.strict:
@@ -151,7 +165,7 @@ class SpeechDataset(Dataset):
             tokens = self.tokenizer.encode(utt.text)
         except UnknownCharactersError as err:
             raise DataError(f"utterance {utt.id} ({utt.source}): {err}") from err
-        return {"id": utt.id, "features": features, "tokens": torch.tensor(tokens, dtype=torch.long)}
+        return {"id": utt.id, **content, "tokens": torch.tensor(tokens, dtype=torch.long)}
 
     def num_frames(self) -> list[int]:
         """Feature frames of each item, from its duration (for batching; no audio is read)."""
@@ -198,6 +212,26 @@ def utterance_features(
     if not bool(torch.isfinite(features).all()):
         raise NonFiniteAudioError(_naming(utt, "the features hold NaN or infinite values"))
     return features
+
+
+def utterance_audio(
+    utt: Utterance,
+    pipeline: FeaturePipeline,
+    train: bool = False,
+    generator: torch.Generator | None = None,
+    warp: float | None = None,
+) -> PreparedAudio:
+    """The first stage of :func:`utterance_features` (:meth:`FeaturePipeline.prepare`): the utterance's
+    samples and random draws, for features computed later, batched, on the model's device.
+
+    Errors as in :func:`utterance_features`, except that features that would come out non-finite are
+    not detected here (samples that are not finite are): the training step's finite-loss check skips them.
+    """
+    waveform, sample_rate = load_utterance_audio(utt)
+    try:
+        return pipeline.prepare(waveform, sample_rate, train=train, generator=generator, warp=warp)
+    except AudioError as err:
+        raise type(err)(_naming(utt, err)) from err
 
 
 def audio_skip(err: AudioError) -> Skip:

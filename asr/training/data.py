@@ -57,7 +57,7 @@ def build_training_data(
             stats_report.log("global MVN statistics")
     valid_utts, valid_report = load_split(data_cfg, "dev")
     valid_utts, _ = prepare_utterances(valid_utts, data_cfg, tokenizer, valid_report, limit_duration=False, name="dev")
-    common = dict(seed=data_cfg.seed, strict=data_cfg.strict)
+    common = dict(seed=data_cfg.seed, strict=data_cfg.strict, compute_on=config.features.compute_on)
     train_set = SpeechDataset(train_utts, pipeline, tokenizer, train=True, **common)
     valid_set = SpeechDataset(valid_utts, pipeline, tokenizer, train=False, **common)
     sampler = BucketBatchSampler(

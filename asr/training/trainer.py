@@ -30,6 +30,7 @@ import yaml
 from tqdm import tqdm
 
 from asr.checkpoint import load_checkpoint, save_checkpoint, save_epoch_checkpoints
+from asr.data.batching import with_features
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.models.interface import ScheduledRegularisation
@@ -40,6 +41,7 @@ from asr.training.distributed import device_kind, init_distributed, resolve_devi
 from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
 from asr.training.validation import alignment_figures, alignment_file_name, validate
+from features.config import resolve_compute_on
 
 logger = logging.getLogger("asr.train")
 
@@ -59,6 +61,11 @@ class Trainer:
         self.exp_dir = Path(config.exp_dir)
         self.exp_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(self.exp_dir / "train.log" if self.dist.is_main else None)
+        # resolved before config.yaml is written, so the run records where its features were computed
+        chosen = config.features.compute_on
+        config.features.compute_on = resolve_compute_on(chosen, self.device.type)
+        logger.info("features computed on the %s (features.compute_on=%s, training on %s)",
+                    config.features.compute_on, chosen, self.device)
         self.progress = Progress()
         resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
@@ -145,7 +152,7 @@ class Trainer:
             accumulated += 1
             self._count_skips(batch)
             rates = regularisation_progress(self.raw_model, self.train_cfg, len(sampler), progress.step)
-            outcome = self.step.backward(batch.to(self.device), scale=1.0 / cfg.accum_grad)
+            outcome = self.step.backward(with_features(batch.to(self.device), self.pipeline), scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if outcome.loss is None:
                 self._skipped(outcome.skipped, batch.ids)

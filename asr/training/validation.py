@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asr.data.batching import collate
+from asr.data.batching import collate, with_features
 from asr.data.dataset import SpeechDataset
 from asr.data.report import SkipReport
 from asr.decoding import DecodingOptions, decode
@@ -67,6 +67,8 @@ def validate(model, loader, tokenizer, device: torch.device, options: DecodingOp
         if len(batch) == 0:
             continue
         batch = batch.to(device)
+        if batch.audio is not None:  # features.compute_on: device; the dataset's pipeline computes them here
+            batch = with_features(batch, loader.dataset.pipeline)
         output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
         total += float(output.loss) * output.num_tokens
         tokens += output.num_tokens
@@ -88,7 +90,7 @@ def alignment_figures(model, dataset: SpeechDataset, tokenizer, device: torch.de
         return []
     was_training = model.training
     model.eval()
-    batch = collate(items).to(device)
+    batch = with_features(collate(items).to(device), dataset.pipeline)
     output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
     model.train(was_training)
     if output.attention_weights is None:
