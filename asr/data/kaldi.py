@@ -156,7 +156,7 @@ def audio_file(entry: str) -> tuple[str, int | None]:
     try:
         words = shlex.split(entry[:-1])
     except ValueError as err:
-        raise ValueError(f"cannot split the command into words ({err})") from err
+        raise ValueError(f"audio read through a command, which is never run, and cannot be split into words ({err})") from err
     found = _PIPELINES[Path(words[0]).name](words[1:]) if words and Path(words[0]).name in _PIPELINES else None
     if found is None:
         raise ValueError(
