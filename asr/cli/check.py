@@ -4,8 +4,8 @@
     python -m asr.check /data/LibriSpeech/dev-clean /data/LibriSpeech/test-other   # LibriSpeech-layout folders
     python -m asr.check data/kaldi/dev data/manifests/timit_supervisions_DEV.jsonl.gz # Kaldi dir, lhotse manifest
 
-Each split of a recipe (or each folder, read as a LibriSpeech-layout subset
-with the default features) is read, filtered and decoded in full exactly as
+Each split of a recipe (or each folder or manifest, read in the form its path
+shows, :mod:`asr.data.sources`, with the default features) is read, filtered and decoded in full exactly as
 training would do it; :mod:`asr.data.validation` says what that checks.
 
 Decoding runs in ``--jobs`` worker processes with a progress bar. The report

@@ -203,6 +203,9 @@ def _utterance(
         report.skip(reasons.MISSING_AUDIO_FILE, f"{name}: audio file not found: {path}")
         return None
     start, end = offset + sup.start, offset + sup.end
+    if start < 0 or end <= start:
+        report.skip(reasons.MALFORMED_LINE, f"{name}: spans {start:.2f}-{end:.2f} s, not a span of the recording")
+        return None
     if start >= recording.duration or end > recording.duration + MAX_OVERSHOOT:
         report.skip(reasons.SEGMENT_PAST_END,
                     f"{name}: spans {start:.2f}-{end:.2f} s but the recording lasts {recording.duration:.2f} s")
