@@ -68,7 +68,7 @@ class Utterance:
     audio:    a file path, an :class:`AudioSegment` of a file, or an :class:`InMemoryAudio`;
               :func:`read_audio` reads any of them.
     text:     the transcript after :func:`asr.data.text.normalize_text`.
-    duration: seconds, from the file header (no decoding) or the buffer length.
+    duration: seconds, from the file header (no decoding), the segment or the buffer length.
     speaker:  speaker id, used for per-speaker analysis and speaker-disjoint splits.
     """
 
