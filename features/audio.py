@@ -44,24 +44,33 @@ class ShortAudioError(AudioError):
     reason = "shorter than one frame"
 
 
-def load_audio(path: str | Path) -> tuple[Tensor, int]:
+def load_audio(path: str | Path, start: float = 0.0, end: float | None = None) -> tuple[Tensor, int]:
     """Read an audio file as it is stored (no downmix, no resampling).
 
-    Returns ``(waveform (C, N) float32 in [-1, 1], sample_rate)``. A missing,
-    unreadable, damaged or zero-length file raises :class:`AudioError` naming
-    ``path``; one with NaN or infinite samples (a float WAV can hold them)
+    Returns ``(waveform (C, N) float32 in [-1, 1], sample_rate)``. ``start``
+    and ``end`` (seconds; ``end`` None = the end of the file) read a span
+    alone: WAV and FLAC seek to it without decoding what comes before. A missing,
+    unreadable, damaged or zero-length file (or span) raises :class:`AudioError`
+    naming ``path``; one with NaN or infinite samples (a float WAV can hold them)
     raises :class:`NonFiniteAudioError`.
     """
     path = Path(path)
     if not path.is_file():
         raise MissingAudioError(f"audio file not found: {path}")
     try:
-        # always_2d gives (N, C) even for mono, so the layout never depends on the file.
-        data, sample_rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(str(path)) as f:
+            sample_rate = f.samplerate
+            first = round(start * sample_rate)
+            if first:
+                f.seek(first)
+            frames = -1 if end is None else max(round(end * sample_rate) - first, 0)
+            # always_2d gives (N, C) even for mono, so the layout never depends on the file.
+            data = f.read(frames, dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, OSError) as err:
         raise AudioError(f"cannot read audio file {path}: {err}") from err
     if data.shape[0] == 0:
-        raise AudioError(f"audio file {path} contains no samples")
+        span = "" if not start and end is None else f" from {start:.3f} s to {'the end' if end is None else f'{end:.3f} s'}"
+        raise AudioError(f"audio file {path} contains no samples{span}")
     waveform = torch.from_numpy(data.T.copy())
     check_finite(waveform, str(path))
     return waveform, int(sample_rate)

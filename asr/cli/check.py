@@ -2,9 +2,10 @@
 
     python -m asr.check recipes/librispeech100.yaml data.root=/data     # every split of a recipe
     python -m asr.check /data/LibriSpeech/dev-clean /data/LibriSpeech/test-other   # LibriSpeech-layout folders
+    python -m asr.check data/kaldi/dev data/manifests/timit_supervisions_DEV.jsonl.gz # Kaldi dir, lhotse manifest
 
-Each split of a recipe (or each folder, read as a LibriSpeech-layout subset
-with the default features) is read, filtered and decoded in full exactly as
+Each split of a recipe (or each folder or manifest, read in the form its path
+shows, :mod:`asr.data.sources`, with the default features) is read, filtered and decoded in full exactly as
 training would do it; :mod:`asr.data.validation` says what that checks.
 
 Decoding runs in ``--jobs`` worker processes with a progress bar. The report
@@ -34,7 +35,10 @@ from asr.experiment import load_experiment_config
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asr.check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sources", nargs="+", help="a recipe YAML with key=value overrides, or LibriSpeech-layout folders")
+    parser.add_argument(
+        "sources", nargs="+",
+        help="a recipe YAML with key=value overrides, or LibriSpeech-layout folders, Kaldi data directories, lhotse manifests",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="worker processes decoding audio (0 = in this process)")
     parser.add_argument("--out", type=Path, help="where to write the JSON report")
     args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
-"""Evaluate a checkpoint on a LibriSpeech-layout folder or a split of its recipe: WER, CER and what went wrong.
+"""Evaluate a checkpoint on a corpus or a split of its recipe: WER, CER and what went wrong.
 
     python -m asr.evaluate --checkpoint exp/fsdd_las/last.pt --data ../shared/data/fsdd_connected/LibriSpeech/fsdd-dev
     python -m asr.evaluate --checkpoint exp/librispeech100/best_epoch30.pt --data /data/LibriSpeech/test-clean --beam 10
     python -m asr.evaluate --checkpoint exp/demo/last.pt --split test
+    python -m asr.evaluate --checkpoint exp/timit/last.pt --data data/manifests/timit_supervisions_TEST.jsonl.gz
     python -m asr.evaluate --checkpoint exp/a/avg_last5.pt exp/b/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05
     python -m asr.evaluate --checkpoint exp/a/avg_last5.pt --split test --vtln-warps 0.8:1.2:0.05 --adapt-rounds 2
 
@@ -60,8 +61,8 @@ from asr.config import ConfigError
 from asr.data import report as reasons
 from asr.data.corpus import check_demo_prepared, load_split
 from asr.data.demo import prepare_command
-from asr.data.librispeech import read_subset
 from asr.data.report import DataError, SkipReport
+from asr.data.sources import read_source
 from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
@@ -75,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint written by asr.train or asr.average; several are decoded as an ensemble",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", help="a LibriSpeech-layout subset folder")
+    source.add_argument(
+        "--data", help="a LibriSpeech-layout subset folder, a Kaldi data directory or a lhotse manifest (asr.data.sources)"
+    )
     source.add_argument("--split", choices=["dev", "test"], help="a split of the recipe stored in the checkpoint")
     add_decode_arguments(parser)
     parser.add_argument(
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def default_out(checkpoints: list[Path], data: str | None, split: str | None) -> Path:
-    name = Path(data).name if data else split
+    name = Path(data).name.removesuffix(".gz").removesuffix(".jsonl") if data else split
     if len(checkpoints) > 1:
         name = f"ensemble{len(checkpoints)}_{name}"
     return checkpoints[0].parent / f"eval_{name}"
@@ -149,7 +152,7 @@ def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple
     try:
         if args.data:
             where = args.data
-            utterances = read_subset(args.data, report)
+            utterances = read_source(args.data, report)
         else:
             config = experiment_config_from_dict(load_checkpoint(checkpoint)["config"])
             where = f"the {args.split} split of {checkpoint}"

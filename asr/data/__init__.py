@@ -1,7 +1,10 @@
 """Corpora, tokenisers and batching: from folders of audio to padded batches.
 
-    corpus.load_split            read a recipe's split (LibriSpeech-layout subsets + FSDD connected digits)
-      librispeech.read_subset      one LibriSpeech-layout folder, durations cached in a manifest
+    corpus.load_split            read a recipe's split (its data sources + FSDD connected digits)
+      sources.read_source          one source, in the form its path shows:
+        librispeech.read_subset      a LibriSpeech-layout folder, durations cached in a manifest
+        kaldi.read_kaldi_dir         a Kaldi data directory (wav.scp, text, segments, utt2spk)
+        manifests.read_manifest      a lhotse manifest (CutSet, or recordings + supervisions)
       fsdd.connected_digits        connected-digit utterances built in memory from FSDD takes
       demo.corpus_subsets          the prepared demo corpus (made beforehand by demo.prepare_corpus,
                                    python -m asr.synth_demo); never synthesised here

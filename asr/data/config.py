@@ -63,10 +63,12 @@ class DigitsConfig:
 class DataConfig:
     """Which corpora to read, how to tokenise them and how to batch them.
 
-    Subset folders are in LibriSpeech layout (``<subset>/<speaker>/<chapter>/*.flac``
-    with ``<speaker>-<chapter>.trans.txt``); several subsets of one split are
-    concatenated. Relative subset paths (and ``fsdd``) are taken relative to
-    ``root``.
+    Each entry of ``train``/``dev``/``test`` is read in the form its path shows
+    (:mod:`asr.data.sources`): a folder holding ``wav.scp`` and ``text`` is a Kaldi
+    data directory; a ``*.jsonl``/``*.jsonl.gz`` file is a lhotse manifest; anything
+    else is a subset folder in LibriSpeech layout (``<subset>/<speaker>/<chapter>/*.flac``
+    with ``<speaker>-<chapter>.trans.txt``). Several entries of one split are
+    concatenated. Relative paths (and ``fsdd``) are taken relative to ``root``.
     """
 
     root: str = ""                    # base folder for relative subset paths ("" = the working directory)

@@ -14,8 +14,9 @@ from typing import Literal
 from asr.data.config import DataConfig
 from asr.data.demo import corpus_subsets
 from asr.data.fsdd import connected_digits
-from asr.data.librispeech import default_cache_dir, read_librispeech
+from asr.data.librispeech import default_cache_dir
 from asr.data.report import DataError, SkipReport
+from asr.data.sources import read_sources
 from asr.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
 from asr.data.utterance import SPLITS, Utterance
 
@@ -52,7 +53,7 @@ def load_split(
     if config.demo.enabled and split in config.demo.splits:
         # prepared by python -m asr.synth_demo, read like any LibriSpeech-layout subset
         subsets = [*subsets, corpus_subsets(config.demo, config.cache_dir or default_cache_dir())[split]]
-    utterances = read_librispeech(subsets, report, config.cache_dir or None)
+    utterances = read_sources(subsets, report, config.cache_dir or None)
     digits = connected_digits(config, split, report)
     utterances.extend(digits)
     if not utterances and subsets:

@@ -29,8 +29,8 @@ from asr.data.batching import BucketBatchSampler, collate
 from asr.data.config import DataConfig
 from asr.data.report import DataError, Skip, SkipReport
 from asr.data.tokenizer import Tokenizer, UnknownCharactersError
-from asr.data.utterance import InMemoryAudio, Utterance
-from features.audio import AudioError, NonFiniteAudioError, load_audio
+from asr.data.utterance import Utterance, read_audio
+from features.audio import AudioError, NonFiniteAudioError
 from features.filterbank import num_frames
 from features.mvn import GlobalStats
 from features.pipeline import FeaturePipeline, PreparedAudio
@@ -174,15 +174,13 @@ class SpeechDataset(Dataset):
 
 
 def load_utterance_audio(utt: Utterance) -> tuple[torch.Tensor, int]:
-    """``(waveform (C, N), sample_rate)`` of a file or in-memory utterance.
+    """``(waveform (C, N), sample_rate)`` of a file, segment or in-memory utterance (:func:`asr.data.utterance.read_audio`).
 
     Raises :class:`~features.audio.AudioError` (of the same kind as the cause)
     whose message names the file and the utterance.
     """
-    if isinstance(utt.audio, InMemoryAudio):
-        return utt.audio.waveform, utt.audio.sample_rate
     try:
-        return load_audio(utt.audio)
+        return read_audio(utt.audio)
     except AudioError as err:
         raise type(err)(_naming(utt, err)) from err
 

@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from features.audio import AudioError, NonFiniteAudioError, ShortAudioError
+from features.audio import AudioError, MissingAudioError, NonFiniteAudioError, ShortAudioError
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,12 @@ TOO_LONG = "longer than max_duration"
 TOO_SHORT = "shorter than min_duration"
 DUPLICATE_ID = "duplicate utterance id"
 BAD_FILENAME = "unexpected file name"
+# Kaldi data directories and lhotse manifests (asr.data.kaldi, asr.data.manifests)
+MISSING_AUDIO_FILE = MissingAudioError.reason  # wav.scp or a manifest names a file that does not exist
+MALFORMED_LINE = "malformed line"              # a wav.scp/segments/utt2spk line or a manifest line that does not parse
+SEGMENT_PAST_END = "segment past the end of its recording"
+COMMAND_AUDIO = "audio read through a command"  # a wav.scp pipeline or lhotse source not recognised; never run
+UNSUPPORTED_AUDIO = "unsupported audio source"  # e.g. a lhotse recording with speed perturbation, a mixed cut
 
 
 class DataError(ValueError):

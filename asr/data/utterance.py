@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from features.audio import AudioError, load_audio
+
 # The splits a recipe's data is divided into (asr.data.config, asr.data.demo).
 SPLITS = ("train", "dev", "test")
 
@@ -36,19 +38,42 @@ class InMemoryAudio:
 
 
 @dataclass(frozen=True)
+class AudioSegment:
+    """A span of one channel, or of all channels, of an audio file: a Kaldi ``segments`` line, a lhotse supervision.
+
+    start, end: seconds from the start of the file (``end`` None: to its end).
+    channel:    the file's channel to read (a supervision on one channel of a
+                multi-channel recording, where the others may hold other talkers);
+                None: every channel, down-mixed by the feature pipeline as for a whole file.
+
+    Only the span is read (:func:`read_audio`), never the whole recording.
+    """
+
+    path: Path
+    start: float = 0.0
+    end: float | None = None
+    channel: int | None = None
+
+    def __str__(self) -> str:
+        end = "end" if self.end is None else f"{self.end:.2f}"
+        channel = "" if self.channel is None else f" channel {self.channel}"
+        return f"{self.path} [{self.start:.2f}-{end} s{channel}]"
+
+
+@dataclass(frozen=True)
 class Utterance:
     """One transcribed utterance.
 
     id:       unique within a corpus (LibriSpeech: ``<speaker>-<chapter>-<n>``).
-    audio:    a file path (read and featurised with ``FeaturePipeline.from_file``) or an
-              :class:`InMemoryAudio` (featurised with ``FeaturePipeline.from_waveform``).
+    audio:    a file path, an :class:`AudioSegment` of a file, or an :class:`InMemoryAudio`;
+              :func:`read_audio` reads any of them.
     text:     the transcript after :func:`asr.data.text.normalize_text`.
-    duration: seconds, from the file header (no decoding) or the buffer length.
+    duration: seconds, from the file header (no decoding), the segment or the buffer length.
     speaker:  speaker id, used for per-speaker analysis and speaker-disjoint splits.
     """
 
     id: str
-    audio: Path | InMemoryAudio
+    audio: Path | AudioSegment | InMemoryAudio
     text: str
     duration: float
     speaker: str
@@ -61,3 +86,22 @@ class Utterance:
     def source(self) -> str:
         """What to name in a message about this utterance: the file, or the files it was built from."""
         return str(self.audio)
+
+
+def read_audio(audio: Path | AudioSegment | InMemoryAudio) -> tuple[torch.Tensor, int]:
+    """``(waveform (C, N) float32, sample_rate)`` of an utterance's audio, as stored (no downmix, no resampling).
+
+    The one place an utterance's samples are read: a segment reads its span
+    alone (and its channel, when it names one). Raises
+    :class:`~features.audio.AudioError` naming the file.
+    """
+    if isinstance(audio, InMemoryAudio):
+        return audio.waveform, audio.sample_rate
+    if not isinstance(audio, AudioSegment):
+        return load_audio(audio)
+    waveform, sample_rate = load_audio(audio.path, audio.start, audio.end)
+    if audio.channel is None:
+        return waveform, sample_rate
+    if not 0 <= audio.channel < waveform.shape[0]:
+        raise AudioError(f"{audio}: the file has {waveform.shape[0]} channel(s), no channel {audio.channel}")
+    return waveform[audio.channel : audio.channel + 1], sample_rate

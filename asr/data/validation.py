@@ -8,7 +8,8 @@ durations outside ``data.min_duration``/``data.max_duration`` for the training
 split), and then every remaining utterance's audio is decoded in full and
 turned into features: what the scan of file headers cannot find (a FLAC cut
 in the middle, NaN samples, audio shorter than one frame) shows up here. A
-folder is read as a LibriSpeech-layout subset with the default features.
+folder (LibriSpeech layout or Kaldi data directory) or lhotse manifest is read
+with :func:`asr.data.sources.read_source` and the default features.
 The corpus itself is never written to. ``python -m asr.check``
 (:mod:`asr.cli.check`) is the command line.
 """
@@ -24,8 +25,8 @@ from tqdm import tqdm
 from asr.data import report as reasons
 from asr.data.corpus import build_tokenizer, load_split
 from asr.data.dataset import audio_skip, prepare_utterances, utterance_features
-from asr.data.librispeech import read_subset
 from asr.data.report import Skip, SkipReport
+from asr.data.sources import read_source
 from asr.data.config import DataConfig
 from asr.data.utterance import SPLITS, Utterance
 from features.audio import AudioError
@@ -86,12 +87,12 @@ def check_splits(data: DataConfig, features: FeatureConfig, jobs: int) -> dict[s
 
 
 def check_folders(folders: list[str], jobs: int) -> dict[str, SkipReport]:
-    """LibriSpeech-layout subset folders, each with the default features and no tokenizer."""
+    """Data folders or manifests (:func:`asr.data.sources.read_source`), each with the default features and no tokenizer."""
     pipeline = FeaturePipeline(FeatureConfig())
     reports: dict[str, SkipReport] = {}
     for folder in folders:
         report = SkipReport()
-        utterances = read_subset(folder, report)
+        utterances = read_source(folder, report)
         usable = [u for u in utterances if u.text]
         for utt in utterances:
             if not utt.text:

@@ -1,0 +1,60 @@
+"""Which reader a data path is for, decided from the path alone, in one place.
+
+Every entry point that takes data (a recipe's ``data.train``/``dev``/``test``,
+``asr.evaluate --data``, ``asr.check``, ``asr.study``) reads it with
+:func:`read_source`. The rule:
+
+- a folder holding ``wav.scp`` and ``text``: a Kaldi data directory (:mod:`asr.data.kaldi`);
+- a ``*.jsonl`` or ``*.jsonl.gz`` file: a lhotse manifest, a CutSet or either
+  file of a recordings/supervisions pair (:mod:`asr.data.manifests`);
+- anything else: a LibriSpeech-layout subset folder (:mod:`asr.data.librispeech`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from asr.data.kaldi import is_kaldi_dir, read_kaldi_dir
+from asr.data.librispeech import read_subset
+from asr.data.manifests import is_manifest, read_manifest
+from asr.data.report import SkipReport
+from asr.data.utterance import Utterance
+
+SourceForm = Literal["kaldi", "lhotse", "librispeech"]
+
+
+def source_form(path: str | Path) -> SourceForm:
+    """The form of the data at ``path`` (module docstring)."""
+    if is_kaldi_dir(path):
+        return "kaldi"
+    if is_manifest(path):
+        return "lhotse"
+    return "librispeech"
+
+
+def read_source(
+    path: str | Path, report: SkipReport | None = None, cache_dir: str | Path | None = None
+) -> list[Utterance]:
+    """The utterances at ``path``, read by the reader its form calls for.
+
+    ``cache_dir`` is where the LibriSpeech reader keeps its duration manifests
+    (Kaldi directories and lhotse manifests need none: durations come from
+    ``segments``, one header per recording, or the manifest).
+    """
+    report = SkipReport() if report is None else report
+    form = source_form(path)
+    if form == "kaldi":
+        return read_kaldi_dir(path, report)
+    if form == "lhotse":
+        return read_manifest(path, report)
+    return read_subset(path, report, cache_dir)
+
+
+def read_sources(
+    paths: Iterable[str | Path], report: SkipReport | None = None, cache_dir: str | Path | None = None
+) -> list[Utterance]:
+    """The utterances of several sources, concatenated (each read with :func:`read_source`)."""
+    report = SkipReport() if report is None else report
+    return [utterance for path in paths for utterance in read_source(path, report, cache_dir)]

@@ -1,0 +1,118 @@
+"""The same utterances through every door (asr/data/sources.py): the shared LibriSpeech-layout data, the
+lhotse manifests lhotse's own LibriSpeech recipe makes of it, and Kaldi data directories (one written
+by hand, one by lhotse's Kaldi export, which decodes through ffmpeg pipelines) give the same ids,
+transcripts, durations, features and WER; a Kaldi directory and a manifest train and evaluate from
+the command line as the LibriSpeech folder does."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import LAS_RECIPE, TINY, subprocess_env
+from lhotse import CutSet, load_manifest
+from lhotse.kaldi import export_to_kaldi
+from lhotse.recipes import prepare_librispeech
+
+from asr.cli import evaluate
+from asr.data.dataset import utterance_features
+from asr.data.report import SkipReport
+from asr.data.sources import read_source, source_form
+from asr.data.validation import check_folders
+from features.config import FeatureConfig
+from features.pipeline import FeaturePipeline
+
+
+@pytest.fixture(scope="module")
+def doors(tmp_path_factory, librivox_mini) -> dict[str, Path]:
+    """The shared test-mini subset in every form the toolkit reads, by name."""
+    tmp = tmp_path_factory.mktemp("doors")
+    manifests = prepare_librispeech(librivox_mini.parent, dataset_parts=["test-mini"], output_dir=tmp / "manifests")
+    recordings, supervisions = manifests["test-mini"]["recordings"], manifests["test-mini"]["supervisions"]
+    CutSet.from_manifests(recordings=recordings, supervisions=supervisions).to_file(tmp / "manifests" / "cuts.jsonl.gz")
+    export_to_kaldi(recordings, supervisions, tmp / "lhotse_kaldi")  # ffmpeg pipelines, and segments
+    by_hand = tmp / "kaldi"  # plain paths, no segments, as a Kaldi recipe writes them
+    by_hand.mkdir()
+    flacs = sorted(librivox_mini.rglob("*.flac"))
+    (by_hand / "wav.scp").write_text("".join(f"{f.stem} {f}\n" for f in flacs))
+    (by_hand / "utt2spk").write_text("".join(f"{f.stem} {f.stem.split('-')[0]}\n" for f in flacs))
+    (by_hand / "text").write_text("".join(t.read_text() for t in sorted(librivox_mini.rglob("*.trans.txt"))))
+    return {
+        "librispeech": librivox_mini,
+        "kaldi": by_hand,
+        "lhotse_kaldi": tmp / "lhotse_kaldi",
+        "supervisions": tmp / "manifests" / "librispeech_supervisions_test-mini.jsonl.gz",
+        "recordings": tmp / "manifests" / "librispeech_recordings_test-mini.jsonl.gz",
+        "cuts": tmp / "manifests" / "cuts.jsonl.gz",
+    }
+
+
+def test_the_form_is_told_by_the_path(doors, tmp_path):
+    assert source_form(doors["librispeech"]) == "librispeech"
+    assert source_form(doors["kaldi"]) == source_form(doors["lhotse_kaldi"]) == "kaldi"
+    assert {source_form(doors[k]) for k in ("supervisions", "recordings", "cuts")} == {"lhotse"}
+    assert source_form(tmp_path / "anything.jsonl") == "lhotse"
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "wav.scp").write_text("")
+    assert source_form(tmp_path / "half") == "librispeech"  # wav.scp without text: not a Kaldi directory
+
+
+def test_every_door_gives_the_same_utterances_and_features(doors, tmp_path):
+    # The ffmpeg pipelines of lhotse's export are read as their files, never run.
+    assert "ffmpeg" in (doors["lhotse_kaldi"] / "wav.scp").read_text()
+    reference = read_source(doors["librispeech"], cache_dir=tmp_path / "cache")
+    assert len(reference) == 5
+    pipeline = FeaturePipeline(FeatureConfig())
+    expected = {u.id: utterance_features(u, pipeline) for u in reference}
+    for name, path in doors.items():
+        report = SkipReport()
+        utterances = read_source(path, report, tmp_path / "cache")
+        assert len(report) == 0, (name, report.summary())
+        assert [(u.id, u.text, u.speaker) for u in utterances] == [(u.id, u.text, u.speaker) for u in reference], name
+        for utt, ref in zip(utterances, reference):
+            assert abs(utt.duration - ref.duration) < 0.5 / 16000, (name, utt.id)
+            assert torch.equal(utterance_features(utt, pipeline), expected[utt.id]), (name, utt.id)
+    # asr.check reads every form the same way, and finds nothing to skip.
+    reports = check_folders([str(p) for p in doors.values()], jobs=0)
+    assert {name: len(r) for name, r in reports.items()} == {str(p): 0 for p in doors.values()}
+
+
+def run(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_a_kaldi_dir_and_a_manifest_train_and_evaluate_from_the_command_line(doors, tmp_path):
+    # Training reads a Kaldi directory, validation a lhotse manifest (both of the shared LibriVox speech).
+    exp = tmp_path / "exp"
+    trained = run(
+        "asr.train", str(LAS_RECIPE), *TINY, f"exp_dir={exp}", f"data.train=[{doors['lhotse_kaldi']}]",
+        f"data.dev=[{doors['supervisions']}]", "data.fsdd=", "data.demo.enabled=false", "data.tokenizer=char",
+        "data.max_frames_per_batch=4000", "train.max_steps=3", cwd=tmp_path,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint = exp / "last.pt"
+    assert checkpoint.is_file()
+    log = (exp / "train.log").read_text()
+    assert "train: 5 utterances, dev: 5 utterances" in log
+    assert "train: no utterances skipped" in log and "dev: no utterances skipped" in log
+
+    # The same WER, utterance by utterance, through every door: the manifest through the command line,
+    # the others through the same entry point in this process (a Python start-up each is slow).
+    results = {}
+    for name, path in [*doors.items(), ("split", None)]:
+        source = ["--split", "dev"] if path is None else ["--data", str(path)]  # split: the recipe's dev manifest
+        args = ["--checkpoint", str(checkpoint), *source, "--out", str(tmp_path / f"eval_{name}")]
+        if name == "supervisions":
+            evaluated = run("asr.evaluate", *args, cwd=tmp_path)
+            assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        else:
+            assert evaluate.main(args) == 0, name
+        summary = json.loads((tmp_path / f"eval_{name}" / "wer.json").read_text())
+        assert summary["utterances"] == 5 and summary["skipped"] == 0, name
+        results[name] = (summary["wer"], summary["cer"], (tmp_path / f"eval_{name}" / "hyp.txt").read_text())
+    assert len(set(results.values())) == 1, results
