@@ -9,7 +9,11 @@
 A step whose loss or gradient norm is not finite never reaches the weights:
 ``backward`` leaves the gradients untouched when the loss is not finite (the
 caller decides whether to drop what was accumulated), and ``update`` clears
-the gradients without stepping when their norm is not finite. Either way the
+the gradients without stepping when their norm is not finite. A batch that runs
+CUDA out of memory in the forward or backward pass is skipped the same way, with
+its gradients dropped and the cache emptied (under DistributedDataParallel only in
+the forward pass, where the ranks still agree before any gradient is exchanged; in
+the backward pass the error is raised). Either way the
 returned :class:`StepOutcome` says why, so the caller can log it with the
 batch's utterances (:func:`describe`) and count it. With gradient accumulation, call ``backward``
 for each batch (``scale=1 / accum``) and ``update`` once.
@@ -51,6 +55,15 @@ def gradient_groups(model: torch.nn.Module) -> dict[str, str]:
         matches = [prefix for prefix in overrides if name.startswith(prefix)]
         groups[name] = overrides[max(matches, key=len)] if matches else name.split(".", 1)[0]
     return groups
+
+
+def out_of_memory_message(batch, where: str) -> str:
+    """``"CUDA out of memory in the forward pass of a batch of 12 utterances, 9600 frames (longest 800)"``."""
+    lengths = batch.feature_lengths
+    return (
+        f"CUDA out of memory in the {where} pass of a batch of {len(batch)} utterances, "
+        f"{int(lengths.sum())} frames (longest {int(lengths.max())})"
+    )
 
 
 def describe(ids: list[str]) -> str:
@@ -95,15 +108,39 @@ class TrainingStep:
             dist.all_reduce(usable, op=dist.ReduceOp.MIN)  # every rank skips together, or none does
         if usable.item() == 0:
             return StepOutcome(skipped="no utterance left in the batch")
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.use_amp):
-            output = self.model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
-        loss = output.loss
-        finite = torch.isfinite(loss.detach()).float()
+        try:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.use_amp):
+                output = self.model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
+            loss = output.loss
+            finite = torch.isfinite(loss.detach()).float()
+        except torch.cuda.OutOfMemoryError:
+            output = loss = None
+            finite = torch.tensor(-1.0, device=device)  # -1: out of memory, agreed on like a non-finite loss
+        if finite.item() < 0:  # the activations of the failed forward are gone with its frames; free them
+            self._free_memory()
         if self.distributed:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if finite.item() < 0:
+            return StepOutcome(skipped=out_of_memory_message(batch, "forward"))
         if finite.item() == 0:
             return StepOutcome(skipped=f"non-finite loss {loss.item()}")
-        (loss * scale).backward()
+        try:
+            (loss * scale).backward()
+        except torch.cuda.OutOfMemoryError:
+            if self.distributed:
+                # The other ranks are inside DistributedDataParallel's gradient all-reduce,
+                # which this rank cannot join: no agreed skip is possible here.
+                raise torch.cuda.OutOfMemoryError(
+                    f"{out_of_memory_message(batch, 'backward')}; under DistributedDataParallel a batch can be "
+                    "skipped only when the forward pass runs out of memory. Lower data.max_frames_per_batch"
+                ) from None
+            output = loss = None
+            oom_in_backward = True
+        else:
+            oom_in_backward = False
+        if oom_in_backward:
+            self._free_memory()
+            return StepOutcome(skipped=out_of_memory_message(batch, "backward"))
         value = loss.detach()
         if self.distributed:
             dist.all_reduce(value)
@@ -129,6 +166,13 @@ class TrainingStep:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(grad_norm=float(norm), group_norms=groups)
+
+    def _free_memory(self) -> None:
+        """After CUDA ran out of memory: drop the gradients (the caller skips the batch) and return
+        the cached blocks, so the next batch starts from what the weights and optimizer hold."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _group_norms(self, params: list[torch.nn.Parameter]) -> dict[str, float]:
         """Group -> norm of the gradients of ``params`` in that group."""
