@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import FailingFile
+
 import asr.checkpoint
 from asr.checkpoint import load_checkpoint, save_checkpoint
 from asr.writing import WriteError, atomic_write, os_error_in
@@ -81,36 +83,12 @@ def test_the_no_space_behind_torch_saves_runtime_error_is_found():
     assert cause is not None and cause.errno == errno.ENOSPC
 
 
-class _FailingFile:
-    """A file whose writes stop with ``OSError(code)`` after ``budget`` bytes (the lowest write call)."""
-
-    def __init__(self, file, code: int, budget: int):
-        self.file, self.code, self.budget = file, code, budget
-
-    def write(self, data) -> int:
-        if len(data) > self.budget:
-            self.file.write(bytes(data[: self.budget]))
-            self.budget = 0
-            raise OSError(self.code, os.strerror(self.code))
-        self.budget -= len(data)
-        return self.file.write(data)
-
-    def __getattr__(self, name):
-        return getattr(self.file, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.file.close()
-
-
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EDQUOT])
 def test_an_injected_write_error_names_the_checkpoint_and_leaves_nothing_partial(tmp_path, monkeypatch, code):
     target = tmp_path / "last.pt"
     save_checkpoint(target, _payload(1.0))
     real_fdopen = os.fdopen
-    monkeypatch.setattr(asr.checkpoint.os, "fdopen", lambda fd, mode: _FailingFile(real_fdopen(fd, mode), code, 5000))
+    monkeypatch.setattr(asr.checkpoint.os, "fdopen", lambda fd, mode: FailingFile(real_fdopen(fd, mode), code, 5000))
     with pytest.raises(WriteError) as caught:
         save_checkpoint(target, _payload(2.0))
     assert caught.value.errno == code and str(caught.value) == f"{target}: {os.strerror(code)}"

@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err.filename + ': ' if err.filename else ''}{err.strerror or err}", file=sys.stderr)
         return 2
     except TrainingStopped as stopped:
-        print(f"stopped: {stopped}", file=sys.stderr)
+        print(stopped, file=sys.stderr)
         return stopped.exit_code
     except StopNow as stopped:
-        print(f"stopped: {stopped}; last.pt is the checkpoint written before it", file=sys.stderr)
+        print(f"{stopped}; last.pt is the checkpoint written before it", file=sys.stderr)
         return stopped.exit_code
     finally:
         threading.excepthook = previous_hook

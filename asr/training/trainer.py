@@ -96,7 +96,8 @@ class Trainer:
         if self.dist.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"))
+            with writing(self.exp_dir / "tensorboard"):  # it writes its first event file at once
+                self.writer = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"))
 
     def _resume_state(self, resume: bool) -> dict | None:
         last = self.exp_dir / "last.pt"
