@@ -12,9 +12,14 @@ run so far, so that curves can be drawn against either; for models that expose
 their attention, ``alignment/<utterance>`` images of a few dev utterances, also
 written as ``alignment_<utterance>.png`` at every validation, so the files hold
 the last one), ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
-``train.keep_last`` epochs and the best ``train.keep_best`` epochs as
-``best_epoch{E}.pt``. Every checkpoint carries the config, tokenizer and
-feature pipeline, so any of them can be used for inference.
+``train.keep_last`` epochs (these can be resumed from too, should ``last.pt`` be unreadable)
+and the best ``train.keep_best`` epochs as ``best_epoch{E}.pt`` (weights only). Every
+checkpoint carries the config, tokenizer and feature pipeline, so any of them can be used
+for inference. ``asr.train`` holds ``train.lock`` while it runs (:mod:`asr.training.runlock`).
+
+A stop signal ends the loop at the next step boundary with ``last.pt`` written
+(:mod:`asr.training.signals`); a batch that runs out of CUDA memory is skipped like a
+non-finite one, logged with its size and counted with the epoch's skipped utterances.
 """
 
 from __future__ import annotations
