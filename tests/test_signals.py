@@ -50,3 +50,27 @@ def test_a_second_signal_during_a_save_keeps_the_previous_checkpoint(tmp_path, m
     assert written and not os.path.exists(written[0])  # the temporary file is gone
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
     assert torch.equal(load_checkpoint(target)["model"]["w"], torch.zeros(256, 256))
+
+
+def _handler_in_worker(index: int) -> str:
+    return str(signal.getsignal(signal.SIGTERM))
+
+
+@pytest.mark.slow  # starts a DataLoader worker
+def test_dataloader_workers_leave_the_stop_to_the_main_process():
+    # A terminal's Ctrl-C and SLURM signal every process of the job: a worker ended by the
+    # signal would fail the loader before the trainer could stop cleanly.
+    from asr.training.signals import ignore_stop_signals
+
+    loader = torch.utils.data.DataLoader(
+        _Handlers(), batch_size=None, num_workers=1, worker_init_fn=ignore_stop_signals
+    )
+    assert list(loader) == [str(signal.SIG_IGN)]
+
+
+class _Handlers(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> str:
+        return _handler_in_worker(index)
