@@ -114,10 +114,10 @@ class TrainingStep:
             loss = output.loss
             finite = torch.isfinite(loss.detach()).float()
         except torch.cuda.OutOfMemoryError:
-            output = loss = None
-            finite = torch.tensor(-1.0, device=device)  # -1: out of memory, agreed on like a non-finite loss
-        if finite.item() < 0:  # the activations of the failed forward are gone with its frames; free them
+            output = loss = finite = None
+        if finite is None:  # out of memory; freed here, outside the except block, whose traceback holds the activations
             self._free_memory()
+            finite = torch.tensor(-1.0, device=device)  # -1: out of memory, agreed on like a non-finite loss
         if self.distributed:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         if finite.item() < 0:
@@ -134,11 +134,8 @@ class TrainingStep:
                     f"{out_of_memory_message(batch, 'backward')}; under DistributedDataParallel a batch can be "
                     "skipped only when the forward pass runs out of memory. Lower data.max_frames_per_batch"
                 ) from None
-            output = loss = None
-            oom_in_backward = True
-        else:
-            oom_in_backward = False
-        if oom_in_backward:
+            output = loss = None  # the graph and its activations go with them
+        if loss is None:  # out of memory in the backward pass
             self._free_memory()
             return StepOutcome(skipped=out_of_memory_message(batch, "backward"))
         value = loss.detach()
