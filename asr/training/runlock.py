@@ -55,7 +55,8 @@ class RunLock:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+            # as typed ("python -m asr.train ..."); sys.argv would name the module's file
+            "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
         }
         for attempt in range(2):
             try:
