@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from asr.writing import writing
+from asr.writing import default_mode, writing
 
 FORMAT_VERSION = 2
 
@@ -77,6 +77,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, default_mode())  # as open() would make it, not mkstemp's 0600
             with os.fdopen(fd, "wb") as f:
                 torch.save(payload, f)
                 f.flush()

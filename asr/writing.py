@@ -86,6 +86,7 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            os.fchmod(fd, default_mode())  # mkstemp's 0600 would hide the file from the group
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -95,3 +96,10 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
             if os.path.exists(tmp_name):
                 os.unlink(tmp_name)
             raise
+
+
+def default_mode() -> int:
+    """The mode ``open()`` gives a new file: 0666 less the process's umask."""
+    umask = os.umask(0o022)  # reading the umask means setting it; put back at once
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -453,6 +453,27 @@ def test_no_space_for_tensorboard_events_is_one_error_naming_the_event_file(tmp_
     _no_partial_files(tmp_path / "exp")
 
 
+def test_a_run_on_a_real_file_system_that_fills_up_ends_with_one_error(tmp_path, capsys):
+    """exp_dir on a 512 KiB tmpfs (needs root; skipped where mounting is not allowed): the run's
+    files fill it within the first epoch. Whichever write fails names its file; nothing is left half-written."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        exp = disk / "exp"
+        args = [str(RECIPE), *TINY, f"exp_dir={exp}", f"data.dev=[{tiny_valid(tmp_path)}]", "train.max_epochs=3"]
+        assert main(args) == 2
+        line = _one_error_line(capsys)
+        assert re.fullmatch(f"error: {re.escape(str(exp))}/\\S+: No space left on device", line), line
+        _no_partial_files(exp)
+        for checkpoint in exp.glob("*.pt"):
+            load_checkpoint(checkpoint)  # whatever was written is whole
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_evaluation_reads_a_folder_in_use_and_a_full_disk_is_one_error(tmp_path, reference, monkeypatch, capsys):
     from asr.cli.evaluate import main as evaluate
     from asr.training.runlock import RunLock

@@ -108,3 +108,14 @@ def test_permission_denied_on_the_folder_names_the_file(tmp_path, monkeypatch):
     with pytest.raises(WriteError, match=f"^{tmp_path / 'config.yaml'}: Permission denied$"):
         atomic_write(tmp_path / "config.yaml", "a: 1\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_written_atomically_gets_the_mode_open_would_give_it(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "config.yaml", "a: 1\n")
+        save_checkpoint(tmp_path / "last.pt", _payload(1.0))
+    finally:
+        os.umask(previous)
+    for name in ("config.yaml", "last.pt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640, name  # not mkstemp's 0600

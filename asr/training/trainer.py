@@ -24,6 +24,7 @@ non-finite one, logged with its size and counted with the epoch's skipped uttera
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import sys
@@ -390,7 +391,9 @@ def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress,
         writer.add_scalar("valid/step", progress.step, epoch + 1)
         writer.add_scalar("valid/minutes", progress.seconds / 60, epoch + 1)
     for utt_id, figure in figures:
-        figure.savefig(exp_dir / alignment_file_name(utt_id), dpi=100)
+        picture = io.BytesIO()
+        figure.savefig(picture, format="png", dpi=100)
+        atomic_write(exp_dir / alignment_file_name(utt_id), picture.getvalue())  # whole or not at all
         writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
     writer.flush()
 def regularisation_progress(model: torch.nn.Module, cfg, batches_per_epoch: int, step: int) -> dict[str, float]:
