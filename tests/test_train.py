@@ -40,6 +40,7 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     for name in ("config.yaml", "train.log", "last.pt", "epoch0.pt", "epoch1.pt"):
         assert (exp / name).is_file(), name
     assert len(list(exp.glob("best_epoch*.pt"))) == 1
+    assert not (exp / "train.lock").exists()  # the run's lock is released when it ends
     assert list((exp / "tensorboard").glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
