@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     except OSError as err:  # a file or folder that could not be made (mkdir of exp_dir, ...)
-        print(f"error: {err.filename + ': ' if err.filename else ''}{err.strerror or err}", file=sys.stderr)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
     except TrainingStopped as stopped:
         print(stopped, file=sys.stderr)
