@@ -115,3 +115,11 @@ def test_resume_may_come_anywhere_among_the_arguments(argv):
     args = build_parser().parse_intermixed_args(argv)
     assert args.resume and args.recipe == "r.yaml" and args.overrides == ["a=1", "b.c=2"]
     assert not build_parser().parse_intermixed_args(["r.yaml", "a=1"]).resume
+
+
+def test_an_exp_dir_that_cannot_be_made_is_one_error_naming_it(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    exp = tmp_path / "a_file" / "exp"
+    assert train_main([str(LAS_RECIPE), f"exp_dir={exp}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {exp}: Not a directory\n"
