@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import LAS_RECIPE
+from conftest import TRANSFORMER_RECIPE as RECIPE  # no demo corpus to prepare: these runs never start
 
 from asr.checkpoint import save_checkpoint
 from asr.cli.average import main as average_main
@@ -84,7 +84,7 @@ def test_asr_train_refuses_a_folder_in_use_before_writing_into_it(tmp_path, caps
     holder = RunLock(exp)
     exp.mkdir()
     holder.acquire()
-    assert train_main([str(LAS_RECIPE), f"exp_dir={exp}"]) == 2
+    assert train_main([str(RECIPE), f"exp_dir={exp}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert f"PID {os.getpid()}" in err and "in use by another run" in err
@@ -120,6 +120,6 @@ def test_resume_may_come_anywhere_among_the_arguments(argv):
 def test_an_exp_dir_that_cannot_be_made_is_one_error_naming_it(tmp_path, capsys):
     (tmp_path / "a_file").write_text("")
     exp = tmp_path / "a_file" / "exp"
-    assert train_main([str(LAS_RECIPE), f"exp_dir={exp}"]) == 2
+    assert train_main([str(RECIPE), f"exp_dir={exp}"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {exp}: Not a directory\n"
