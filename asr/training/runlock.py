@@ -11,7 +11,9 @@ A second ``asr.train`` into the folder refuses with an error naming the holder. 
 left by a process that is gone (``kill -9``, a crashed node) is *stale*: when it names
 this host and its PID is no longer alive, it is taken over with a warning. A lock
 from another host cannot be checked from here; the error says to remove the file
-once that run is known to be over. Readers (``asr.average``, ``asr.evaluate``) never
+once that run is known to be over. (Host names must tell apart the machines that
+share the folder: two machines both called ``localhost`` would take each other's lock
+for their own.) Readers (``asr.average``, ``asr.evaluate``) never
 look at the lock: they read a folder in use.
 
 Taking the lock is an exclusive create (``O_CREAT | O_EXCL``), atomic on local file
