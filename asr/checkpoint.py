@@ -44,10 +44,16 @@ from typing import Any
 
 import torch
 
+from asr.writing import default_mode, writing
+
 FORMAT_VERSION = 2
 
 # What a checkpoint may hold: the types torch's weights-only unpickler rebuilds.
 _PLAIN = (str, bytes, int, float, bool, type(None), torch.Tensor, torch.Size)
+
+
+# What a checkpoint's "training" dict holds only to resume a run (last.pt and epoch{E}.pt).
+RESUME_KEYS = ("progress", "optimizer", "scheduler", "rng")
 
 
 class CheckpointError(ValueError):
@@ -57,7 +63,9 @@ class CheckpointError(ValueError):
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` atomically: a temporary file in the same folder, then rename.
 
-    A reader (or a run killed mid-write) never sees a half-written ``path``.
+    A reader (or a run killed mid-write) never sees a half-written ``path``, and a failed
+    write (a full disk, a denied write) raises :class:`asr.writing.WriteError` naming ``path``
+    and leaves its previous version in place.
     ``payload`` may hold only tensors and plain data (see the module docstring);
     anything else raises :class:`CheckpointError` naming where it sits, before
     anything is written.
@@ -65,18 +73,20 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     path = Path(path)
     payload = {"format_version": FORMAT_VERSION, **payload}
     _check_plain(payload, "checkpoint")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
-        raise
+    with writing(path):  # no space, permission denied: one WriteError naming the file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            os.fchmod(fd, default_mode())  # as open() would make it, not mkstemp's 0600
+            with os.fdopen(fd, "wb") as f:
+                torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp_name, path)
+        except BaseException:  # also a second stop signal (asr.training.signals): the old file stays
+            if os.path.exists(tmp_name):
+                os.unlink(tmp_name)
+            raise
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -106,14 +116,20 @@ def save_epoch_checkpoints(
     exp_dir: str | Path, epoch: int, payload: dict[str, Any], keep_last: int, best_epochs: set[int]
 ) -> None:
     """Write ``epoch{E}.pt`` and keep the last ``keep_last`` of them; keep ``best_epoch{E}.pt`` for
-    exactly the epochs in ``best_epochs`` (the trainer ranks them by its validation metric)."""
+    exactly the epochs in ``best_epochs`` (the trainer ranks them by its validation metric).
+
+    ``epoch{E}.pt`` keeps what ``payload["training"]`` holds to resume (optimizer, scheduler,
+    progress, RNG), so that ``--resume`` can start from it when ``last.pt`` cannot be read;
+    ``best_epoch{E}.pt`` keeps only the weights and the metric.
+    """
     exp_dir = Path(exp_dir)
     save_checkpoint(exp_dir / f"epoch{epoch}.pt", payload)
     stale = exp_dir / f"epoch{epoch - keep_last}.pt"
     if stale.exists():
         stale.unlink()
     if epoch in best_epochs:
-        save_checkpoint(exp_dir / f"best_epoch{epoch}.pt", payload)
+        training = {k: v for k, v in (payload.get("training") or {}).items() if k not in RESUME_KEYS}
+        save_checkpoint(exp_dir / f"best_epoch{epoch}.pt", {**payload, "training": training})
     for path in exp_dir.glob("best_epoch*.pt"):
         number = path.stem.removeprefix("best_epoch")
         if number.isdigit() and int(number) not in best_epochs:

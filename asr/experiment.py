@@ -46,6 +46,7 @@ class TrainConfig:
     save_every_steps: int = 0           # also write last.pt every N steps (0: only at epoch ends)
     log_every_steps: int = 10
     max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
+    max_oom_batches_in_a_row: int = 3   # batches in a row skipped for CUDA out of memory before the run stops
     valid_beam_size: int = 1            # decoding for the per-epoch validation WER (1 = greedy)
     valid_max_utterances: int | None = None  # decode about N validation utterances for WER, spread over the lengths
 

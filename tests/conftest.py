@@ -113,6 +113,49 @@ def subprocess_env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT))
 
 
+class FailingFile:
+    """A file whose writes stop with ``OSError(code)`` after ``budget`` bytes: a full disk or a denied
+    write injected into the lowest write call (the bytes before it are written, as a real one would)."""
+
+    def __init__(self, file, code: int, budget: int):
+        self.file, self.code, self.budget = file, code, budget
+
+    def write(self, data) -> int:
+        if len(data) > self.budget:
+            self.file.write(data[: self.budget])
+            self.budget = 0
+            raise OSError(self.code, os.strerror(self.code))
+        self.budget -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def fail_writes_to(monkeypatch, name: str, code: int, after: int = 0) -> None:
+    """Make the atomic writes of files called ``name`` (their temporary ``.{name}.*.tmp``, opened with
+    ``os.fdopen``) fail with ``OSError(code)``, from the ``after + 1``-th such write on (Linux: /proc)."""
+    real_fdopen = os.fdopen
+    seen = []
+
+    def fdopen(fd, *args, **kwargs):
+        file = real_fdopen(fd, *args, **kwargs)
+        opened = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if opened.startswith(f".{name}.") and opened.endswith(".tmp"):
+            seen.append(opened)
+            if len(seen) > after:
+                return FailingFile(file, code, budget=100)
+        return file
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+
+
 def _require(path: Path) -> Path:
     if not path.exists():
         pytest.fail(f"test data not found: {path} (set ASR_SHARED_DATA to the shared data folder)")

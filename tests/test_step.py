@@ -59,3 +59,128 @@ def test_group_norms_only_when_asked_for_and_transformer_groups():
     wrapped = torch.nn.Module()
     wrapped.module = model  # as DistributedDataParallel holds it
     assert gradient_groups(wrapped) == gradient_groups(model)
+
+
+# ---------------------------------------------------------------- CUDA out of memory, simulated on CPU
+
+
+def _out_of_memory(*args, **kwargs):
+    raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+class _OutOfMemoryInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, loss):
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _out_of_memory()
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_batch_out_of_memory_is_skipped_with_its_size_and_its_gradients_dropped(where):
+    step = las_step(grad_clip=5.0)
+    model = step.model
+    batch = batch_of(random_batch())
+    assert step.backward(batch, scale=0.5).loss is not None  # a first accumulated batch
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    original = model.forward
+
+    def forward(*args):
+        if where == "forward":
+            _out_of_memory()
+        output = original(*args)
+        output.loss = _OutOfMemoryInBackward.apply(output.loss)
+        return output
+
+    model.forward = forward
+    outcome = step.backward(batch, scale=0.5)
+    frames, longest = int(batch.feature_lengths.sum()), int(batch.feature_lengths.max())
+    assert outcome.loss is None
+    assert outcome.skipped == (f"CUDA out of memory in the {where} pass of a batch of 3 utterances, "
+                               f"{frames} frames (longest {longest})")
+    assert all(p.grad is None for p in model.parameters())  # what was accumulated is dropped with it
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model.forward = original
+    assert step.backward(batch).loss is not None and step.update().grad_norm > 0  # and training goes on
+
+
+def _ddp_out_of_memory_worker(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    from datetime import timedelta
+
+    # a rank left waiting (the ranks disagreeing on the skip) fails within a minute instead of hanging
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    raw = LAS(small_config(ctc_weight=0.3), input_dim=6, vocab_size=10)
+    model = torch.nn.parallel.DistributedDataParallel(raw)
+    step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_clip=5.0, distributed=True)
+    features, *rest = random_batch()
+    batch = batch_of((features + 0.1 * rank, *rest))  # each rank its own batch
+    original = raw.forward
+    if rank == 1:  # only rank 1 runs out of memory, in the forward pass
+        raw.forward = _out_of_memory
+    first = step.backward(batch)
+    raw.forward = original
+    second = step.backward(batch)  # both ranks go on together: no rank is left waiting in an all-reduce
+    update = step.update()
+    results[rank] = (first.skipped, second.loss, update.grad_norm, float(sum(p.sum() for p in raw.parameters())))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_under_ddp_every_rank_skips_the_batch_one_rank_ran_out_of_memory_on():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_ddp_out_of_memory_worker, args=(port, results), nprocs=2, join=True)
+    assert results[0][0] == results[1][0] and results[0][0].startswith("CUDA out of memory in the forward pass")
+    assert results[0][1] == results[1][1] is not None  # the next batch: the loss averaged over both ranks
+    assert results[0][2:] == results[1][2:]  # the same update on both ranks
+
+
+def _audio_and_feature_batches(pipeline, seconds=(0.5, 0.8, 0.3)):
+    """The same three utterances as a batch of audio (features.compute_on: device) and of features."""
+    from asr.data.batching import collate
+
+    generator = torch.Generator().manual_seed(3)
+    waveforms = [0.1 * torch.randn(int(16000 * s), generator=generator) for s in seconds]
+    tokens = [torch.tensor([4, 5, 6][: i + 1]) for i in range(len(waveforms))]
+    audio = collate([{"id": f"u{i}", "audio": pipeline.prepare(w, 16000), "tokens": t}
+                     for i, (w, t) in enumerate(zip(waveforms, tokens))])
+    features = collate([{"id": f"u{i}", "features": pipeline.from_waveform(w, 16000), "tokens": t}
+                        for i, (w, t) in enumerate(zip(waveforms, tokens))])
+    return audio, features
+
+
+def test_an_audio_batch_gets_its_features_inside_the_step_and_out_of_memory_there_is_skipped():
+    from features.config import FeatureConfig
+    from features.pipeline import FeaturePipeline
+
+    pipeline = FeaturePipeline(FeatureConfig(kind="fbank", num_mel_bins=6, mvn="utterance"))
+    step = las_step(grad_clip=5.0)
+    step.pipeline = pipeline
+    audio, features = _audio_and_feature_batches(pipeline)
+    assert audio.features is None
+    from_audio = step.backward(audio).loss
+    step.optimizer.zero_grad(set_to_none=True)
+    assert from_audio == pytest.approx(step.backward(features).loss, rel=1e-5)  # the same features, the same loss
+    step.optimizer.zero_grad(set_to_none=True)
+
+    pipeline.features = _out_of_memory  # the batch's first allocation on a GPU is its features
+    outcome = step.backward(audio)
+    assert outcome.loss is None and outcome.skipped.startswith("CUDA out of memory in the forward pass of a batch of 3")
+    del pipeline.features
+    assert step.backward(audio).loss == pytest.approx(from_audio)
+
+    step.pipeline = None
+    with pytest.raises(ValueError, match="compute_on: device"):
+        step.backward(audio)

@@ -1,6 +1,11 @@
 """The trainer end to end on real speech: experiment directory, checkpoints,
 non-finite steps, exact resume after SIGKILL, DDP with gloo, recipe errors."""
 
+import errno
+import json
+import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +16,7 @@ import pytest
 import torch
 
 from conftest import LAS_RECIPE as RECIPE
-from conftest import PROJECT_ROOT, TINY, subprocess_env, tiny_run, tiny_valid
+from conftest import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
 
 from asr.checkpoint import load_checkpoint
 from asr.cli.train import main
@@ -35,6 +40,7 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     for name in ("config.yaml", "train.log", "last.pt", "epoch0.pt", "epoch1.pt"):
         assert (exp / name).is_file(), name
     assert len(list(exp.glob("best_epoch*.pt"))) == 1
+    assert not (exp / "train.lock").exists()  # the run's lock is released when it ends
     assert list((exp / "tensorboard").glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -125,39 +131,138 @@ def _train_command(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "asr.train", str(RECIPE), *args]
 
 
-def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path):
-    """Kill a run with SIGKILL mid-epoch, resume it, compare with an uninterrupted run."""
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The arguments of a tiny two-epoch run and the last.pt it ends with, uninterrupted."""
+    root = tmp_path_factory.mktemp("reference")
     common = TINY + [
-        f"data.dev=[{tiny_valid(tmp_path)}]",
+        f"data.dev=[{tiny_valid(root)}]",
         "train.max_epochs=2",
         "train.save_every_steps=1",
         "model.listener.dropout=0.2",  # dropout and SpecAugment draw random numbers: resume must restore them
     ]
-    reference = tmp_path / "reference"
-    subprocess.run(_train_command(common + [f"exp_dir={reference}"]), check=True, env=subprocess_env(), capture_output=True)
+    subprocess.run(_train_command(common + [f"exp_dir={root / 'exp'}"]), check=True, env=subprocess_env(), capture_output=True)
+    return common, load_checkpoint(root / "exp" / "last.pt"), root / "exp"
 
+
+def _assert_same_weights(expected: dict, resumed: dict) -> None:
+    assert resumed["training"]["progress"]["step"] == expected["training"]["progress"]["step"]
+    for name, tensor in expected["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+
+
+def _wait_for(condition, what: str, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path, reference):
+    """Kill a run with SIGKILL mid-epoch, resume it, compare with an uninterrupted run."""
+    common, expected, _ = reference
     killed = tmp_path / "killed"
     process = subprocess.Popen(
         _train_command(common + [f"exp_dir={killed}"]), env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        last = killed / "last.pt"
-        if last.exists() and load_checkpoint(last)["training"]["progress"]["step"] >= 3:
-            break
-        time.sleep(0.05)
+    last = killed / "last.pt"
+    _wait_for(lambda: last.exists() and load_checkpoint(last)["training"]["progress"]["step"] >= 3, "step 3")
     process.send_signal(signal.SIGKILL)
     process.wait()
     progress = load_checkpoint(killed / "last.pt")["training"]["progress"]
     assert progress["epoch"] < 2, "the run finished before it could be killed"
-    subprocess.run(
-        _train_command(common + [f"exp_dir={killed}", "--resume"]), check=True, env=subprocess_env(), capture_output=True
+    # its lock is left behind, stale: the resumed run takes it over
+    assert (killed / "train.lock").is_file()
+    resumed = subprocess.run(
+        _train_command(common + [f"exp_dir={killed}", "--resume"]), check=True, env=subprocess_env(), capture_output=True, text=True
     )
-    expected = load_checkpoint(reference / "last.pt")
-    resumed = load_checkpoint(killed / "last.pt")
-    assert resumed["training"]["progress"]["step"] == expected["training"]["progress"]["step"]
-    for name, tensor in expected["model"].items():
-        assert torch.equal(tensor, resumed["model"][name]), name
+    assert "taking over the stale lock" in resumed.stderr
+    _assert_same_weights(expected, load_checkpoint(killed / "last.pt"))
+
+
+def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_with_the_same_weights(tmp_path, reference):
+    """SIGTERM (a scheduler's preemption): the step in progress ends, last.pt is written, exit 75;
+    --resume (given before the overrides) ends where the uninterrupted run ends."""
+    common, expected, _ = reference
+    exp = tmp_path / "stopped"
+    # No periodic saves: the last.pt after the signal is the stop's own.
+    process = subprocess.Popen(
+        _train_command(common + [f"exp_dir={exp}", "train.save_every_steps=0"]),
+        env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    log = exp / "train.log"
+    _wait_for(lambda: log.exists() and "epoch 0 step 1 " in log.read_text(), "step 1")  # of 5 in the epoch
+    assert not (exp / "last.pt").exists()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 75, err[-3000:]
+    assert "SIGTERM received: finishing the current step" in err and "Traceback" not in err
+    final = err.strip().splitlines()[-1]
+    assert final.startswith("stopped by SIGTERM after step ") and "--resume" in final
+    progress = load_checkpoint(exp / "last.pt")["training"]["progress"]
+    assert progress["epoch"] == 0 and 0 < progress["batch_in_epoch"] and progress["step"] >= 1
+    assert f"after step {progress['step']} (epoch 0, batch {progress['batch_in_epoch']})" in log.read_text()
+    assert not (exp / "train.lock").exists()
+    subprocess.run(
+        _train_command(["--resume", *common, f"exp_dir={exp}"]), check=True, env=subprocess_env(), capture_output=True
+    )
+    _assert_same_weights(expected, load_checkpoint(exp / "last.pt"))
+
+
+def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, reference):
+    """A last.pt cut short (by a copy) does not stop --resume: epoch{E}.pt carries the same state."""
+    common, expected, _ = reference
+    exp = tmp_path / "exp"
+    subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.max_epochs=1"]), check=True, env=subprocess_env(),
+                   capture_output=True)
+    last = exp / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    subprocess.run(_train_command(common + [f"exp_dir={exp}", "--resume"]), check=True, env=subprocess_env(),
+                   capture_output=True)
+    log = (exp / "train.log").read_text()
+    assert f"--resume: {last} cannot be read (cannot read checkpoint {last}" in log
+    assert f"resuming from {exp / 'epoch0.pt'} instead" in log
+    _assert_same_weights(expected, load_checkpoint(last))
+    assert "optimizer" not in load_checkpoint(next(exp.glob("best_epoch*.pt")))["training"]  # weights only
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return children + [d for c in children for d in _descendants(c)]
+
+
+def _environment(pid: int) -> dict:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds torchrun's workers through /proc")
+def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    exp = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29518",
+        "-m", "asr.train", str(RECIPE), *TINY, f"data.dev=[{tiny_valid(tmp_path)}]",
+        f"exp_dir={exp}", "train.max_epochs=2", "train.device=cpu",
+    ]
+    process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = exp / "train.log"
+    _wait_for(lambda: log.exists() and "epoch 0 step 1 " in log.read_text(), "step 1")
+    rank1 = [p for p in _descendants(process.pid) if _environment(p).get("RANK") == "1"
+             and "asr.train" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert len(rank1) == 1
+    os.kill(rank1[0], signal.SIGTERM)  # rank 1 only; rank 0 learns of it through the all-reduced flag
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode != 0
+    stops = [line for line in output.splitlines() if "stopped by" in line and "after step" in line]
+    assert stops, output[-3000:]
+    steps = {line.split("after step ")[1].split()[0] for line in stops}
+    assert len(steps) == 1, stops  # the same step on both ranks
+    assert any("stopped by SIGTERM" in line for line in stops)
+    assert any("stopped by a stop signal to another rank" in line for line in stops)
+    assert load_checkpoint(exp / "last.pt")["training"]["progress"]["step"] == int(steps.pop())
+    assert not (exp / "train.lock").exists()
 
 
 def test_distributed_training_with_gloo_on_two_processes(tmp_path):
@@ -238,3 +343,158 @@ def test_the_cosine_schedule_ends_at_its_floor_on_the_runs_last_update(tmp_path)
     # Logged after update s: the rate of the next update.
     assert [logged[s] for s in sorted(logged)] == pytest.approx([lr * factor(s) for s in sorted(logged)])
     assert logged[total - 1] == pytest.approx(lr * final)
+
+
+# ---------------------------------------------------------------- CUDA out of memory (simulated on CPU)
+
+
+class _OutOfMemoryInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, loss):
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_a_batch_out_of_cuda_memory_is_skipped_counted_and_training_goes_on(tmp_path, caplog):
+    config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_epochs=1"))
+    trainer = Trainer(config)
+    original, calls, sizes = trainer.raw_model.forward, [], {}
+
+    def forward(features, lengths, *args):
+        calls.append(len(calls) + 1)
+        if calls[-1] == 2:
+            sizes["forward"] = (features.shape[0], int(lengths.sum()))
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        output = original(features, lengths, *args)
+        if calls[-1] == 4:
+            sizes["backward"] = (features.shape[0], int(lengths.sum()))
+            output.loss = _OutOfMemoryInBackward.apply(output.loss)
+        return output
+
+    trainer.raw_model.forward = forward
+    progress = trainer.fit()
+    batches = len(trainer.data.sampler)
+    assert progress.step == batches - 2 and progress.epoch == 1  # two batches skipped, the rest trained
+    for where, (utterances, frames) in sizes.items():
+        assert (f"CUDA out of memory in the {where} pass of a batch of {utterances} utterances, {frames} frames"
+                in caplog.text)
+    assert caplog.text.count("step skipped, weights unchanged") == 2
+    skipped = sum(n for n, _ in sizes.values())
+    assert f"({skipped} CUDA out of memory)" in caplog.text  # the epoch's line counts the utterances
+    assert read_scalars(tmp_path / "exp")["train/skipped_utterances"][0][2] == skipped
+    assert all(torch.isfinite(p).all() for p in trainer.raw_model.parameters())
+
+
+def test_batches_out_of_memory_in_a_row_stop_the_run(tmp_path):
+    config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_oom_batches_in_a_row=3"))
+    trainer = Trainer(config)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    trainer.raw_model.forward = out_of_memory
+    with pytest.raises(TrainingError, match=r"3 batches in a row ran out of CUDA memory \(train.max_oom_batches_in_a_row=3\)"):
+        trainer.fit()
+    assert trainer.progress.step == 0
+
+
+# ---------------------------------------------------------------- write errors: one line naming the file
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def _no_partial_files(exp: Path) -> None:
+    assert not [p for p in exp.rglob("*.tmp")]
+    assert not (exp / "train.lock").exists()  # released on the error path too
+
+
+def test_permission_denied_on_config_yaml_is_one_error_naming_it(tmp_path, monkeypatch, capsys):
+    fail_writes_to(monkeypatch, "config.yaml", errno.EACCES)
+    assert main(tiny_run(tmp_path, "train.max_steps=1")) == 2
+    exp = tmp_path / "exp"
+    assert _one_error_line(capsys) == f"error: {exp / 'config.yaml'}: Permission denied"
+    assert not (exp / "config.yaml").exists()
+    _no_partial_files(exp)
+
+
+def test_no_space_while_writing_a_checkpoint_is_one_error_and_the_earlier_one_stays(tmp_path, monkeypatch, capsys):
+    fail_writes_to(monkeypatch, "last.pt", errno.ENOSPC, after=1)  # the first save succeeds, the second fails
+    assert main(tiny_run(tmp_path, "train.max_steps=3", "train.save_every_steps=1")) == 2
+    exp = tmp_path / "exp"
+    assert _one_error_line(capsys) == f"error: {exp / 'last.pt'}: No space left on device"
+    assert load_checkpoint(exp / "last.pt")["training"]["progress"]["step"] == 1
+    _no_partial_files(exp)
+
+
+@pytest.mark.parametrize("records", [0, 4])  # the disk fills as the event file is opened, or a few steps on
+def test_no_space_for_tensorboard_events_is_one_error_naming_the_event_file(tmp_path, monkeypatch, capsys, records):
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    real_write, written = RecordWriter.write, []
+
+    def full(self, data):
+        if len(written) >= records:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(data)
+        real_write(self, data)
+
+    monkeypatch.setattr(RecordWriter, "write", full)
+    assert main(tiny_run(tmp_path, "train.max_steps=2")) == 2
+    line = _one_error_line(capsys)
+    folder = tmp_path / "exp" / "tensorboard"
+    # the event file, or its folder when the file's first write (as TensorBoard opens it) fails
+    event_file = "/events\\.out\\.tfevents\\.[^/ ]+" if records else ""
+    assert re.fullmatch(f"error: {re.escape(str(folder))}{event_file}: No space left on device", line), line
+    _no_partial_files(tmp_path / "exp")
+
+
+def test_a_run_on_a_real_file_system_that_fills_up_ends_with_one_error(tmp_path, capsys):
+    """exp_dir on a 512 KiB tmpfs (needs root; skipped where mounting is not allowed): the run's
+    files fill it within the first epoch. Whichever write fails names its file; nothing is left half-written."""
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        exp = disk / "exp"
+        args = [str(RECIPE), *TINY, f"exp_dir={exp}", f"data.dev=[{tiny_valid(tmp_path)}]", "train.max_epochs=3"]
+        assert main(args) == 2
+        line = _one_error_line(capsys)
+        assert re.fullmatch(f"error: {re.escape(str(exp))}/\\S+: No space left on device", line), line
+        _no_partial_files(exp)
+        for checkpoint in exp.glob("*.pt"):
+            load_checkpoint(checkpoint)  # whatever was written is whole
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_evaluation_reads_a_folder_in_use_and_a_full_disk_is_one_error(tmp_path, reference, monkeypatch, capsys):
+    from asr.cli.evaluate import main as evaluate
+    from asr.training.runlock import RunLock
+
+    _, _, exp = reference
+    lock = RunLock(exp)
+    lock.acquire()  # a run is going on in that folder: reading it is fine
+    try:
+        dev = tiny_valid(tmp_path)
+        assert evaluate(["--checkpoint", str(exp / "epoch0.pt"), "--data", str(dev), "--out", str(tmp_path / "ok")]) == 0
+        assert json.loads((tmp_path / "ok" / "wer.json").read_text())["utterances"] == 6
+        capsys.readouterr()
+        fail_writes_to(monkeypatch, "alignment.txt", errno.ENOSPC)
+        out = tmp_path / "full"
+        assert evaluate(["--checkpoint", str(exp / "epoch0.pt"), "--data", str(dev), "--out", str(out)]) == 2
+        assert _one_error_line(capsys) == f"error: {out / 'alignment.txt'}: No space left on device"
+        assert sorted(p.name for p in out.iterdir()) == ["hyp.txt", "ref.txt"]  # whole files, no partial one
+    finally:
+        lock.release()

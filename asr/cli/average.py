@@ -14,6 +14,7 @@ from pathlib import Path
 
 from asr.averaging import average_checkpoints, select_checkpoints
 from asr.checkpoint import CheckpointError, save_checkpoint
+from asr.writing import WriteError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         parser.error(str(err))
     out = args.out or args.exp_dir / (f"avg_last{count}.pt" if args.last is not None else f"avg_best{count}.pt")
-    save_checkpoint(out, payload)
+    try:
+        save_checkpoint(out, payload)
+    except WriteError as err:  # a full disk, a denied write: nothing partial is left at out
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
     return 0
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from asr.checkpoint import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
+from asr.writing import WriteError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         convert_checkpoint(args.source, args.target, trust_source=True)
         load_checkpoint(args.target)  # the result must pass the safe reader
-    except CheckpointError as err:
+    except (CheckpointError, WriteError) as err:
         parser.error(str(err))
     print(f"converted {args.source} into {args.target} (checkpoint format {FORMAT_VERSION})")
     return 0

@@ -43,7 +43,8 @@ Utterances that cannot be used (missing audio, audio whose header or samples
 cannot be read, NaN samples, an empty transcript) are left out with a logged
 reason and counted in ``wer.json``: ``skipped`` (how many) and ``skips``
 (counts by reason, and each one's message naming the file), never dropped
-silently. One bad file never stops the evaluation.
+silently. One bad file never stops the evaluation. Each output file is written whole or not
+at all; a full disk or a denied write ends with one line ``error: <file>: <reason>``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
 from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
+from asr.writing import WriteError, atomic_write
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     if not scored:
         print(f"error: {where}: no utterance could be read\n{report.summary()}", file=sys.stderr)
         return 2
-    summary = write_results(out, scored, result, report, elapsed)
+    try:
+        summary = write_results(out, scored, result, report, elapsed)
+    except WriteError as err:  # a full disk, a denied write: one line naming the file, no partial file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     summary.update(
         settings=settings.to_dict(), beam=settings.decoding.beam_size, ctc_weight=settings.decoding.ctc_weight,
         length_penalty=settings.decoding.length_penalty, data=where,
@@ -133,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     if recogniser.pruned:
         summary["pruning"] = [{"checkpoint": str(c), **p.to_dict()} for c, p in zip(checkpoints, recogniser.pruned)]
     summary.update(strategy_summary(result, settings, by_length, {u.id for u, _ in scored}))
-    (out / "wer.json").write_text(json.dumps(summary, indent=2) + "\n")
+    try:
+        atomic_write(out / "wer.json", json.dumps(summary, indent=2) + "\n")
+    except WriteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print_summary(summary, where, report, out)
     for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
         print(f"model {checkpoint} {pruned.describe()}")
@@ -183,10 +193,9 @@ def write_results(out: Path, scored: list[tuple[Utterance, str]], result: Corpus
     audio_seconds = sum(u.duration for u, _ in scored)
     rates = error_rates(refs, hyps, ids)
     by_length = error_rates_by_length(refs, hyps, ids)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hyp.txt").write_text("".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
-    (out / "ref.txt").write_text("".join(f"{i} {r}\n" for i, r in zip(ids, refs)))
-    (out / "alignment.txt").write_text(alignment_report(refs, hyps, ids))
+    atomic_write(out / "hyp.txt", "".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
+    atomic_write(out / "ref.txt", "".join(f"{i} {r}\n" for i, r in zip(ids, refs)))
+    atomic_write(out / "alignment.txt", alignment_report(refs, hyps, ids))
     return {
         **rates,
         "by_length": by_length,

@@ -9,13 +9,27 @@ Several processes with DistributedDataParallel (gloo on CPU, nccl on GPUs)::
     torchrun --nproc_per_node=2 -m asr.train recipes/fsdd_las.yaml
 
 What the run writes into its ``exp_dir`` is listed in :mod:`asr.training.trainer`.
+``--resume`` may come anywhere among the arguments.
+
+One run at a time per ``exp_dir``: the run holds ``exp_dir/train.lock`` (:mod:`asr.training.runlock`).
+SIGTERM, SIGINT or SIGUSR1 stop it after the step in progress with a resumable
+``last.pt`` (:mod:`asr.training.signals`).
+
+Exit status: 0 the run finished; 2 it could not go on (a config, data or checkpoint error,
+a file that could not be written, a folder in use), with one line ``error: ...``;
+75 stopped on a signal after writing ``last.pt`` (continue with ``--resume``);
+128 + N stopped at once by a second signal N (143 for SIGTERM), ``last.pt`` is the one before.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
+from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from asr.checkpoint import CheckpointError
@@ -25,30 +39,73 @@ from asr.data.demo import prepare_command
 from asr.data.report import DataError
 from asr.experiment import load_experiment_config
 from asr.training import Trainer, TrainingError
+from asr.training.runlock import RunLock, RunLockError
+from asr.training.signals import StopNow, TrainingStopped
+from asr.writing import WriteError
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asr.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe", help="recipe YAML (e.g. recipes/fsdd_las.yaml)")
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     parser.add_argument("--resume", action="store_true", help="continue the run in exp_dir from last.pt")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # intermixed: "RECIPE --resume key=value" as well as "RECIPE key=value --resume"
+    args = build_parser().parse_intermixed_args(argv)
+    lock = None
+    previous_hook = threading.excepthook
+    threading.excepthook = _quiet_tensorboard_write_errors(previous_hook)
     try:
         config = load_experiment_config(args.recipe, args.overrides)
         check_demo_prepared(config.data, prepare_command(args.recipe, args.overrides))
+        if int(os.environ.get("RANK", "0")) == 0:  # one lock for the whole job, taken by its rank 0
+            lock = RunLock(config.exp_dir)
+            Path(config.exp_dir).mkdir(parents=True, exist_ok=True)
+            lock.acquire()
         Trainer(config, resume=args.resume).fit()
         if dist.is_available() and dist.is_initialized():
             # rank 0 still writes checkpoints after the last collective: no rank takes its end of
             # the process group down while another is busy (not on the error path: a rank that
             # failed never reaches a barrier, and the others would wait for it)
             dist.barrier()
-    except (CheckpointError, ConfigError, DataError, TrainingError) as err:
+    except (CheckpointError, ConfigError, DataError, TrainingError, RunLockError, WriteError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except torch.cuda.OutOfMemoryError as err:  # one that could not be skipped (asr.training.step)
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file or folder that could not be made (mkdir of exp_dir, ...)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
+    except TrainingStopped as stopped:
+        print(stopped, file=sys.stderr)
+        return stopped.exit_code
+    except StopNow as stopped:
+        print(f"{stopped}; last.pt is the checkpoint written before it", file=sys.stderr)
+        return stopped.exit_code
     finally:
+        threading.excepthook = previous_hook
+        if lock is not None:
+            lock.release()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _quiet_tensorboard_write_errors(previous):
+    """TensorBoard writes its event file on a thread; a failed write there is raised again in the
+    trainer, which reports it as one error naming the file. Its traceback from the thread is left out."""
+
+    def hook(args):
+        if isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard"):
+            return
+        previous(args)
+
+    return hook
 
 
 if __name__ == "__main__":

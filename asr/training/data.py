@@ -14,6 +14,7 @@ from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_uttera
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.experiment import ExperimentConfig
+from asr.training.signals import ignore_stop_signals
 from features.pipeline import FeaturePipeline
 
 logger = logging.getLogger("asr.train")
@@ -83,4 +84,5 @@ def make_loader(batches, dataset: SpeechDataset, workers: int, seed: int, pin_me
         persistent_workers=False,
         generator=torch.Generator().manual_seed(seed),
         pin_memory=pin_memory,
+        worker_init_fn=ignore_stop_signals,  # the main process stops the run (asr.training.signals)
     )

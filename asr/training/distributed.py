@@ -34,6 +34,13 @@ def init_distributed(device_kind: str) -> Distributed:
     return Distributed(rank=dist.get_rank(), world_size=world_size, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
 
 
+def all_agree(value: bool, device: torch.device) -> bool:
+    """True when ``value`` is True on every rank of the process group (one all-reduce)."""
+    flag = torch.tensor(float(value), device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def device_kind(requested: str) -> str:
     """``cuda`` or ``cpu``: what ``train.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:1``) resolves to."""
     if requested == "auto":

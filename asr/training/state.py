@@ -17,13 +17,14 @@ class Progress:
     batch_in_epoch: int = 0        # batches of this epoch already consumed
     step: int = 0                  # optimizer steps taken
     nonfinite_in_a_row: int = 0
+    oom_in_a_row: int = 0          # batches in a row skipped for CUDA out of memory
     epochs_without_improvement: int = 0
     best: list = field(default_factory=list)  # [(metric, epoch)], best first, at most keep_best
     skipped_in_epoch: dict = field(default_factory=dict)  # reason -> training items skipped so far this epoch
     seconds: float = 0.0           # wall-clock seconds of training and validation so far (pauses between resumes excluded)
 
-    def count_skip(self, reason: str) -> None:
-        self.skipped_in_epoch[reason] = self.skipped_in_epoch.get(reason, 0) + 1
+    def count_skip(self, reason: str, count: int = 1) -> None:
+        self.skipped_in_epoch[reason] = self.skipped_in_epoch.get(reason, 0) + count
 
     def skipped_text(self) -> str:
         """``"2 training utterance(s) skipped (1 non-finite samples, ...)"`` for this epoch."""

@@ -9,7 +9,11 @@
 A step whose loss or gradient norm is not finite never reaches the weights:
 ``backward`` leaves the gradients untouched when the loss is not finite (the
 caller decides whether to drop what was accumulated), and ``update`` clears
-the gradients without stepping when their norm is not finite. Either way the
+the gradients without stepping when their norm is not finite. A batch that runs
+CUDA out of memory in the forward or backward pass is skipped the same way, with
+its gradients dropped and the cache emptied (under DistributedDataParallel only in
+the forward pass, where the ranks still agree before any gradient is exchanged; in
+the backward pass the error is raised). Either way the
 returned :class:`StepOutcome` says why, so the caller can log it with the
 batch's utterances (:func:`describe`) and count it. With gradient accumulation, call ``backward``
 for each batch (``scale=1 / accum``) and ``update`` once.
@@ -27,6 +31,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from asr.data.batching import with_features
+from features.pipeline import FeaturePipeline
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,15 @@ def gradient_groups(model: torch.nn.Module) -> dict[str, str]:
     return groups
 
 
+def out_of_memory_message(batch, where: str) -> str:
+    """``"CUDA out of memory in the forward pass of a batch of 12 utterances, 9600 frames (longest 800)"``."""
+    lengths = batch.feature_lengths
+    return (
+        f"CUDA out of memory in the {where} pass of a batch of {len(batch)} utterances, "
+        f"{int(lengths.sum())} frames (longest {int(lengths.max())})"
+    )
+
+
 def describe(ids: list[str]) -> str:
     """The first few utterance ids of a batch, for a message about it."""
     return ", ".join(ids[:8]) + (f" ... ({len(ids)} utterances)" if len(ids) > 8 else "")
@@ -64,7 +80,9 @@ class TrainingStep:
     parameters: what is clipped (default: every parameter with a gradient);
     grad_clip: the maximum global gradient norm (0 = no clipping, the norm is still checked);
     use_amp: run the forward under bf16 autocast (CUDA);
-    distributed: all-reduce the finiteness checks and the reported loss over the process group.
+    distributed: all-reduce the finiteness checks and the reported loss over the process group;
+    pipeline: computes the features of batches that hold audio (``features.compute_on: device``), inside
+    the out-of-memory guard, since on a GPU they are the first thing the batch allocates.
     """
 
     def __init__(
@@ -76,6 +94,7 @@ class TrainingStep:
         parameters: list[torch.nn.Parameter] | None = None,
         use_amp: bool = False,
         distributed: bool = False,
+        pipeline: FeaturePipeline | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -84,6 +103,7 @@ class TrainingStep:
         self.parameters = parameters
         self.use_amp = use_amp
         self.distributed = distributed
+        self.pipeline = pipeline
         self.groups = gradient_groups(model)
 
     def backward(self, batch, scale: float = 1.0) -> StepOutcome:
@@ -95,15 +115,39 @@ class TrainingStep:
             dist.all_reduce(usable, op=dist.ReduceOp.MIN)  # every rank skips together, or none does
         if usable.item() == 0:
             return StepOutcome(skipped="no utterance left in the batch")
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.use_amp):
-            output = self.model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
-        loss = output.loss
-        finite = torch.isfinite(loss.detach()).float()
+        if batch.audio is not None and self.pipeline is None:
+            raise ValueError("the batch holds audio (features.compute_on: device) but the step has no pipeline")
+        try:
+            batch = with_features(batch, self.pipeline)
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.use_amp):
+                output = self.model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
+            loss = output.loss
+            finite = torch.isfinite(loss.detach()).float()
+        except torch.cuda.OutOfMemoryError:
+            output = loss = finite = None
+        if finite is None:  # out of memory; freed here, outside the except block, whose traceback holds the activations
+            self._free_memory()
+            finite = torch.tensor(-1.0, device=device)  # -1: out of memory, agreed on like a non-finite loss
         if self.distributed:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        if finite.item() < 0:
+            return StepOutcome(skipped=out_of_memory_message(batch, "forward"))
         if finite.item() == 0:
             return StepOutcome(skipped=f"non-finite loss {loss.item()}")
-        (loss * scale).backward()
+        try:
+            (loss * scale).backward()
+        except torch.cuda.OutOfMemoryError:
+            if self.distributed:
+                # The other ranks are inside DistributedDataParallel's gradient all-reduce,
+                # which this rank cannot join: no agreed skip is possible here.
+                raise torch.cuda.OutOfMemoryError(
+                    f"{out_of_memory_message(batch, 'backward')}; under DistributedDataParallel a batch can be "
+                    "skipped only when the forward pass runs out of memory. Lower data.max_frames_per_batch"
+                ) from None
+            output = loss = None  # the graph and its activations go with them
+        if loss is None:  # out of memory in the backward pass
+            self._free_memory()
+            return StepOutcome(skipped=out_of_memory_message(batch, "backward"))
         value = loss.detach()
         if self.distributed:
             dist.all_reduce(value)
@@ -129,6 +173,13 @@ class TrainingStep:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(grad_norm=float(norm), group_norms=groups)
+
+    def _free_memory(self) -> None:
+        """After CUDA ran out of memory: drop the gradients (the caller skips the batch) and return
+        the cached blocks, so the next batch starts from what the weights and optimizer hold."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _group_norms(self, params: list[torch.nn.Parameter]) -> dict[str, float]:
         """Group -> norm of the gradients of ``params`` in that group."""

@@ -12,13 +12,19 @@ run so far, so that curves can be drawn against either; for models that expose
 their attention, ``alignment/<utterance>`` images of a few dev utterances, also
 written as ``alignment_<utterance>.png`` at every validation, so the files hold
 the last one), ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
-``train.keep_last`` epochs and the best ``train.keep_best`` epochs as
-``best_epoch{E}.pt``. Every checkpoint carries the config, tokenizer and
-feature pipeline, so any of them can be used for inference.
+``train.keep_last`` epochs (these can be resumed from too, should ``last.pt`` be unreadable)
+and the best ``train.keep_best`` epochs as ``best_epoch{E}.pt`` (weights only). Every
+checkpoint carries the config, tokenizer and feature pipeline, so any of them can be used
+for inference. ``asr.train`` holds ``train.lock`` while it runs (:mod:`asr.training.runlock`).
+
+A stop signal ends the loop at the next step boundary with ``last.pt`` written
+(:mod:`asr.training.signals`); a batch that runs out of CUDA memory is skipped like a
+non-finite one, logged with its size and counted with the epoch's skipped utterances.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import sys
@@ -29,18 +35,19 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from asr.checkpoint import load_checkpoint, save_checkpoint, save_epoch_checkpoints
-from asr.data.batching import with_features
+from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_epoch_checkpoints
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
 from asr.schedulers import build_scheduler, warmup_updates
 from asr.training.data import build_training_data, make_loader
-from asr.training.distributed import device_kind, init_distributed, resolve_device
+from asr.training.distributed import all_agree, device_kind, init_distributed, resolve_device
+from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
 from asr.training.validation import alignment_figures, alignment_file_name, validate
+from asr.writing import atomic_write, writing
 from features.config import resolve_compute_on
 
 logger = logging.getLogger("asr.train")
@@ -67,11 +74,11 @@ class Trainer:
         logger.info("features computed on the %s (features.compute_on=%s, training on %s)",
                     config.features.compute_on, chosen, self.device)
         self.progress = Progress()
+        self.stop_signals = StopSignals()  # installed while fit() runs
         resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
         if self.dist.is_main:
-            with open(self.exp_dir / "config.yaml", "w") as f:
-                yaml.safe_dump(experiment_config_to_dict(config), f, sort_keys=False)
+            atomic_write(self.exp_dir / "config.yaml", yaml.safe_dump(experiment_config_to_dict(config), sort_keys=False))
         self.data = build_training_data(config, resume_state, self.dist.world_size, self.dist.rank)
         self.tokenizer, self.pipeline = self.data.tokenizer, self.data.pipeline
         self.raw_model = build_model(config.model, self.pipeline.feature_dim, self.tokenizer).to(self.device)
@@ -88,7 +95,7 @@ class Trainer:
         use_amp = self.train_cfg.amp and self.device.type == "cuda"
         self.step = TrainingStep(
             self.model, self.optimizer, self.scheduler, self.train_cfg.grad_clip, use_amp=use_amp,
-            distributed=self.dist.enabled,
+            distributed=self.dist.enabled, pipeline=self.pipeline,
         )
         logger.info(
             "model: %s, %.2fM parameters; features: %d-dim; vocabulary: %d",
@@ -101,7 +108,8 @@ class Trainer:
         if self.dist.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"))
+            with writing(self.exp_dir / "tensorboard"):  # it writes its first event file at once
+                self.writer = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"))
 
     def _resume_state(self, resume: bool) -> dict | None:
         last = self.exp_dir / "last.pt"
@@ -114,21 +122,61 @@ class Trainer:
         if not last.is_file():
             raise TrainingError(f"--resume: no checkpoint to resume from at {last}")
         logger.info("resuming from %s", last)
-        return load_checkpoint(last)
+        try:
+            return load_checkpoint(last)
+        except CheckpointError as err:
+            return self._resume_fallback(last, err)
+
+    def _resume_fallback(self, last: Path, err: CheckpointError) -> dict:
+        """``last.pt`` cannot be read (cut short by a copy, say): resume from the newest readable
+        ``epoch{E}.pt``, which carries the same training state at the end of its epoch."""
+        numbered = [(int(p.stem[5:]), p) for p in self.exp_dir.glob("epoch*.pt") if p.stem[5:].isdigit()]
+        for _, path in sorted(numbered, reverse=True):
+            try:
+                state = load_checkpoint(path)
+            except CheckpointError as other:
+                logger.warning("--resume: %s cannot be read either (%s)", path, other)
+                continue
+            if "optimizer" not in (state.get("training") or {}):
+                logger.warning("--resume: %s has no optimizer state (written by an older version)", path)
+                continue
+            logger.warning("--resume: %s cannot be read (%s); resuming from %s instead", last, err, path)
+            return state
+        raise TrainingError(f"--resume: {last} cannot be read ({err}), and no epoch checkpoint beside it can be resumed")
 
     # ------------------------------------------------------------------ loops
 
     def fit(self) -> Progress:
         self._clock = (time.time(), self.progress.seconds)  # a resumed run continues its clock
         try:
-            while self.progress.epoch < self.train_cfg.max_epochs and not self._reached_max_steps():
-                if self._train_epoch():  # early stopping fired
-                    break
+            with self.stop_signals:
+                while self.progress.epoch < self.train_cfg.max_epochs and not self._reached_max_steps():
+                    self._stop_if_asked()
+                    if self._train_epoch():  # early stopping fired
+                        break
         finally:
             if self.writer is not None:
-                self.writer.close()
+                with writing(self._event_file()):
+                    self.writer.close()
         logger.info("training finished after %d steps (epoch %d)", self.progress.step, self.progress.epoch)
         return self.progress
+
+    def _stop_if_asked(self) -> None:
+        """At a step boundary: after a stop signal to any rank, write last.pt and raise TrainingStopped."""
+        asked = self.stop_signals.received is not None
+        if self.dist.enabled:
+            asked = not all_agree(not asked, self.device)  # every rank stops after the same step
+        if not asked:
+            return
+        progress = self.progress
+        self._save_last()
+        if self.dist.enabled:
+            torch.distributed.barrier()  # rank 0's checkpoint is on disk before any rank leaves
+        where = f"step {progress.step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})"
+        why = self.stop_signals.name or "a stop signal to another rank"
+        message = f"stopped by {why} after {where}; {self.exp_dir / 'last.pt'} written, continue with --resume"
+        logger.warning(message)
+        raise TrainingStopped(message)
 
     def _reached_max_steps(self) -> bool:
         return self.train_cfg.max_steps is not None and self.progress.step >= self.train_cfg.max_steps
@@ -148,11 +196,13 @@ class Trainer:
         bar = tqdm(total=len(batches), desc=f"epoch {epoch}", disable=None if self.dist.is_main else True, leave=False)
         accumulated, utterances, start = 0, 0, time.time()
         for batch in self._loader(batches, self.data.train_set, epoch):
+            if accumulated == 0:  # a step boundary: nothing accumulated that a resume would lose
+                self._stop_if_asked()
             progress.batch_in_epoch += 1
             accumulated += 1
             self._count_skips(batch)
             rates = regularisation_progress(self.raw_model, self.train_cfg, len(sampler), progress.step)
-            outcome = self.step.backward(with_features(batch.to(self.device), self.pipeline), scale=1.0 / cfg.accum_grad)
+            outcome = self.step.backward(batch.to(self.device), scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if outcome.loss is None:
                 self._skipped(outcome.skipped, batch.ids)
@@ -168,7 +218,7 @@ class Trainer:
                 self._skipped(update.skipped, batch.ids)
                 continue
             progress.step += 1
-            progress.nonfinite_in_a_row = 0
+            progress.nonfinite_in_a_row = progress.oom_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
             self._log_step(outcome.loss, update, epoch, rates)
@@ -194,13 +244,14 @@ class Trainer:
         if not self._logs_step(step):
             return
         lr = self.optimizer.param_groups[0]["lr"]
-        self.writer.add_scalar("train/loss", loss, step)
-        self.writer.add_scalar("train/lr", lr, step)
-        self.writer.add_scalar("train/grad_norm", update.grad_norm, step)
-        for group, norm in (update.group_norms or {}).items():
-            self.writer.add_scalar(f"grad_norm/{group}", norm, step)
-        for name, rate in rates.items():  # the scheduled regularisers' rates this update was made with
-            self.writer.add_scalar(f"train/{name}", rate, step)
+        with writing(self._event_file()):
+            self.writer.add_scalar("train/loss", loss, step)
+            self.writer.add_scalar("train/lr", lr, step)
+            self.writer.add_scalar("train/grad_norm", update.grad_norm, step)
+            for group, norm in (update.group_norms or {}).items():
+                self.writer.add_scalar(f"grad_norm/{group}", norm, step)
+            for name, rate in rates.items():  # the scheduled regularisers' rates this update was made with
+                self.writer.add_scalar(f"train/{name}", rate, step)
         logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
 
     def _count_skips(self, batch) -> None:
@@ -216,6 +267,9 @@ class Trainer:
             "%s at epoch %d batch %d; step skipped, weights unchanged (utterances: %s)",
             why, progress.epoch, progress.batch_in_epoch, describe(ids),
         )
+        if why.startswith("CUDA out of memory"):
+            self._out_of_memory(ids)
+            return
         if not why.startswith("non-finite"):
             return
         progress.nonfinite_in_a_row += 1
@@ -224,6 +278,18 @@ class Trainer:
             raise TrainingError(
                 f"{progress.nonfinite_in_a_row} non-finite steps in a row (train.max_nonfinite_in_a_row={limit}); "
                 f"last batch: {describe(ids)}. Lower train.lr, check the data, or enable gradient clipping."
+            )
+
+    def _out_of_memory(self, ids: list[str]) -> None:
+        """A batch skipped for CUDA out of memory: counted with its utterances; too many in a row stop the run."""
+        progress, limit = self.progress, self.train_cfg.max_oom_batches_in_a_row
+        progress.count_skip("CUDA out of memory", len(ids))
+        progress.oom_in_a_row += 1
+        if progress.oom_in_a_row >= limit:
+            raise TrainingError(
+                f"{progress.oom_in_a_row} batches in a row ran out of CUDA memory "
+                f"(train.max_oom_batches_in_a_row={limit}); last batch: {describe(ids)}. "
+                "Lower data.max_frames_per_batch or use a smaller model."
             )
 
     def validate(self) -> dict[str, float]:
@@ -261,11 +327,14 @@ class Trainer:
             logger.info("epoch %d done; %s", epoch, skipped_text)
         if self.writer is not None:
             figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device) if metrics else []
-            write_epoch_summaries(self.writer, self.exp_dir, epoch, progress, metrics, figures)
-        if self.dist.is_main:
-            extra = {"metric": metrics.get(cfg.best_metric), "metric_name": cfg.best_metric, "epoch": epoch, "step": progress.step}
-            save_epoch_checkpoints(self.exp_dir, epoch, self._payload(extra), cfg.keep_last, {e for _, e in progress.best})
+            with writing(self._event_file()):
+                write_epoch_summaries(self.writer, self.exp_dir, epoch, progress, metrics, figures)
         progress.skipped_in_epoch = {}
+        if self.dist.is_main:
+            # epoch{E}.pt can be resumed from, should last.pt be unreadable (see _resume_fallback)
+            extra = {"metric": metrics.get(cfg.best_metric), "metric_name": cfg.best_metric, "epoch": epoch,
+                     "step": progress.step, **self._training_state()}
+            save_epoch_checkpoints(self.exp_dir, epoch, self._payload(extra), cfg.keep_last, {e for _, e in progress.best})
         self._save_last()
         patience = cfg.early_stopping_patience
         if patience is not None and progress.epochs_without_improvement >= patience:
@@ -284,16 +353,24 @@ class Trainer:
             "training": training,
         }
 
-    def _save_last(self) -> None:
-        if not self.dist.is_main:
-            return
-        training = {
+    def _training_state(self) -> dict:
+        """What resuming needs (asr.checkpoint.RESUME_KEYS)."""
+        return {
             "progress": vars(self.progress).copy(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": rng_state(),
         }
-        save_checkpoint(self.exp_dir / "last.pt", self._payload(training))
+
+    def _save_last(self) -> None:
+        if not self.dist.is_main:
+            return
+        save_checkpoint(self.exp_dir / "last.pt", self._payload(self._training_state()))
+
+    def _event_file(self) -> Path:
+        """The TensorBoard event file being written (for an error naming it)."""
+        writer = getattr(getattr(self.writer, "file_writer", None), "event_writer", None)
+        return Path(getattr(writer, "_file_name", self.exp_dir / "tensorboard"))
 
     def _restore(self, state: dict) -> None:
         self.raw_model.load_state_dict(state["model"])
@@ -320,7 +397,9 @@ def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress,
         writer.add_scalar("valid/step", progress.step, epoch + 1)
         writer.add_scalar("valid/minutes", progress.seconds / 60, epoch + 1)
     for utt_id, figure in figures:
-        figure.savefig(exp_dir / alignment_file_name(utt_id), dpi=100)
+        picture = io.BytesIO()
+        figure.savefig(picture, format="png", dpi=100)
+        atomic_write(exp_dir / alignment_file_name(utt_id), picture.getvalue())  # whole or not at all
         writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
     writer.flush()
 def regularisation_progress(model: torch.nn.Module, cfg, batches_per_epoch: int, step: int) -> dict[str, float]:
@@ -354,8 +433,24 @@ def setup_logging(log_file: Path | None) -> None:
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
     handlers = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
-        handlers.append(logging.FileHandler(log_file))
+        handlers.append(_LogFileHandler(log_file))
     for handler in handlers:
         handler.setFormatter(formatter)
         handler._asr_handler = True
         root.addHandler(handler)
+
+
+class _LogFileHandler(logging.FileHandler):
+    """``train.log``: when a record cannot be written (a full disk), say so once on stderr and stop
+    writing the file, instead of logging's traceback for every record; stderr still gets them all."""
+
+    def handleError(self, record) -> None:
+        if not getattr(self, "_failed", False):
+            self._failed = True
+            err = sys.exc_info()[1]
+            sys.stderr.write(f"warning: cannot write {self.baseFilename}: {getattr(err, 'strerror', None) or err}; "
+                             "the log goes on on stderr only\n")
+
+    def emit(self, record) -> None:
+        if not getattr(self, "_failed", False):
+            super().emit(record)
