@@ -16,7 +16,7 @@ from asr.data.demo import demo_corpus
 from asr.data.fsdd import connected_digits
 from asr.data.librispeech import default_cache_dir, read_librispeech
 from asr.data.report import DataError, SkipReport
-from asr.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from asr.data.tokenizer import CharTokenizer, Tokenizer, cached_bpe
 from asr.data.utterance import Utterance
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def load_split(
     if config.demo.enabled and split in config.demo.splits:
         # Synthesised on first use, then read from the cache like any LibriSpeech-layout subset.
         subsets = [*subsets, demo_corpus(config.demo, config.cache_dir or default_cache_dir())[split]]
-    utterances = read_librispeech(subsets, report, config.cache_dir or None)
+    utterances = read_librispeech(subsets, report, config.cache_dir or None, config.prepare_jobs)
     digits = connected_digits(config, split, report)
     utterances.extend(digits)
     if not utterances and subsets:
@@ -68,5 +68,5 @@ def build_tokenizer(config: DataConfig, texts: Iterable[str]) -> Tokenizer:
     if config.tokenizer == "char":
         return CharTokenizer.train(texts)
     if config.tokenizer == "bpe":
-        return BPETokenizer.train(texts, config.bpe_vocab_size)
+        return cached_bpe(texts, config.bpe_vocab_size, config.cache_dir or None, config.prepare_jobs)
     raise ValueError(f"data.tokenizer: unknown kind {config.tokenizer!r} (expected 'char' or 'bpe')")

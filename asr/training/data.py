@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -10,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from asr.data.batching import BucketBatchSampler, collate
 from asr.data.corpus import build_tokenizer, load_split
-from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_utterances
+from asr.data.dataset import SpeechDataset, cached_global_stats, prepare_utterances
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.experiment import ExperimentConfig
@@ -36,9 +37,14 @@ def build_training_data(
 
     A new run trains the tokenizer on the training transcripts and, for global
     MVN, accumulates the statistics; a resumed run takes both from its
-    checkpoint, since they are part of the run.
+    checkpoint, since they are part of the run. The durations, a BPE model and
+    the statistics are kept in ``data.cache_dir`` under keys made from the
+    corpus' files and transcripts and the options they depend on, so a new
+    run on an unchanged corpus loads them; what is computed is computed in
+    ``data.prepare_jobs`` processes.
     """
     data_cfg = config.data
+    start = time.perf_counter()
     train_utts, train_report = load_split(data_cfg, "train")
     if resume_state is not None:
         tokenizer = tokenizer_from_state_dict(resume_state["tokenizer"])
@@ -51,9 +57,8 @@ def build_training_data(
     if resume_state is None:
         pipeline = FeaturePipeline(config.features)
         if config.features.mvn == "global":
-            logger.info("accumulating global MVN statistics over %d training utterances", len(train_utts))
             stats_report = SkipReport(strict=data_cfg.strict)
-            compute_global_stats(train_utts, pipeline, data_cfg.num_workers, stats_report)
+            cached_global_stats(train_utts, pipeline, data_cfg.prepare_jobs, stats_report, data_cfg.cache_dir or None)
             stats_report.log("global MVN statistics")
     valid_utts, valid_report = load_split(data_cfg, "dev")
     valid_utts, _ = prepare_utterances(valid_utts, data_cfg, tokenizer, valid_report, limit_duration=False, name="dev")
@@ -65,7 +70,10 @@ def build_training_data(
         num_replicas=world_size, rank=rank, shortest_first_epochs=config.train.curriculum_epochs,
     )
     valid_batches = list(BucketBatchSampler(valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False))
-    logger.info("train: %d utterances, dev: %d utterances", len(train_utts), len(valid_utts))
+    logger.info(
+        "train: %d utterances, dev: %d utterances (data prepared in %.1f s)",
+        len(train_utts), len(valid_utts), time.perf_counter() - start,
+    )
     return TrainingData(tokenizer, pipeline, train_set, valid_set, sampler, valid_batches)
 
 
