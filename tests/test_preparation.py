@@ -22,6 +22,7 @@ from asr.data.librispeech import manifest_path, read_subset
 from asr.data.parallel import map_chunks
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import BPETokenizer, bpe_cache_path, cached_bpe
+from asr.data.utterance import InMemoryAudio, Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.training.data import build_training_data
 from features.config import FeatureConfig, SpecAugmentConfig
@@ -310,6 +311,19 @@ def test_statistics_are_computed_again_when_a_file_or_a_feature_option_changes(b
     assert run() == 4
     assert run(utterances=bad_utterances[1:]) == 5
     assert run() == 5
+
+
+def test_statistics_of_audio_in_memory_are_keyed_by_its_samples(tmp_path, monkeypatch):
+    # Connected digits are built in memory from a seed on every run: the same samples, the same key.
+    def digits(scale: float) -> list[Utterance]:
+        waves = [torch.sin(torch.arange(8000 + 800 * i) * 0.05 * (i + 1)).unsqueeze(0) * scale for i in range(4)]
+        return [Utterance(f"u{i}", InMemoryAudio(w, 16000), "ONE", w.shape[1] / 16000, "s") for i, w in enumerate(waves)]
+
+    compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    config = FeatureConfig(mvn="global", num_mel_bins=23)
+    for scale in (0.5, 0.5, 0.25):
+        cached_global_stats(digits(scale), FeaturePipeline(config), 1, SkipReport(), tmp_path / "cache")
+    assert compute.calls == 2
 
 
 class _Payload:
