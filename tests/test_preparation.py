@@ -326,6 +326,26 @@ def test_statistics_of_audio_in_memory_are_keyed_by_its_samples(tmp_path, monkey
     assert compute.calls == 2
 
 
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """A span of a file, shaped like the Kaldi/lhotse readers' segments (a ``path`` and where to cut)."""
+
+    path: Path
+    start: float
+    end: float | None = None
+
+
+def test_the_statistics_key_tells_spans_of_one_file_apart(librivox_mini):
+    audio = next(librivox_mini.rglob("*.flac"))
+
+    def key(*spans) -> Path:
+        utterances = [Utterance(f"u{i}", span, "ONE", 1.0, "s") for i, span in enumerate(spans)]
+        return global_stats_path(utterances, FeatureConfig(mvn="global"), "cache")
+
+    assert key(_Span(audio, 0.0, 1.0)) == key(_Span(audio, 0.0, 1.0))
+    assert len({key(_Span(audio, 0.0, 1.0)), key(_Span(audio, 0.0, 1.5)), key(_Span(audio, 0.5, 1.0)), key(audio)}) == 4
+
+
 class _Payload:
     """Unpickling this calls os.system: it creates the marker file."""
 

@@ -295,7 +295,8 @@ def global_stats_path(
     The key is a SHA-256 over:
 
     - each utterance in order: its id, its file's absolute path, size and
-      mtime in nanoseconds (for audio held in memory, the samples themselves).
+      mtime in nanoseconds (and the span, for a segment of a file; for audio
+      held in memory, the samples themselves).
       Size and mtime stand for the content for the reason the duration
       manifest gives (:class:`asr.data.librispeech.DurationManifest`): every
       rewrite of a file changes its mtime; hashing 6 GB of audio on each
@@ -317,9 +318,12 @@ def global_stats_path(
             samples = utt.audio.waveform.detach().to("cpu", torch.float32).contiguous().numpy()
             fingerprint.add("in memory", utt.audio.sample_rate, hashlib.blake2b(samples.tobytes()).digest())
             continue
-        fingerprint.add(os.path.abspath(utt.audio))
+        # A file, or a span of one (a Kaldi segment, a lhotse supervision), which names its file in
+        # ``path``; the repr of such a frozen dataclass carries the span and the channel exactly.
+        path = getattr(utt.audio, "path", utt.audio)
+        fingerprint.add(repr(utt.audio), os.path.abspath(path))
         try:
-            st = os.stat(utt.audio)
+            st = os.stat(path)
             fingerprint.add(st.st_size, st.st_mtime_ns)
         except OSError as err:  # reported as a skip when the statistics are computed; keyed as it is now
             fingerprint.add("cannot stat", err.errno)
