@@ -15,6 +15,8 @@ import soundfile
 import torch
 
 import asr.data.dataset as dataset_module
+from asr.config import ConfigError, from_dict
+from asr.data.config import DataConfig
 import asr.data.librispeech as librispeech_module
 from asr.data import report as reasons
 from asr.data.dataset import cached_global_stats, compute_global_stats, global_stats_path, utterance_features
@@ -385,6 +387,12 @@ def test_a_damaged_statistics_entry_is_ignored_with_a_warning_and_never_runs_cod
 
 
 # ---------------------------------------------------------------- a run's start
+
+
+def test_prepare_jobs_is_a_recipe_option_checked_on_load():
+    assert from_dict(DataConfig, {"prepare_jobs": 3}, "data").prepare_jobs == 3
+    with pytest.raises(ConfigError, match="data: prepare_jobs must be >= 0"):
+        from_dict(DataConfig, {"prepare_jobs": -1}, "data")
 
 
 def test_a_second_start_on_the_same_corpus_computes_nothing(dev_copy, librivox_mini, tmp_path, monkeypatch):
