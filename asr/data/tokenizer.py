@@ -257,7 +257,7 @@ def bpe_cache_path(texts: Sequence[str], vocab_size: int, cache_dir: str | Path 
     The key is a SHA-256 over every transcript in order (sentencepiece's
     result may depend on the order), the vocabulary size, :data:`BPE_OPTIONS`
     and the sentencepiece version: all that decides the model. Hashing the
-    transcripts of train-clean-100 (5 MB) takes milliseconds.
+    transcripts costs a few milliseconds per thousand (docs/performance.md, "Preparation").
     """
     fingerprint = Fingerprint("bpe v1").add(sentencepiece.__version__, vocab_size)
     fingerprint.add(json.dumps(BPE_OPTIONS, sort_keys=True))
@@ -292,8 +292,9 @@ def cached_bpe(
     )
     start = time.perf_counter()
     tokenizer = BPETokenizer.train(texts, vocab_size, threads)
-    if write_atomic(path, lambda f: f.write(tokenizer.model), "BPE model"):
-        logger.info("BPE model trained in %.1f s, kept in %s", time.perf_counter() - start, path)
+    elapsed = time.perf_counter() - start
+    kept = write_atomic(path, lambda f: f.write(tokenizer.model), "BPE model")
+    logger.info("BPE model trained in %.1f s%s", elapsed, f", kept in {path}" if kept else "")
     return tokenizer
 
 
