@@ -109,7 +109,7 @@ def test_global_statistics_never_see_a_bad_frame(tmp_path):
     compute_global_stats(utterances[:4], clean)
     poisoned = FeaturePipeline(FeatureConfig(mvn="global"))
     report = SkipReport()
-    compute_global_stats(utterances, poisoned, num_workers=1, report=report)
+    compute_global_stats(utterances, poisoned, jobs=2, report=report)
     # Exactly the statistics of the good files: the bad ones added nothing.
     assert poisoned.stats.count == clean.stats.count
     assert torch.equal(poisoned.stats.sum, clean.stats.sum)

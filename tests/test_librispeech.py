@@ -118,7 +118,7 @@ def test_a_cache_that_cannot_be_written_costs_only_a_rescan(mini_copy, monkeypat
     real_info = soundfile.info
     monkeypatch.setattr(soundfile, "info", lambda path, *a, **k: counted.append(path) or real_info(path, *a, **k))
     with monkeypatch.context() as patch:
-        patch.setattr("asr.data.librispeech.tempfile.mkstemp", refuse)
+        patch.setattr("asr.data.cache.tempfile.mkstemp", refuse)
         first = read_subset(mini_copy)
     assert len(first) == 5 and not manifest_path(mini_copy).exists()
     assert "could not write duration manifest" in caplog.text

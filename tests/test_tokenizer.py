@@ -21,6 +21,12 @@ from asr.data.tokenizer import (
 )
 
 
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """build_tokenizer keeps BPE models in the cache folder: a per-test one, never the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
 @pytest.fixture(scope="module")
 def transcripts(librivox_mini, fsdd_dev, tmp_path_factory):
     """The librivox_mini and fsdd-dev transcripts, through the corpus reader."""

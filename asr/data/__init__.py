@@ -13,6 +13,9 @@
     dataset.SpeechDataset        utterance -> features (features.pipeline) + token ids
     dataset.make_data_loader     batching.BucketBatchSampler + batching.collate -> batching.Batch
 
+Preparing a run (manifest durations, BPE, dataset.cached_global_stats) is spread over
+processes by parallel.map_chunks and kept for the next run in the cache folder (cache.py).
+
 Every transcript passes through :func:`asr.data.text.normalize_text`, which
 WER scoring uses too.
 """

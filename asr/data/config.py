@@ -86,7 +86,12 @@ class DataConfig:
     num_workers: int = 2              # DataLoader worker processes computing features
     strict: bool = False              # true: the first problem (unreadable file, unknown character, ...) is an error
     seed: int = 0                     # shuffling, dither and SpecAugment draws
-    cache_dir: str = ""               # manifests of read-only subsets; "" = $XDG_CACHE_HOME/lnasr or ~/.cache/lnasr
+    # where preparation keeps what it computed from the corpus (duration manifests, BPE models, global MVN
+    # statistics), so that a new run on the same corpus starts in seconds; "" = $XDG_CACHE_HOME/lnasr or ~/.cache/lnasr
+    cache_dir: str = ""
+    # processes reading audio headers and accumulating global MVN statistics, and sentencepiece's threads
+    # training BPE, when a run starts; 0 = one per CPU core available. The results do not depend on it.
+    prepare_jobs: int = 0
 
     def __post_init__(self) -> None:
         if self.bpe_vocab_size < 8:
@@ -100,6 +105,8 @@ class DataConfig:
             raise ValueError(f"max_frames_per_batch must be positive, got {self.max_frames_per_batch}")
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.prepare_jobs < 0:
+            raise ValueError(f"prepare_jobs must be >= 0 (0 = one per core), got {self.prepare_jobs}")
 
     def resolve(self, path: str | Path) -> Path:
         """``path`` relative to ``root`` (an absolute path stays as it is)."""

@@ -17,7 +17,7 @@ from asr.data.fsdd import connected_digits
 from asr.data.librispeech import default_cache_dir
 from asr.data.report import DataError, SkipReport
 from asr.data.sources import read_sources
-from asr.data.tokenizer import BPETokenizer, CharTokenizer, Tokenizer
+from asr.data.tokenizer import CharTokenizer, Tokenizer, cached_bpe
 from asr.data.utterance import SPLITS, Utterance
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def load_split(
     if config.demo.enabled and split in config.demo.splits:
         # prepared by python -m asr.synth_demo, read like any LibriSpeech-layout subset
         subsets = [*subsets, corpus_subsets(config.demo, config.cache_dir or default_cache_dir())[split]]
-    utterances = read_sources(subsets, report, config.cache_dir or None)
+    utterances = read_sources(subsets, report, config.cache_dir or None, config.prepare_jobs)
     digits = connected_digits(config, split, report)
     utterances.extend(digits)
     if not utterances and subsets:
@@ -79,5 +79,5 @@ def build_tokenizer(config: DataConfig, texts: Iterable[str]) -> Tokenizer:
     if config.tokenizer == "char":
         return CharTokenizer.train(texts)
     if config.tokenizer == "bpe":
-        return BPETokenizer.train(texts, config.bpe_vocab_size)
+        return cached_bpe(texts, config.bpe_vocab_size, config.cache_dir or None, config.prepare_jobs)
     raise ValueError(f"data.tokenizer: unknown kind {config.tokenizer!r} (expected 'char' or 'bpe')")

@@ -18,22 +18,36 @@ carries it in ``Batch.skipped``, and the trainer counts and logs it. With
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
 from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+import features
 from asr.data import report as reasons
 from asr.data.batching import BucketBatchSampler, collate
+from asr.data.cache import Fingerprint, cache_folder, write_atomic
 from asr.data.config import DataConfig
+from asr.data.parallel import map_chunks, processes_used
 from asr.data.report import DataError, Skip, SkipReport
 from asr.data.tokenizer import Tokenizer, UnknownCharactersError
-from asr.data.utterance import Utterance, read_audio
+from asr.data.utterance import InMemoryAudio, Utterance, read_audio
 from features.audio import AudioError, NonFiniteAudioError
+from features.config import FeatureConfig
 from features.filterbank import num_frames
 from features.mvn import GlobalStats
 from features.pipeline import FeaturePipeline, PreparedAudio
+
+logger = logging.getLogger(__name__)
 
 
 def prepare_utterances(
@@ -245,49 +259,172 @@ def _naming(utt: Utterance, err: Exception | str) -> str:
     return f"{utt.source} (utterance {utt.id}): {text}"
 
 
-class _RawFeatures(Dataset):
-    """Un-normalised features of each utterance, for accumulating global MVN statistics (a Skip on failure)."""
+_UTTERANCES_PER_CHUNK = 16  # MVN work per task handed to a process: ~200 s of audio, a fraction of a second
 
-    def __init__(self, utterances: Sequence[Utterance], pipeline: FeaturePipeline):
-        self.utterances = list(utterances)
-        self.pipeline = pipeline
 
-    def __len__(self) -> int:
-        return len(self.utterances)
-
-    def __getitem__(self, index: int) -> torch.Tensor | Skip:
+def _accumulate(pipeline: FeaturePipeline, utterances: list[Utterance]) -> tuple[GlobalStats, list[Skip]]:
+    """Statistics of the raw features of ``utterances``, and a Skip for each whose audio fails (a worker's task)."""
+    stats = GlobalStats(pipeline.feature_dim)
+    skips = []
+    for utt in utterances:
         try:
-            return utterance_features(self.utterances[index], self.pipeline, raw=True)
+            stats.update(utterance_features(utt, pipeline, raw=True))
         except AudioError as err:
-            return audio_skip(err)
+            skips.append(audio_skip(err))
+    return stats, skips
 
 
 def compute_global_stats(
     utterances: Sequence[Utterance],
     pipeline: FeaturePipeline,
-    num_workers: int = 0,
+    jobs: int = 1,
     report: SkipReport | None = None,
 ) -> GlobalStats:
     """Accumulate global MVN statistics over ``utterances`` (no dither) and set them on ``pipeline``.
 
     The same raw features the pipeline normalises, so the statistics match
-    training and inference exactly; ``num_workers`` loader processes share the
-    work. An utterance whose audio fails to decode or holds NaN or infinite
-    samples adds nothing: it is recorded in ``report`` (a :class:`DataError`
-    in strict mode), so no non-finite frame ever reaches the statistics.
+    training and inference exactly. ``jobs`` processes share the work (1 =
+    this process, 0 = one per core), each summing fixed chunks of
+    utterances; the chunk sums are added in order, so the result is the same
+    to the last bit for any ``jobs`` (and equal to a sum utterance by
+    utterance within float64 rounding). An utterance whose audio fails to
+    decode or holds NaN or infinite samples adds nothing: it is recorded in
+    ``report`` (a :class:`DataError` in strict mode, at the first one), so
+    no non-finite frame ever reaches the statistics.
     """
     report = SkipReport() if report is None else report
     stats = GlobalStats(pipeline.feature_dim)
-    loader = DataLoader(_RawFeatures(utterances, pipeline), batch_size=None, num_workers=num_workers)
-    for features in loader:
-        if isinstance(features, Skip):
-            report.add(features)
-            continue
-        stats.update(features)
+    chunks = map_chunks(
+        partial(_accumulate, pipeline), utterances, jobs, _UTTERANCES_PER_CHUNK,
+        desc="global MVN statistics", unit="utt",
+    )
+    for part, skips in chunks:
+        for skip in skips:
+            report.add(skip)
+        stats.count += part.count
+        stats.sum += part.sum
+        stats.sum_squares += part.sum_squares
     if stats.count == 0:
         raise DataError(f"global MVN statistics: no utterance could be read\n{report.summary()}")
     pipeline.stats = stats
     return stats
+
+
+# Feature options that leave the raw features (what the statistics are computed on) as they are:
+# training-time randomness, the normalisation itself, and where training computes its features
+# (``compute_on``, where that option exists). Every other option is part of the cache key, so
+# an option added later invalidates cached statistics until it is listed here.
+_NOT_IN_RAW_FEATURES = frozenset(
+    {"dither", "dither_inference", "speed_perturb", "vtlp", "mvn", "spec_augment", "augment", "compute_on"}
+)
+
+
+def global_stats_path(
+    utterances: Sequence[Utterance], config: FeatureConfig, cache_dir: str | Path | None = None
+) -> Path:
+    """Where :func:`cached_global_stats` keeps the statistics of ``utterances`` under ``config``.
+
+    The key is a SHA-256 over:
+
+    - each utterance in order: its id, its file's absolute path, size and
+      mtime in nanoseconds (and the span, for a segment of a file; for audio
+      held in memory, the samples themselves).
+      Size and mtime stand for the content for the reason the duration
+      manifest gives (:class:`asr.data.librispeech.DurationManifest`): every
+      rewrite of a file changes its mtime; hashing 6 GB of audio on each
+      start would cost the minutes the cache saves, where a stat per file
+      costs milliseconds per thousand files;
+    - the feature options that change raw features (all but
+      :data:`_NOT_IN_RAW_FEATURES`);
+    - the source of the ``features`` package and the torch version, so a
+      new feature implementation never meets statistics of the old one.
+    """
+    fingerprint = Fingerprint("global mvn v1").add(torch.__version__)
+    options = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_RAW_FEATURES}
+    fingerprint.add(json.dumps(options, sort_keys=True))
+    for source in sorted(Path(features.__file__).parent.glob("*.py")):
+        fingerprint.add(source.name, source.read_bytes())
+    for utt in utterances:
+        fingerprint.add(utt.id)
+        if isinstance(utt.audio, InMemoryAudio):
+            samples = utt.audio.waveform.detach().to("cpu", torch.float32).contiguous().numpy()
+            fingerprint.add("in memory", utt.audio.sample_rate, hashlib.blake2b(samples.tobytes()).digest())
+            continue
+        # A file, or a span of one (a Kaldi segment, a lhotse supervision), which names its file in
+        # ``path``; the repr of such a frozen dataclass carries the span and the channel exactly.
+        path = getattr(utt.audio, "path", utt.audio)
+        fingerprint.add(repr(utt.audio), os.path.abspath(path))
+        try:
+            st = os.stat(path)
+            fingerprint.add(st.st_size, st.st_mtime_ns)
+        except OSError as err:  # reported as a skip when the statistics are computed; keyed as it is now
+            fingerprint.add("cannot stat", err.errno)
+    return cache_folder(cache_dir, "mvn") / f"{fingerprint.hexdigest()}.pt"
+
+
+def cached_global_stats(
+    utterances: Sequence[Utterance],
+    pipeline: FeaturePipeline,
+    jobs: int = 1,
+    report: SkipReport | None = None,
+    cache_dir: str | Path | None = None,
+) -> GlobalStats:
+    """:func:`compute_global_stats`, or the statistics it computed before for the same utterance files
+    and feature options (see :func:`global_stats_path`), set on ``pipeline`` either way.
+
+    The cache entry keeps the skips found while computing, and they go into
+    ``report`` again, so the log says the same whether or not the statistics
+    were computed. It is read with ``torch.load(weights_only=True)``; one that
+    does not read back as statistics of this feature dimension is ignored with
+    a warning and computed again.
+    """
+    report = SkipReport() if report is None else report
+    path = global_stats_path(utterances, pipeline.config, cache_dir)
+    if path.is_file():
+        try:
+            stats, skips = _load_stats_entry(path, pipeline.feature_dim)
+        except ValueError as err:
+            logger.warning("ignoring unreadable MVN statistics %s (%s); computing them again", path, err)
+        else:
+            logger.info("global MVN statistics of these %d utterances from %s", len(utterances), path)
+            for skip in skips:
+                report.add(skip)
+            pipeline.stats = stats
+            return stats
+    processes = processes_used(jobs, len(utterances), _UTTERANCES_PER_CHUNK)
+    logger.info("accumulating global MVN statistics over %d utterances in %d process(es)", len(utterances), processes)
+    start = time.perf_counter()
+    before = len(report)
+    stats = compute_global_stats(utterances, pipeline, jobs, report)
+    elapsed = time.perf_counter() - start
+    entry = {"stats": stats.state_dict(), "skips": [[s.reason, s.message] for s in report.skips[before:]]}
+    write_atomic(path, lambda f: torch.save(entry, f), "MVN statistics")
+    logger.info(
+        "global MVN statistics: %d utterances (%.1f h) in %.1f s, %.0f utterances/s; kept in %s",
+        len(utterances), sum(u.duration for u in utterances) / 3600, elapsed, len(utterances) / max(elapsed, 1e-9), path,
+    )
+    return stats
+
+
+def _load_stats_entry(path: Path, dim: int) -> tuple[GlobalStats, list[Skip]]:
+    """The statistics and skips in a cache entry; ValueError naming what is wrong with it."""
+    try:
+        entry = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several unrelated types for a damaged file
+        raise ValueError(f"cannot read it: {err}") from err
+    if not isinstance(entry, dict) or not {"stats", "skips"} <= set(entry):
+        raise ValueError("not a statistics entry")
+    stats = GlobalStats.from_state_dict(entry["stats"])
+    if stats.dim != dim or stats.count <= 0:
+        raise ValueError(f"statistics of dimension {stats.dim} over {stats.count} frames, expected dimension {dim}")
+    if not (torch.isfinite(stats.sum).all() and torch.isfinite(stats.sum_squares).all()):
+        raise ValueError("the statistics hold NaN or infinite values")
+    skips = entry["skips"]
+    if not isinstance(skips, list) or not all(
+        isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s) for s in skips
+    ):
+        raise ValueError("its list of skipped utterances is malformed")
+    return stats, [Skip(reason, message) for reason, message in skips]
 
 
 def make_data_loader(

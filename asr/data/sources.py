@@ -35,13 +35,14 @@ def source_form(path: str | Path) -> SourceForm:
 
 
 def read_source(
-    path: str | Path, report: SkipReport | None = None, cache_dir: str | Path | None = None
+    path: str | Path, report: SkipReport | None = None, cache_dir: str | Path | None = None, jobs: int = 1
 ) -> list[Utterance]:
     """The utterances at ``path``, read by the reader its form calls for.
 
-    ``cache_dir`` is where the LibriSpeech reader keeps its duration manifests
-    (Kaldi directories and lhotse manifests need none: durations come from
-    ``segments``, one header per recording, or the manifest).
+    ``cache_dir`` is where the LibriSpeech reader keeps its duration manifests, whose headers it
+    reads in ``jobs`` processes (0: one per core; see :func:`asr.data.librispeech.read_subset`).
+    Kaldi directories and lhotse manifests need none: durations come from ``segments``, one header
+    per recording, or the manifest.
     """
     report = SkipReport() if report is None else report
     form = source_form(path)
@@ -49,12 +50,13 @@ def read_source(
         return read_kaldi_dir(path, report)
     if form == "lhotse":
         return read_manifest(path, report)
-    return read_subset(path, report, cache_dir)
+    return read_subset(path, report, cache_dir, jobs)
 
 
 def read_sources(
-    paths: Iterable[str | Path], report: SkipReport | None = None, cache_dir: str | Path | None = None
+    paths: Iterable[str | Path], report: SkipReport | None = None, cache_dir: str | Path | None = None,
+    jobs: int = 1,
 ) -> list[Utterance]:
     """The utterances of several sources, concatenated (each read with :func:`read_source`)."""
     report = SkipReport() if report is None else report
-    return [utterance for path in paths for utterance in read_source(path, report, cache_dir)]
+    return [utterance for path in paths for utterance in read_source(path, report, cache_dir, jobs)]

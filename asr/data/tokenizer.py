@@ -16,23 +16,49 @@ Both tokenisers are trained on already normalised transcripts
 so ``decode(encode(x)) == x`` for any normalised ``x`` they know every
 character of. Their :meth:`~Tokenizer.state_dict` is plain data (the BPE
 model as bytes), stored inside checkpoints so a model file is self-contained.
+
+Training BPE on a large corpus takes a while, so :func:`cached_bpe` keeps the
+model in the cache folder under a key made from everything that decides it
+(the transcripts, the vocabulary size, the training options and the
+sentencepiece version): a new run on the same transcripts loads it.
 """
 
 from __future__ import annotations
 
 import abc
 import io
-import os
+import json
+import logging
+import time
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import sentencepiece
+
+from asr.data.cache import Fingerprint, cache_folder, write_atomic
+from asr.data.parallel import resolve_jobs
+
+logger = logging.getLogger(__name__)
 
 PAD_ID, SOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS = ("<pad>", "<sos>", "<eos>", "<unk>")
 UNK_SURFACE = "\u2047"  # how decode shows <unk>: "⁇" (sentencepiece's choice), visible and never in a transcript
 BPE_WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁" marking a word start
+
+# How every BPE model is trained (besides the transcripts, the vocabulary size and the thread count).
+# Part of the cache key: change one, and cached models are trained again.
+BPE_OPTIONS = dict(
+    model_type="bpe",
+    hard_vocab_limit=False,
+    character_coverage=1.0,              # never map a training character to <unk>
+    normalization_rule_name="identity",  # normalize_text is the only normalisation
+    pad_id=PAD_ID, bos_id=SOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+    pad_piece=SPECIAL_TOKENS[PAD_ID], bos_piece=SPECIAL_TOKENS[SOS_ID],
+    eos_piece=SPECIAL_TOKENS[EOS_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
+    unk_surface=UNK_SURFACE,
+)
 
 
 class UnknownCharactersError(ValueError):
@@ -163,7 +189,11 @@ class BPETokenizer(Tokenizer):
     def __init__(self, model: bytes):
         super().__init__()
         self.model = bytes(model)
+        if not self.model:
+            raise ValueError("empty sentencepiece model")
         self._sp = sentencepiece.SentencePieceProcessor(model_proto=self.model)
+        if self._sp.get_piece_size() < len(SPECIAL_TOKENS):
+            raise ValueError(f"sentencepiece model has {self._sp.get_piece_size()} pieces, fewer than the specials")
         specials = tuple(self._sp.id_to_piece(i) for i in range(len(SPECIAL_TOKENS)))
         if specials != SPECIAL_TOKENS:
             raise ValueError(f"sentencepiece model has special pieces {specials}, expected {SPECIAL_TOKENS}")
@@ -174,12 +204,14 @@ class BPETokenizer(Tokenizer):
         self._known = frozenset((chars - {BPE_WORD_BOUNDARY}) | {" "})
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int, threads: int = 0) -> "BPETokenizer":
         """Train on ``texts`` in memory; ``vocab_size`` (specials included) is an upper bound.
 
         The vocabulary stops growing when no pair is left to merge, so a small
         corpus gives a smaller vocabulary instead of an error
-        (``hard_vocab_limit=False``).
+        (``hard_vocab_limit=False``). ``threads``: sentencepiece's threads (0 =
+        one per core); the pieces and their scores do not depend on it, only the
+        thread count recorded in the model's training spec does.
         """
         texts = [t for t in texts if t]
         if not texts:
@@ -189,17 +221,10 @@ class BPETokenizer(Tokenizer):
             sentencepiece.SentencePieceTrainer.train(
                 sentence_iterator=iter(texts),
                 model_writer=buffer,
-                model_type="bpe",
                 vocab_size=vocab_size,
-                hard_vocab_limit=False,
-                character_coverage=1.0,           # never map a training character to <unk>
-                normalization_rule_name="identity",  # normalize_text is the only normalisation
-                pad_id=PAD_ID, bos_id=SOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-                pad_piece=SPECIAL_TOKENS[PAD_ID], bos_piece=SPECIAL_TOKENS[SOS_ID],
-                eos_piece=SPECIAL_TOKENS[EOS_ID], unk_piece=SPECIAL_TOKENS[UNK_ID],
-                unk_surface=UNK_SURFACE,
-                num_threads=min(4, os.cpu_count() or 1),
+                num_threads=resolve_jobs(threads),
                 minloglevel=2,
+                **BPE_OPTIONS,
             )
         except RuntimeError as err:
             raise ValueError(f"sentencepiece could not train a BPE model with vocab size {vocab_size}: {err}") from err
@@ -224,6 +249,53 @@ class BPETokenizer(Tokenizer):
 
     def state_dict(self) -> dict:
         return {"type": "bpe", "model": self.model}
+
+
+def bpe_cache_path(texts: Sequence[str], vocab_size: int, cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`cached_bpe` keeps the model trained on ``texts`` (empty ones left out) with ``vocab_size``.
+
+    The key is a SHA-256 over every transcript in order (sentencepiece's
+    result may depend on the order), the vocabulary size, :data:`BPE_OPTIONS`
+    and the sentencepiece version: all that decides the model. Hashing the
+    transcripts costs a few milliseconds per thousand (docs/performance.md, "Preparation").
+    """
+    fingerprint = Fingerprint("bpe v1").add(sentencepiece.__version__, vocab_size)
+    fingerprint.add(json.dumps(BPE_OPTIONS, sort_keys=True))
+    for text in texts:
+        if text:
+            fingerprint.add(text)
+    return cache_folder(cache_dir, "bpe") / f"bpe{vocab_size}-{fingerprint.hexdigest()}.model"
+
+
+def cached_bpe(
+    texts: Iterable[str], vocab_size: int, cache_dir: str | Path | None = None, threads: int = 0
+) -> BPETokenizer:
+    """:meth:`BPETokenizer.train`, or the model it trained before on the same transcripts (see :func:`bpe_cache_path`).
+
+    An entry that does not load as a sentencepiece model with our special
+    pieces is ignored with a warning and trained again; the model is written
+    atomically, and a cache that cannot be written only costs training next time.
+    """
+    texts = [t for t in texts if t]
+    path = bpe_cache_path(texts, vocab_size, cache_dir)
+    if path.is_file():
+        try:
+            tokenizer = BPETokenizer(path.read_bytes())
+        except (OSError, RuntimeError, ValueError) as err:  # sentencepiece raises RuntimeError for a bad proto
+            logger.warning("ignoring unreadable BPE model %s (%s); training it again", path, err)
+        else:
+            logger.info("BPE model (vocabulary %d) of these %d transcripts from %s", tokenizer.vocab_size, len(texts), path)
+            return tokenizer
+    logger.info(
+        "training a BPE model (vocabulary up to %d) on %d transcripts with %d threads",
+        vocab_size, len(texts), resolve_jobs(threads),
+    )
+    start = time.perf_counter()
+    tokenizer = BPETokenizer.train(texts, vocab_size, threads)
+    elapsed = time.perf_counter() - start
+    kept = write_atomic(path, lambda f: f.write(tokenizer.model), "BPE model")
+    logger.info("BPE model trained in %.1f s%s", elapsed, f", kept in {path}" if kept else "")
+    return tokenizer
 
 
 def tokenizer_from_state_dict(state: dict) -> Tokenizer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -10,11 +11,12 @@ from torch.utils.data import DataLoader
 
 from asr.data.batching import BucketBatchSampler, collate
 from asr.data.corpus import build_tokenizer, load_split
-from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_utterances
+from asr.data.dataset import SpeechDataset, cached_global_stats, prepare_utterances
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.experiment import ExperimentConfig
 from asr.training.signals import ignore_stop_signals
+from features.config import resolve_compute_on
 from features.pipeline import FeaturePipeline
 
 logger = logging.getLogger("asr.train")
@@ -37,9 +39,14 @@ def build_training_data(
 
     A new run trains the tokenizer on the training transcripts and, for global
     MVN, accumulates the statistics; a resumed run takes both from its
-    checkpoint, since they are part of the run.
+    checkpoint, since they are part of the run. The durations, a BPE model and
+    the statistics are kept in ``data.cache_dir`` under keys made from the
+    corpus' files and transcripts and the options they depend on, so a new
+    run on an unchanged corpus loads them; what is computed is computed in
+    ``data.prepare_jobs`` processes.
     """
     data_cfg = config.data
+    start = time.perf_counter()
     train_utts, train_report = load_split(data_cfg, "train")
     if resume_state is not None:
         tokenizer = tokenizer_from_state_dict(resume_state["tokenizer"])
@@ -52,13 +59,15 @@ def build_training_data(
     if resume_state is None:
         pipeline = FeaturePipeline(config.features)
         if config.features.mvn == "global":
-            logger.info("accumulating global MVN statistics over %d training utterances", len(train_utts))
             stats_report = SkipReport(strict=data_cfg.strict)
-            compute_global_stats(train_utts, pipeline, data_cfg.num_workers, stats_report)
+            cached_global_stats(train_utts, pipeline, data_cfg.prepare_jobs, stats_report, data_cfg.cache_dir or None)
             stats_report.log("global MVN statistics")
     valid_utts, valid_report = load_split(data_cfg, "dev")
     valid_utts, _ = prepare_utterances(valid_utts, data_cfg, tokenizer, valid_report, limit_duration=False, name="dev")
-    common = dict(seed=data_cfg.seed, strict=data_cfg.strict, compute_on=config.features.compute_on)
+    # The trainer resolves features.compute_on for its device before this; a caller that has not
+    # (a tool, a test) gets the loader path for "auto", as on a CPU.
+    compute_on = resolve_compute_on(config.features.compute_on, "cpu")
+    common = dict(seed=data_cfg.seed, strict=data_cfg.strict, compute_on=compute_on)
     train_set = SpeechDataset(train_utts, pipeline, tokenizer, train=True, **common)
     valid_set = SpeechDataset(valid_utts, pipeline, tokenizer, train=False, **common)
     sampler = BucketBatchSampler(
@@ -66,7 +75,10 @@ def build_training_data(
         num_replicas=world_size, rank=rank, shortest_first_epochs=config.train.curriculum_epochs,
     )
     valid_batches = list(BucketBatchSampler(valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False))
-    logger.info("train: %d utterances, dev: %d utterances", len(train_utts), len(valid_utts))
+    logger.info(
+        "train: %d utterances, dev: %d utterances (data prepared in %.1f s)",
+        len(train_utts), len(valid_utts), time.perf_counter() - start,
+    )
     return TrainingData(tokenizer, pipeline, train_set, valid_set, sampler, valid_batches)
 
 

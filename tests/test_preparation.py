@@ -1,0 +1,419 @@
+"""Preparation at scale: the duration manifest, BPE and global MVN statistics computed in parallel
+(the same results as in one process, bad files skipped and counted the same) and cached by the
+corpus' content (a second start computes nothing; a changed file or option computes again; a
+damaged cache entry is ignored with a warning and never runs code)."""
+
+import dataclasses
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+import asr.data.dataset as dataset_module
+from asr.config import ConfigError, from_dict
+from asr.data.config import DataConfig
+import asr.data.librispeech as librispeech_module
+from asr.data import report as reasons
+from asr.data.dataset import cached_global_stats, compute_global_stats, global_stats_path, utterance_features
+from asr.data.librispeech import manifest_path, read_subset
+from asr.data.parallel import map_chunks
+from asr.data.report import DataError, SkipReport
+from asr.data.tokenizer import BPETokenizer, bpe_cache_path, cached_bpe
+from asr.data.utterance import InMemoryAudio, Utterance
+from asr.experiment import experiment_config_from_dict
+from asr.training.data import build_training_data
+from features.config import FeatureConfig, SpecAugmentConfig
+from features.mvn import GlobalStats
+from features.pipeline import FeaturePipeline
+
+FOLDER = Path("9000") / "1"
+TRANS = FOLDER / "9000-1.trans.txt"
+NAN_ID, CUT_ID = "9000-1-9901", "9000-1-9902"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Nothing goes to the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+
+
+def writable_copy(source: Path, target: Path) -> Path:
+    copy = Path(shutil.copytree(source, target))
+    for path in [copy, *copy.rglob("*")]:  # the shared originals are read-only
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
+
+
+@pytest.fixture
+def dev_copy(fsdd_dev, tmp_path) -> Path:
+    """A writable copy of the connected-digit dev set: 200 utterances of 4 speakers."""
+    return writable_copy(fsdd_dev, tmp_path / "fsdd-dev")
+
+
+def damage(subset: Path) -> dict[str, int]:
+    """Every kind of problem the reader and the statistics meet, among the good files; the counts expected."""
+    folder = subset / FOLDER
+    (folder / "9000-1-0003.flac").write_bytes(b"")                     # empty audio
+    (folder / "9000-1-0004.flac").write_bytes(os.urandom(3000))        # a header that does not read
+    (folder / "9000-1-0005.flac").unlink()                             # a transcript line without audio
+    lines = (subset / TRANS).read_text().splitlines()
+    lines = [line for line in lines if not line.startswith("9000-1-0006 ")]  # audio without a transcript
+    lines.append("9000-1-0007 A SECOND LINE")                          # a repeated id
+    # The header reads but the samples do not (a FLAC cut in the middle), and a float WAV with NaN samples:
+    # found only by the statistics, which decode the audio.
+    good = folder / "9000-1-0000.flac"
+    (folder / f"{CUT_ID}.flac").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    audio, rate = soundfile.read(str(good), dtype="float32")
+    audio[100:200] = np.nan
+    soundfile.write(str(folder / f"{NAN_ID}.wav"), audio, rate, subtype="FLOAT")
+    lines += [f"{CUT_ID} ONE", f"{NAN_ID} ONE"]
+    (subset / TRANS).write_text("\n".join(lines) + "\n")
+    return {
+        reasons.EMPTY_AUDIO: 1, reasons.UNREADABLE_AUDIO: 1, reasons.MISSING_AUDIO: 1,
+        reasons.MISSING_TRANSCRIPT: 1, reasons.DUPLICATE_ID: 1,
+    }
+
+
+class Counting:
+    """Wraps ``owner.name`` and counts its calls."""
+
+    def __init__(self, monkeypatch, owner, name: str):
+        self.calls = 0
+        self.real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, self)
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _square_all(chunk: list[int]) -> list[int]:
+    return [x * x for x in chunk]
+
+
+@pytest.mark.slow  # worker processes
+def test_map_chunks_gives_results_in_order_whatever_the_number_of_processes():
+    items = list(range(103))
+    expected = [[x * x for x in items[i : i + 10]] for i in range(0, 103, 10)]
+    for jobs in (1, 2, 0):
+        assert list(map_chunks(_square_all, items, jobs, 10, "test")) == expected
+    assert list(map_chunks(_square_all, [], 2, 10, "test")) == []
+
+
+# ---------------------------------------------------------------- the duration manifest
+
+
+@pytest.mark.slow  # worker processes
+def test_headers_read_in_processes_give_the_serial_reader_s_utterances_and_skips(dev_copy, tmp_path, monkeypatch):
+    expected_counts = damage(dev_copy)
+    monkeypatch.setattr(librispeech_module, "_HEADERS_PER_CHUNK", 7)  # many chunks from 200 files
+    serial_report, parallel_report = SkipReport(), SkipReport()
+    serial = read_subset(dev_copy, serial_report, tmp_path / "serial", jobs=1)
+    parallel = read_subset(dev_copy, parallel_report, tmp_path / "parallel", jobs=2)
+    assert parallel == serial  # ids, files, transcripts and durations to the last bit, in the same order
+    assert parallel_report.skips == serial_report.skips  # the same messages in the same order
+    assert serial_report.counts() == expected_counts
+    assert len(serial) == 200 - 4 + 2  # four of the originals lost, the cut FLAC and the NaN WAV added
+    for utt in serial[::17]:
+        info = soundfile.info(str(utt.audio))
+        assert utt.duration == info.frames / info.samplerate
+    assert (
+        manifest_path(dev_copy, tmp_path / "serial").read_bytes()
+        == manifest_path(dev_copy, tmp_path / "parallel").read_bytes()
+    )
+
+
+def test_a_second_read_opens_no_header_and_a_new_file_is_the_only_one_read(dev_copy, tmp_path, monkeypatch):
+    first = read_subset(dev_copy, cache_dir=tmp_path / "cache")
+    info = Counting(monkeypatch, soundfile, "info")
+    assert read_subset(dev_copy, cache_dir=tmp_path / "cache") == first
+    assert info.calls == 0
+    shutil.copyfile(dev_copy / FOLDER / "9000-1-0000.flac", dev_copy / FOLDER / "9000-1-9999.flac")
+    with open(dev_copy / TRANS, "a") as f:
+        f.write("9000-1-9999 ONE FIVE EIGHT\n")
+    again = {u.id: u for u in read_subset(dev_copy, cache_dir=tmp_path / "cache")}
+    assert info.calls == 1
+    assert [again[u.id] for u in first] == first
+    assert again["9000-1-9999"].duration == again["9000-1-0000"].duration
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff garbage", b"# lnasr duration manifest v0\n9000/1/x.flac\t1\t2\t3.0\n",
+                                     None], ids=["garbage", "other-version", "bad-duration"])
+def test_a_damaged_manifest_is_ignored_with_a_warning_and_rebuilt(dev_copy, tmp_path, monkeypatch, caplog, content):
+    cache = tmp_path / "cache"
+    first = read_subset(dev_copy, cache_dir=cache)
+    path = manifest_path(dev_copy, cache)
+    if content is None:  # a valid manifest but for one duration that makes no sense
+        lines = path.read_text().splitlines()
+        key, size, mtime, _ = lines[1].split("\t")
+        lines[1] = "\t".join([key, size, mtime, "nan"])
+        content = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(content)
+    info = Counting(monkeypatch, soundfile, "info")
+    with caplog.at_level(logging.WARNING):
+        assert read_subset(dev_copy, cache_dir=cache) == first
+    assert "ignoring unreadable duration manifest" in caplog.text and str(path) in caplog.text
+    assert info.calls == 200
+    assert read_subset(dev_copy, cache_dir=cache) == first  # rebuilt: nothing read this time
+    assert info.calls == 200
+
+
+# ---------------------------------------------------------------- BPE
+
+
+@pytest.fixture
+def transcripts(dev_copy, librivox_mini, tmp_path) -> list[str]:
+    texts = [u.text for u in read_subset(librivox_mini, cache_dir=tmp_path / "cache")]
+    return texts + [u.text for u in read_subset(dev_copy, cache_dir=tmp_path / "cache")]
+
+
+def pieces(tokenizer: BPETokenizer) -> list[tuple[str, float]]:
+    sp = tokenizer._sp
+    return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())]
+
+
+def test_bpe_pieces_do_not_depend_on_the_number_of_threads(transcripts):
+    one, two = BPETokenizer.train(transcripts, 120, threads=1), BPETokenizer.train(transcripts, 120, threads=2)
+    assert pieces(one) == pieces(two) and len(pieces(one)) > 40
+    assert [one.encode(t) for t in transcripts] == [two.encode(t) for t in transcripts]
+
+
+def test_a_bpe_model_is_trained_once_per_transcripts_and_vocabulary(transcripts, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    train = Counting(monkeypatch, BPETokenizer, "train")
+    first = cached_bpe(transcripts, 120, cache)
+    assert train.calls == 1
+    again = cached_bpe(transcripts, 120, cache)
+    assert train.calls == 1 and again.model == first.model
+    assert pieces(first) == pieces(BPETokenizer.train(transcripts, 120))  # the cached model is the trained one
+    assert train.calls == 2
+    cached_bpe(transcripts, 100, cache)  # another vocabulary size
+    assert train.calls == 3
+    changed = transcripts[:-1] + [transcripts[-1] + " ONE"]
+    cached_bpe(changed, 120, cache)  # one transcript changed
+    assert train.calls == 4
+    assert len({bpe_cache_path(t, v, cache) for t, v in ((transcripts, 120), (transcripts, 100), (changed, 120))}) == 3
+
+
+@pytest.mark.parametrize("content", [b"", b"\x08\x96\x01 not a model", "half"])
+def test_a_damaged_bpe_model_is_ignored_with_a_warning_and_trained_again(transcripts, tmp_path, caplog, content):
+    cache = tmp_path / "cache"
+    first = cached_bpe(transcripts, 120, cache)
+    path = bpe_cache_path(transcripts, 120, cache)
+    path.write_bytes(first.model[: len(first.model) // 2] if content == "half" else content)
+    with caplog.at_level(logging.WARNING):
+        again = cached_bpe(transcripts, 120, cache)
+    assert "ignoring unreadable BPE model" in caplog.text and str(path) in caplog.text
+    assert pieces(again) == pieces(first)
+    assert path.read_bytes() == again.model  # written again, whole
+
+
+def test_a_cache_that_cannot_be_written_still_gives_the_tokenizer(transcripts, tmp_path, monkeypatch, caplog):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied (simulated)")
+
+    monkeypatch.setattr("asr.data.cache.tempfile.mkstemp", refuse)
+    tokenizer = cached_bpe(transcripts, 120, tmp_path / "cache")
+    assert pieces(tokenizer) == pieces(BPETokenizer.train(transcripts, 120))
+    assert "could not write BPE model" in caplog.text
+    assert not bpe_cache_path(transcripts, 120, tmp_path / "cache").exists()
+
+
+# ---------------------------------------------------------------- global MVN statistics
+
+
+def reference_stats(utterances, config: FeatureConfig) -> tuple[GlobalStats, int]:
+    """Statistics summed utterance by utterance in this process, as before chunks; and the number skipped."""
+    pipeline, stats, skipped = FeaturePipeline(config), GlobalStats(config.feature_dim), 0
+    for utt in utterances:
+        try:
+            stats.update(utterance_features(utt, pipeline, raw=True))
+        except Exception:  # the bad files; which ones is checked against the report elsewhere
+            skipped += 1
+    return stats, skipped
+
+
+@pytest.mark.slow  # worker processes
+def test_statistics_from_processes_equal_those_of_one_process(dev_copy, tmp_path, monkeypatch):
+    damage(dev_copy)
+    # speaker 9000's 46 good utterances, then the cut FLAC and the NaN WAV
+    utterances = [u for u in read_subset(dev_copy, cache_dir=tmp_path / "cache") if u.speaker == "9000"]
+    monkeypatch.setattr(dataset_module, "_UTTERANCES_PER_CHUNK", 3)
+    config = FeatureConfig(mvn="global", num_mel_bins=40)
+    serial_report, parallel_report = SkipReport(), SkipReport()
+    serial = compute_global_stats(utterances, FeaturePipeline(config), jobs=1, report=serial_report)
+    parallel = compute_global_stats(utterances, FeaturePipeline(config), jobs=2, report=parallel_report)
+    # The same chunks added in the same order: the same numbers to the last bit.
+    assert parallel.count == serial.count
+    assert torch.equal(parallel.sum, serial.sum) and torch.equal(parallel.sum_squares, serial.sum_squares)
+    assert parallel_report.skips == serial_report.skips
+    assert serial_report.counts() == {reasons.UNDECODABLE_AUDIO: 1, reasons.NONFINITE_AUDIO: 1}
+    # Against the sum utterance by utterance: equal up to float64 rounding (the order of the additions differs).
+    reference, skipped = reference_stats(utterances, config)
+    assert skipped == 2 and reference.count == serial.count
+    torch.testing.assert_close(serial.sum, reference.sum, rtol=1e-12, atol=0)
+    torch.testing.assert_close(serial.sum_squares, reference.sum_squares, rtol=1e-12, atol=0)
+    with pytest.raises(DataError, match=CUT_ID):
+        compute_global_stats(utterances, FeaturePipeline(config), jobs=2, report=SkipReport(strict=True))
+
+
+@pytest.fixture
+def bad_utterances(dev_copy, tmp_path):
+    """Twelve utterances, the last two of them a cut FLAC and a NaN WAV."""
+    damage(dev_copy)
+    return [u for u in read_subset(dev_copy, cache_dir=tmp_path / "cache") if u.speaker == "9000"][-12:]
+
+
+def test_statistics_are_computed_once_and_their_skips_reported_every_time(bad_utterances, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    config = FeatureConfig(mvn="global", num_mel_bins=23)
+    results = []
+    for _ in range(2):
+        pipeline, report = FeaturePipeline(config), SkipReport()
+        stats = cached_global_stats(bad_utterances, pipeline, 1, report, cache)
+        assert pipeline.stats is stats
+        results.append((stats, report))
+    assert compute.calls == 1
+    (first, first_report), (second, second_report) = results
+    assert second.count == first.count and torch.equal(second.sum, first.sum)
+    assert torch.equal(second.sum_squares, first.sum_squares)
+    assert second_report.skips == first_report.skips and len(first_report) == 2
+    with pytest.raises(DataError, match=CUT_ID):  # strict mode stops at a cached skip too
+        cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(strict=True), cache)
+
+
+def test_statistics_are_computed_again_when_a_file_or_a_feature_option_changes(bad_utterances, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    config = FeatureConfig(mvn="global", num_mel_bins=23)
+
+    def run(utterances=bad_utterances, features=config) -> int:
+        cached_global_stats(utterances, FeaturePipeline(features), 1, SkipReport(), cache)
+        return compute.calls
+
+    assert run() == 1
+    # Options that leave the raw features alone: the same statistics.
+    assert run(features=dataclasses.replace(config, dither=1.0, spec_augment=SpecAugmentConfig(enabled=True))) == 1
+    assert run(features=dataclasses.replace(config, mvn="utterance", speed_perturb=[0.9, 1.0, 1.1])) == 1
+    # Options that change them, a file that changed, another list of utterances: computed again.
+    assert run(features=dataclasses.replace(config, num_mel_bins=24)) == 2
+    assert run(features=dataclasses.replace(config, frame_shift_ms=12.5)) == 3
+    audio = bad_utterances[0].audio
+    stat = audio.stat()
+    os.utime(audio, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert run() == 4
+    assert run(utterances=bad_utterances[1:]) == 5
+    assert run() == 5
+
+
+def test_statistics_of_audio_in_memory_are_keyed_by_its_samples(tmp_path, monkeypatch):
+    # Connected digits are built in memory from a seed on every run: the same samples, the same key.
+    def digits(scale: float) -> list[Utterance]:
+        waves = [torch.sin(torch.arange(8000 + 800 * i) * 0.05 * (i + 1)).unsqueeze(0) * scale for i in range(4)]
+        return [Utterance(f"u{i}", InMemoryAudio(w, 16000), "ONE", w.shape[1] / 16000, "s") for i, w in enumerate(waves)]
+
+    compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    config = FeatureConfig(mvn="global", num_mel_bins=23)
+    for scale in (0.5, 0.5, 0.25):
+        cached_global_stats(digits(scale), FeaturePipeline(config), 1, SkipReport(), tmp_path / "cache")
+    assert compute.calls == 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """A span of a file, shaped like the Kaldi/lhotse readers' segments (a ``path`` and where to cut)."""
+
+    path: Path
+    start: float
+    end: float | None = None
+
+
+def test_the_statistics_key_tells_spans_of_one_file_apart(librivox_mini):
+    audio = next(librivox_mini.rglob("*.flac"))
+
+    def key(*spans) -> Path:
+        utterances = [Utterance(f"u{i}", span, "ONE", 1.0, "s") for i, span in enumerate(spans)]
+        return global_stats_path(utterances, FeatureConfig(mvn="global"), "cache")
+
+    assert key(_Span(audio, 0.0, 1.0)) == key(_Span(audio, 0.0, 1.0))
+    assert len({key(_Span(audio, 0.0, 1.0)), key(_Span(audio, 0.0, 1.5)), key(_Span(audio, 0.5, 1.0)), key(audio)}) == 4
+
+
+class _Payload:
+    """Unpickling this calls os.system: it creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("damaged", ["garbage", "truncated", "other-dimension", "code"])
+def test_a_damaged_statistics_entry_is_ignored_with_a_warning_and_never_runs_code(
+    bad_utterances, tmp_path, monkeypatch, caplog, damaged
+):
+    cache = tmp_path / "cache"
+    config = FeatureConfig(mvn="global", num_mel_bins=23)
+    first = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
+    path = global_stats_path(bad_utterances, config, cache)
+    marker = tmp_path / "marker"
+    if damaged == "garbage":
+        path.write_bytes(b"\x00" * 100)
+    elif damaged == "truncated":
+        path.write_bytes(path.read_bytes()[:300])
+    elif damaged == "other-dimension":
+        other = GlobalStats(5)
+        other.update(torch.ones(3, 5))
+        torch.save({"stats": other.state_dict(), "skips": []}, path)
+    else:
+        torch.save({"stats": _Payload(marker), "skips": []}, path)
+    compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    with caplog.at_level(logging.WARNING):
+        again = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
+    assert "ignoring unreadable MVN statistics" in caplog.text and str(path) in caplog.text
+    assert compute.calls == 1 and not marker.exists()
+    assert torch.equal(again.sum, first.sum) and again.count == first.count
+    assert torch.equal(torch.load(path, weights_only=True)["stats"]["sum"], first.sum)  # written again
+
+
+# ---------------------------------------------------------------- a run's start
+
+
+def test_prepare_jobs_is_a_recipe_option_checked_on_load():
+    assert from_dict(DataConfig, {"prepare_jobs": 3}, "data").prepare_jobs == 3
+    with pytest.raises(ConfigError, match="data: prepare_jobs must be >= 0"):
+        from_dict(DataConfig, {"prepare_jobs": -1}, "data")
+
+
+def test_a_second_start_on_the_same_corpus_computes_nothing(dev_copy, librivox_mini, tmp_path, monkeypatch):
+    train = writable_copy(librivox_mini, tmp_path / "train")
+    config = experiment_config_from_dict({
+        "features": {"mvn": "global", "num_mel_bins": 23},
+        "data": {"train": [str(train), str(dev_copy)], "dev": [str(dev_copy)], "tokenizer": "bpe",
+                 "bpe_vocab_size": 60, "cache_dir": str(tmp_path / "cache"), "prepare_jobs": 1},
+    })
+    first = build_training_data(config, None)
+    info = Counting(monkeypatch, soundfile, "info")
+    bpe = Counting(monkeypatch, BPETokenizer, "train")
+    stats = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    second = build_training_data(config, None)
+    assert (info.calls, bpe.calls, stats.calls) == (0, 0, 0)
+    assert second.tokenizer.model == first.tokenizer.model
+    assert torch.equal(second.pipeline.stats.sum, first.pipeline.stats.sum)
+    assert second.train_set.utterances == first.train_set.utterances
+    # One training file changed: its header and the statistics again, not the tokenizer (same transcripts).
+    changed = train / "9999" / "1" / "9999-1-0000.flac"
+    stat = changed.stat()
+    os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**6))
+    build_training_data(config, None)
+    assert (info.calls, bpe.calls, stats.calls) == (1, 0, 1)
