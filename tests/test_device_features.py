@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, SHARED_DATA, subprocess_env, tiny_run
+from conftest import PROJECT_ROOT, SHARED_DATA, prepare_tiny_demo, subprocess_env, tiny_run
 
 from asr.checkpoint import load_checkpoint
 from asr.cli.train import main
@@ -152,6 +152,7 @@ def test_features_on_cuda_equal_the_loader_features(mini, tokenizer, name):
 def test_training_with_features_on_the_device_is_training_with_features_in_the_loader(tmp_path):
     """The same run (an epoch, then validation) with each path ends with the same weights, to float
     rounding; each run's config.yaml and train.log say where its features were computed."""
+    prepare_tiny_demo()  # in this test's private cache
     runs = {}
     for where in ("auto", "device"):
         folder = tmp_path / where
@@ -175,6 +176,7 @@ def test_training_with_features_on_the_device_is_training_with_features_in_the_l
 @pytest.mark.slow
 def test_a_resumed_run_with_features_on_the_device_ends_as_the_uninterrupted_run(tmp_path):
     """Stopped after two updates and resumed, the run sees the same batches with the same draws."""
+    prepare_tiny_demo()  # in this test's private cache
     ends = {}
     for name in ("whole", "resumed"):
         folder = tmp_path / name
