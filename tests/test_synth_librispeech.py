@@ -145,13 +145,13 @@ def files(out: Path) -> list[Path]:
 
 
 @pytest.mark.slow  # starts synthesiser processes (Piper's voice is a neural network: seconds)
-def test_the_tiny_corpus_is_read_back_by_the_librispeech_reader(tiny):
+def test_the_tiny_corpus_is_read_back_by_the_librispeech_reader(tiny, tmp_path):
     root = tiny / "LibriSpeech"
     assert {p.name for p in root.iterdir()} == {*synth.SUBSETS, "README.txt", "SPEAKERS.TXT", "synth_options.json"}
     speakers = {}
     for subset in synth.SUBSETS:
         report = SkipReport()
-        utterances = read_subset(root / subset, report, cache_dir=tiny / "cache")
+        utterances = read_subset(root / subset, report, cache_dir=tmp_path)
         assert not report.counts() and utterances
         speakers[subset] = {u.speaker for u in utterances}
         for utterance in utterances:

@@ -54,6 +54,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import resource
 import shutil
 import time
 from collections import Counter, defaultdict
@@ -102,11 +103,11 @@ ESPEAK_VARIANTS = (
 HELD_OUT_VARIANTS = 10  # variants for dev and as many for test, never heard in training
 
 # Words per second at each synthesiser's own setting (eSpeak per word per minute of its rate), measured
-# on Bible and Shakespeare sentences: what turns a drawn duration into a number of words.
-# tests/test_synth_librispeech.py checks them against the synthesisers.
-ESPEAK_WORDS_PER_SECOND_PER_WPM = 3.34 / 160
-PICO_WORDS_PER_SECOND = 2.87  # at rate 100 %
-PIPER_WORDS_PER_SECOND = 3.65  # at length_scale 1
+# on the utterances of a --hours 1 corpus (joined Bible and Shakespeare sentences, pauses included):
+# what turns a drawn duration into a number of words. tests/test_synth_librispeech.py checks them.
+ESPEAK_WORDS_PER_SECOND_PER_WPM = 3.03 / 160
+PICO_WORDS_PER_SECOND = 2.94  # at rate 100 %
+PIPER_WORDS_PER_SECOND = 3.50  # at length_scale 1
 
 
 class SynthCorpusError(RuntimeError):
@@ -422,11 +423,12 @@ _RESAMPLE_BATCH = 16  # utterances resampled per call: one kernel build, bounded
 def make_chapter(chapter: Chapter, root: Path, partial: Path) -> dict[str, float]:
     """Speaks, renders and writes one chapter into ``partial``, then renames it to ``root / chapter.folder``.
 
-    Returns ``{"seconds": audio seconds, "wall": seconds taken}``. Runs in a
-    worker process (or in the caller for ``--jobs 1``); torch runs on one
-    thread so the samples cannot depend on how many threads there are.
+    Returns ``{"seconds": audio seconds, "wall": seconds taken, "cpu": CPU seconds of this process and
+    the synthesiser workers it started}``. Runs in a worker process (or in the caller for ``--jobs 1``);
+    torch runs on one thread so the samples cannot depend on how many threads there are.
     """
     started = time.perf_counter()
+    cpu_started = _cpu_seconds()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -458,7 +460,13 @@ def make_chapter(chapter: Chapter, root: Path, partial: Path) -> dict[str, float
             shutil.rmtree(partial)  # made meanwhile by another run: the same bytes
     finally:
         torch.set_num_threads(threads)
-    return {"seconds": seconds, "wall": time.perf_counter() - started}
+    return {"seconds": seconds, "wall": time.perf_counter() - started, "cpu": _cpu_seconds() - cpu_started}
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its ended children (the synthesiser workers, once closed)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _resample(waveforms: list[np.ndarray], rate: int) -> list[np.ndarray]:
@@ -556,11 +564,10 @@ def generate(out: Path, options: Options, jobs: int | None = None, progress: boo
         root, len(todo), len(corpus.chapters), sum(len(c.utterances) for c in todo), jobs,
     )
     bar = tqdm(total=total, initial=total - sum(len(c.utterances) for c in todo), unit="utt", disable=not progress)
-    made: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # synthesiser -> audio seconds, wall seconds
+    made: dict[str, Counter] = defaultdict(Counter)  # synthesiser -> audio, wall and CPU seconds
 
     def done(chapter: Chapter, result: dict[str, float]) -> None:
-        made[chapter.speaker.synthesiser][0] += result["seconds"]
-        made[chapter.speaker.synthesiser][1] += result["wall"]
+        made[chapter.speaker.synthesiser].update(result)
         bar.update(len(chapter.utterances))
 
     started = time.perf_counter()
@@ -574,10 +581,14 @@ def generate(out: Path, options: Options, jobs: int | None = None, progress: boo
         bar.close()
     shutil.rmtree(partial_root, ignore_errors=True)
     _write_readme(root, corpus)
-    if made:
+    if made:  # the real-time factors of docs/performance.md: audio seconds per CPU second, per synthesiser
         logger.info("made %d chapters in %.1f s", len(todo), time.perf_counter() - started)
-        for name, (seconds, wall) in sorted(made.items()):
-            logger.info("  %s: %.2f h of audio at %.0fx real time per worker", name, seconds / 3600, seconds / max(wall, 1e-9))
+        for name, used in sorted(made.items()):
+            logger.info(
+                "  %s: %.3f h of audio, %.0f CPU s (%.0fx real time per core), %.0f s in workers (%.0fx per worker)",
+                name, used["seconds"] / 3600, used["cpu"], used["seconds"] / max(used["cpu"], 1e-9),
+                used["wall"], used["seconds"] / max(used["wall"], 1e-9),
+            )
     return root
 
 
