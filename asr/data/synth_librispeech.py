@@ -32,10 +32,10 @@ are contiguous text, as LibriSpeech's are.
 Speakers: eSpeak NG voices (an accent crossed with a voice variant; dev and
 test use variants never heard in training, and each other's neither), SVOX
 Pico's two voices (:data:`PICO_SHARE` of the training speakers) and Piper's
-one (:data:`PIPER_SHARE`; by far the slowest), each speaker with a rate,
-pitch, level and background noise drawn once, plus small variations per
-utterance. Pico and Piper have so few voices that they speak training
-speakers only.
+one (:data:`PIPER_SHARE`; by far the slowest), at least one speaker each, each
+speaker with a rate, pitch, level and background noise drawn once, plus small
+variations per utterance. Pico and Piper have so few voices that they speak
+training speakers only.
 
 Behaviour: the corpus depends only on ``--hours``, ``--seed`` and the
 installed synthesiser and text packages (recorded in ``synth_options.json``):
