@@ -239,12 +239,16 @@ def test_an_unwritable_output_is_refused_naming_it(tmp_path, capsys):
     assert f"cannot write the corpus under {tmp_path / 'a_file' / 'out'}" in capsys.readouterr().err
 
 
-def test_a_missing_synthesiser_names_the_pip_command(monkeypatch):
+def test_a_missing_synthesiser_names_the_pip_command_and_leaves_nothing_behind(monkeypatch, tmp_path, capsys):
     def missing():
         raise pico.PicoError("SVOX Pico is not installed (no module named 'ttspico'); install it with: pip install ttspico")
 
     monkeypatch.setattr(pico, "_ttspico", missing)
-    with pytest.raises(synth.SynthCorpusError, match="needs the pico synthesiser: .*pip install ttspico"):
+    assert main([str(tmp_path), *TINY]) == 2
+    assert "needs the pico synthesiser: " in capsys.readouterr().err
+    # nothing recorded: installing it and running again must not find a folder made "with other options"
+    assert not (tmp_path / "LibriSpeech").exists()
+    with pytest.raises(synth.SynthCorpusError, match="pip install ttspico"):
         synth.check_synthesisers(synth.plan(synth.Options(hours=0.02)))
 
 

@@ -551,9 +551,10 @@ def check_synthesisers(corpus: Plan) -> None:
 def generate(out: Path, options: Options, jobs: int | None = None, progress: bool = True) -> Path:
     """Makes (or finishes) the corpus under ``out``; returns ``out/LibriSpeech``."""
     jobs = jobs or os.cpu_count() or 1
-    root = check_output(Path(out), options)
     corpus = plan(options)
+    # before synth_options.json is written: it records the packages' versions, "missing" included
     check_synthesisers(corpus)
+    root = check_output(Path(out), options)
     _write_speakers(root, corpus)
     partial_root = Path(out) / ".synth_partial"
     shutil.rmtree(partial_root, ignore_errors=True)  # chapters a stopped run left half made
