@@ -41,6 +41,9 @@ def test_sentences_are_cut_at_punctuation_and_normalised():
     assert len(long) > 1 and all(s.count <= books.MAX_WORDS for s in long)
     assert " ".join(s.words for s in long) == " ".join(["AND THE KING SAID UNTO HIM"] * 20)
     assert books.sentences("Exeunt &c. 'Tis well.") == [books.Sentence("'tis well.", "'TIS WELL")]
+    # quotation marks go; the apostrophes of 'TIS and of a plural's possessive stay, as LibriSpeech writes them
+    quoted = books.sentences("Thy sons' wives, 'quoth he'.")
+    assert quoted == [books.Sentence("thy sons' wives, quoth he.", "THY SONS' WIVES QUOTH HE")]
 
 
 def test_the_public_domain_text_is_large_and_in_the_toolkits_form():

@@ -111,7 +111,9 @@ def _bible() -> list[Document]:
         raise TextSourceError(f"the King James Bible database is missing: {path} (reinstall: {INSTALL_HINT})")
     connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        books = connection.execute("SELECT TestamentID, BookID, ShortName FROM Books ORDER BY TestamentID, BookID").fetchall()
+        books = connection.execute(
+            "SELECT TestamentID, BookID, ShortName FROM Books ORDER BY TestamentID, BookID"
+        ).fetchall()
         found = []
         for testament, book, name in books:
             rows = connection.execute(

@@ -110,7 +110,8 @@ def speak_many(requests: Sequence[PicoRequest]) -> Iterator[np.ndarray]:
     for voice in voices:
         check_voice(voice)
     job = json.dumps({"voices": voices, "requests": [asdict(r) for r in requests]}).encode()
-    return _Spoken(workers.start("from asr.data.pico import _serve; _serve()", job) if requests else None, len(requests))
+    worker = workers.start("from asr.data.pico import _serve; _serve()", job) if requests else None
+    return _Spoken(worker, len(requests))
 
 
 class _Spoken(Iterator[np.ndarray]):
@@ -131,7 +132,8 @@ class _Spoken(Iterator[np.ndarray]):
         except workers.WorkerStopped:
             message = self._worker.last_message()  # waits for it to end
             self.close()
-            raise PicoError(f"Pico worker stopped early (exit status {self._worker.process.returncode}): {message}") from None
+            status = self._worker.process.returncode
+            raise PicoError(f"Pico worker stopped early (exit status {status}): {message}") from None
         self._left -= 1
         return samples.astype(np.float32) / np.float32(32768)
 

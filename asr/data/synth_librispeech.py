@@ -434,7 +434,9 @@ def make_chapter(chapter: Chapter, root: Path, partial: Path) -> dict[str, float
     try:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        synthesiser = synthesis.get(chapter.speaker.synthesiser, **({"processes": 1} if chapter.speaker.synthesiser == "piper" else {}))
+        name = chapter.speaker.synthesiser
+        # one Piper process per chapter: the chapters run side by side already
+        synthesiser = synthesis.get(name, **({"processes": 1} if name == "piper" else {}))
         spoken = synthesiser.speak([u.request for u in chapter.utterances])
         noise_rng = np.random.default_rng(list(chapter.seed))
         seconds = 0.0
@@ -505,7 +507,8 @@ def recorded_options(options: Options) -> dict:
 
 
 def check_output(out: Path, options: Options) -> Path:
-    """``OUT/LibriSpeech``, created and writable, with options matching any run before; else :class:`SynthCorpusError`."""
+    """``OUT/LibriSpeech``, created and writable, with options matching any run before;
+    else :class:`SynthCorpusError`."""
     root = out / "LibriSpeech"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -529,7 +532,9 @@ def check_output(out: Path, options: Options) -> Path:
                 "give those options to resume it, or another OUT folder"
             )
     elif any(p.name in SUBSETS for p in root.iterdir()):
-        raise SynthCorpusError(f"{root} already holds a corpus this command did not make (no {recorded.name}); use another OUT")
+        raise SynthCorpusError(
+            f"{root} already holds a corpus this command did not make (no {recorded.name}); use another OUT"
+        )
     else:
         recorded.write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return root
