@@ -167,6 +167,11 @@ class Utterance:
         """The transcript."""
         return " ".join(self.sentences)
 
+    def planned_seconds(self, speaker: Speaker) -> float:
+        """Its duration as planned: the silences and the words at the speaker's words per second."""
+        words = sum(s.count(" ") + 1 for s in self.sentences)
+        return self.lead_seconds + self.trail_seconds + words / speaker.words_per_second()
+
 
 @dataclass(frozen=True)
 class Chapter:
@@ -205,7 +210,7 @@ class Plan:
 def draw_seconds(rng: np.random.Generator) -> float:
     """One target duration, spread like train-clean-100's: most 10-17 s, a tail down to 1 s, at most 24.5 s."""
     if rng.random() < 0.8:
-        return float(np.clip(rng.normal(14.3, 2.2), 1.0, MAX_SECONDS))
+        return float(np.clip(rng.normal(13.9, 2.2), 1.0, MAX_SECONDS))
     return float(rng.uniform(1.5, 11.0))
 
 
@@ -235,18 +240,10 @@ def plan(options: Options) -> Plan:
         share = targets[subset] / len(here)
         for speaker in here:
             count = int(rng.choice(CHAPTERS_PER_SPEAKER[0], p=CHAPTERS_PER_SPEAKER[1]))
-            drawn = []
-            total = 0.0
-            while total < share or not drawn:
-                seconds = draw_seconds(rng)
-                drawn.append(seconds)
-                total += seconds
-            count = min(count, len(drawn))
-            bounds = np.linspace(0, len(drawn), count + 1).round().astype(int)
-            for c in range(count):
+            for _ in range(count):  # each chapter an equal part of the speaker's share
                 chapter_id = str(next_chapter)
                 next_chapter += 1
-                book, utterances = _read_chapter(reader, speaker, chapter_id, drawn[bounds[c] : bounds[c + 1]], rng)
+                book, utterances = _read_chapter(reader, speaker, chapter_id, share / count, rng)
                 seed = (options.seed, 3, int(chapter_id))
                 subset_chapters.append(Chapter(subset, speaker, chapter_id, book, tuple(utterances), seed))
         chapters = subset_chapters + chapters
@@ -361,21 +358,23 @@ class _Reader:
         return taken
 
 
-def _read_chapter(reader: _Reader, speaker: Speaker, chapter_id: str, durations: list[float], rng):
+def _read_chapter(reader: _Reader, speaker: Speaker, chapter_id: str, seconds: float, rng):
+    """A chapter's utterances, drawn until their planned durations add up to ``seconds``."""
     book = reader.start_chapter()
-    utterances = []
-    for n, seconds in enumerate(durations):
+    utterances: list[Utterance] = []
+    total = 0.0
+    while total < seconds or not utterances:
+        drawn = draw_seconds(rng)
         lead, trail = float(rng.uniform(0.1, 0.45)), float(rng.uniform(0.1, 0.45))
         request = _request(speaker, rng)
-        speech_seconds = max(0.8, seconds - lead - trail)
-        words = max(1, round(speech_seconds * speaker.words_per_second()))
+        words = max(1, round(max(0.8, drawn - lead - trail) * speaker.words_per_second()))
         most = int((MAX_SECONDS - lead - trail) * speaker.words_per_second())
         sentences = reader.take(book, words, most)
         text = " ".join(s.spoken for s in sentences)
         request = type(request)(**{**asdict(request), "text": text})
         utterances.append(
             Utterance(
-                id=f"{speaker.id}-{chapter_id}-{n:04d}",
+                id=f"{speaker.id}-{chapter_id}-{len(utterances):04d}",
                 sentences=tuple(s.words for s in sentences),
                 request=request,
                 level_db=float(np.clip(speaker.level_db + rng.uniform(-2.0, 2.0), -30.0, -1.0)),
@@ -383,6 +382,7 @@ def _read_chapter(reader: _Reader, speaker: Speaker, chapter_id: str, durations:
                 trail_seconds=trail,
             )
         )
+        total += utterances[-1].planned_seconds(speaker)
     return reader.documents[book].name, utterances
 
 
@@ -622,10 +622,7 @@ def _write_speakers(root: Path, corpus: Plan) -> None:
     minutes = Counter()
     for chapter in corpus.chapters:
         # planned minutes (the README gives the measured hours): known before any audio exists
-        minutes[chapter.speaker.id] += sum(
-            u.lead_seconds + u.trail_seconds + len(u.words.split()) / chapter.speaker.words_per_second()
-            for u in chapter.utterances
-        ) / 60
+        minutes[chapter.speaker.id] += sum(u.planned_seconds(chapter.speaker) for u in chapter.utterances) / 60
     lines = [
         "; Speakers of this synthetic LibriSpeech-shaped corpus (asr.data.synth_librispeech)\n",
         "; MINUTES are planned from the words and the voice's rate; the audio differs a little\n",
