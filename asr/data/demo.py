@@ -73,7 +73,7 @@ import torch
 from tqdm import tqdm
 
 from asr.config import check_range
-from asr.data import espeak, pico, piper
+from asr.data import espeak, pico, piper, synthesis
 from asr.data.report import DataError
 from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import SPLITS
@@ -567,26 +567,23 @@ def _render_all(
     ``progress(n)`` is called after each ``n`` utterances written (a progress bar's ``update``)."""
     transcripts: dict[Path, list[str]] = {}
     seconds = dict.fromkeys(SPLITS, 0.0)
-    # One worker process speaks the whole plan's eSpeak requests in order, so the samples depend only
-    # on the plan (see asr.data.espeak); it synthesises the next utterances while this process writes.
-    # Pico speaks its requests here, in plan order, with engines fresh for this corpus; Piper's are
-    # spoken by worker processes (one per core), in chunks that do not depend on how many there are.
-    spoken = espeak.synthesize_many([p.request for p in plan if isinstance(p.request, espeak.SynthesisRequest)])
-    pico_voices = sorted({p.request.voice for p in plan if isinstance(p.request, pico.PicoRequest)})
-    pico_speaker = pico.Speaker(pico_voices) if pico_voices else None
-    by_piper = piper.speak_many([p.request for p in plan if isinstance(p.request, piper.PiperRequest)])
+    # Each synthesiser speaks all of its requests of the plan as one list, in plan order, in worker
+    # processes that work ahead while this process writes, so the samples depend only on the plan
+    # (see asr.data.synthesis).
+    names = [synthesis.for_request(p.request) for p in plan]
+    synthesisers = {name: synthesis.get(name) for name in dict.fromkeys(names)}
+    spoken = {
+        name: synthesiser.speak([p.request for p, n in zip(plan, names, strict=True) if n == name])
+        for name, synthesiser in synthesisers.items()
+    }
 
-    def speak(planned: _Planned) -> tuple[np.ndarray, int]:
-        if isinstance(planned.request, pico.PicoRequest):
-            return pico_speaker.speak(planned.request), pico.SAMPLE_RATE
-        if isinstance(planned.request, piper.PiperRequest):
-            return next(by_piper), piper.SAMPLE_RATE
-        return next(spoken)
+    def speak(index: int) -> tuple[np.ndarray, int]:
+        return next(spoken[names[index]]), synthesisers[names[index]].sample_rate
 
     try:
         for start in range(0, len(plan), _RESAMPLE_BATCH):
             batch = plan[start : start + _RESAMPLE_BATCH]
-            waveforms, rates = zip(*(speak(p) for p in batch), strict=True)
+            waveforms, rates = zip(*(speak(start + i) for i in range(len(batch))), strict=True)
             speech = resample_mixed(list(waveforms), list(rates), config.sample_rate)
             for planned, waveform in zip(batch, speech, strict=True):
                 audio = _render(planned, waveform, config.sample_rate)
@@ -600,8 +597,8 @@ def _render_all(
                 seconds[planned.split] += audio.size / config.sample_rate
             progress(len(batch))
     finally:
-        spoken.close()  # stops the worker if writing failed half way
-        by_piper.close()  # and Piper's chunks not yet started
+        for each in spoken.values():
+            each.close()  # stops the workers if writing failed half way
     for chapter_dir, lines in transcripts.items():
         speaker, chapter = chapter_dir.parent.name, chapter_dir.name
         (chapter_dir / f"{speaker}-{chapter}.trans.txt").write_text("".join(lines), encoding="utf-8")

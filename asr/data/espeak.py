@@ -45,6 +45,7 @@ _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
 _RATE, _PITCH, _RANGE, _WORDGAP = 1, 3, 4, 7
 
+SAMPLE_RATE = 22050  # what eSpeak NG synthesises at (its workers report it; see Espeak.speak)
 RATE_LIMITS = (80, 450)  # words per minute that eSpeak accepts
 PITCH_LIMITS = (0, 100)  # espeakPITCH and espeakRANGE: 50 is the voice's own setting
 
@@ -265,6 +266,30 @@ def synthesize_many(requests: Sequence[SynthesisRequest]) -> Iterator[tuple[np.n
         worker.process.wait()
     finally:
         worker.close()  # stops it if the caller closed the iterator early
+
+
+class Espeak:
+    """eSpeak NG behind :class:`asr.data.synthesis.Synthesiser`: :func:`synthesize_many` without the rates."""
+
+    name = "espeak"
+    request_type = SynthesisRequest
+    sample_rate = SAMPLE_RATE
+    install_hint = _INSTALL_HINT
+
+    def check(self) -> None:
+        _espeakng_loader()
+        data_path()
+
+    def speak(self, requests: Sequence[SynthesisRequest]) -> Iterator[np.ndarray]:
+        """Each request spoken, in order, by one fresh eSpeak process (see :func:`synthesize_many`)."""
+        spoken = synthesize_many(requests)
+        try:
+            for samples, rate in spoken:
+                if rate != SAMPLE_RATE:  # a future eSpeak release at another rate must not go unnoticed
+                    raise EspeakError(f"eSpeak NG synthesised at {rate} Hz, expected {SAMPLE_RATE} Hz")
+                yield samples
+        finally:
+            spoken.close()
 
 
 def _serve() -> None:

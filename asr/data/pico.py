@@ -11,15 +11,22 @@ An engine carries state from one text to the next (the same text twice in a
 row does not give the same samples), but a fresh engine given the same
 sequence of texts always does. :class:`Speaker` therefore creates its engines
 when it is created: one :class:`Speaker` per corpus, fed in a fixed order,
-makes the same corpus every time.
+makes the same corpus every time. :func:`speak_many` (and :class:`Pico`, its
+:class:`asr.data.synthesis.Synthesiser`) speaks a list of requests with such
+a fresh :class:`Speaker` in a worker process, beside the caller's work.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import dataclass
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from asr.data import workers
 
 VOICES = ("en-US", "en-GB")
 SAMPLE_RATE = 16000
@@ -88,3 +95,80 @@ class Speaker:
         if not pcm:
             raise PicoError(f"SVOX Pico ({request.voice}) returned no audio for {request.text!r}")
         return np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
+
+
+def speak_many(requests: Sequence[PicoRequest]) -> Iterator[np.ndarray]:
+    """Each request spoken, in order, by one fresh :class:`Speaker` in a worker process: float32 at 16 kHz.
+
+    The worker starts at once and speaks ahead of the caller (read on a
+    thread, so a full pipe never stops it). The same list always gives the
+    same samples, the same as a fresh :class:`Speaker` in this process gives.
+    A request Pico rejects ends the iteration with :class:`PicoError` carrying
+    the worker's message; closing the iterator early stops the worker.
+    """
+    voices = sorted({request.voice for request in requests})
+    for voice in voices:
+        check_voice(voice)
+    job = json.dumps({"voices": voices, "requests": [asdict(r) for r in requests]}).encode()
+    worker = workers.start("from asr.data.pico import _serve; _serve()", job) if requests else None
+    return _Spoken(worker, len(requests))
+
+
+class _Spoken(Iterator[np.ndarray]):
+    """The worker's waveforms in order; an iterator rather than a generator so that :meth:`close`
+    stops the worker also when nothing was read yet."""
+
+    def __init__(self, worker: workers.Worker | None, count: int) -> None:
+        self._worker = worker
+        self._reader = workers.ReadAhead(worker, "<i2") if worker else None
+        self._left = count
+
+    def __next__(self) -> np.ndarray:
+        if self._left == 0:
+            self.close()
+            raise StopIteration
+        try:
+            samples = self._reader.next()
+        except workers.WorkerStopped:
+            message = self._worker.last_message()  # waits for it to end
+            self.close()
+            status = self._worker.process.returncode
+            raise PicoError(f"Pico worker stopped early (exit status {status}): {message}") from None
+        self._left -= 1
+        return samples.astype(np.float32) / np.float32(32768)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._reader.join()
+
+
+def _serve() -> None:
+    """Worker side of :func:`speak_many`: a job as JSON on stdin, length-prefixed int16 on stdout."""
+    out = sys.stdout.buffer
+    try:
+        job = json.loads(sys.stdin.buffer.read())
+        speaker = Speaker(job["voices"])
+        for request in job["requests"]:
+            samples = speaker.speak(PicoRequest(**request))
+            # speak() divided the engine's int16 by 32768: multiplying back is exact
+            workers.write_array(out, np.round(samples * 32768).astype("<i2"))
+        out.flush()
+    except (PicoError, ValueError) as err:
+        print(err, file=sys.stderr)
+        sys.exit(1)
+
+
+class Pico:
+    """SVOX Pico behind :class:`asr.data.synthesis.Synthesiser` (:func:`speak_many`)."""
+
+    name = "pico"
+    request_type = PicoRequest
+    sample_rate = SAMPLE_RATE
+    install_hint = _INSTALL_HINT
+
+    def check(self) -> None:
+        _ttspico()
+
+    def speak(self, requests: Sequence[PicoRequest]) -> Iterator[np.ndarray]:
+        return speak_many(requests)

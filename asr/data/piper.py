@@ -218,3 +218,23 @@ def _serve() -> None:
     except (PiperError, ValueError) as err:
         print(err, file=sys.stderr)
         sys.exit(1)
+
+
+class Piper:
+    """Piper behind :class:`asr.data.synthesis.Synthesiser` (:func:`speak_many` over ``processes`` workers,
+    default one per CPU core)."""
+
+    name = "piper"
+    request_type = PiperRequest
+    sample_rate = SAMPLE_RATE
+    install_hint = _INSTALL_HINT
+
+    def __init__(self, processes: int | None = None) -> None:
+        self.processes = processes
+
+    def check(self) -> None:
+        for module in ("piper", "onnxruntime", *VOICES.values()):
+            _import(module)
+
+    def speak(self, requests: Sequence[PiperRequest]) -> Iterator[np.ndarray]:
+        return speak_many(requests, self.processes)
