@@ -165,6 +165,20 @@ def test_transcribe_prints_one_line_per_file_at_any_rate(untrained, fsdd_recordi
     assert all(line.count("\t") == 1 for line in lines)
 
 
+def test_verbose_shows_which_code_computes_the_model(untrained, fsdd_recordings, capsys, monkeypatch):
+    """--verbose names each LSTM's backend; a backend forced by the override is the one shown."""
+    from asr.models.lnlstm import selection
+
+    monkeypatch.setattr(selection, "_programmatic", "reference")
+    wav = str(fsdd_recordings / "3_george_0.wav")
+    assert transcribe.main([str(untrained), wav, "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "runtime: lnlstm_backend_override: reference" in err
+    assert "runtime: lnlstm_backends: {'reference': ['listener.layers.0', 'listener.layers.1', 'speller.cells.0']}" in err
+    assert transcribe.main([str(untrained), wav]) == 0
+    assert "runtime:" not in capsys.readouterr().err
+
+
 def test_transcribe_names_unreadable_and_missing_files_and_goes_on(untrained, tmp_path, capsys, fsdd_recordings):
     bad = tmp_path / "broken.wav"
     bad.write_bytes(b"not audio at all")
