@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import LAS_RECIPE as RECIPE
-from conftest import SHARED_DATA, TINY, prepare_tiny_demo, subprocess_env, tiny_valid
+from helpers import LAS_RECIPE as RECIPE
+from helpers import SHARED_DATA, TINY, prepare_tiny_demo, subprocess_env, tiny_valid
 
 from asr.cli import average, check, evaluate, transcribe
 from asr.checkpoint import CheckpointError, load_checkpoint

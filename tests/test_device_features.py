@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, SHARED_DATA, subprocess_env, tiny_run
+from helpers import PROJECT_ROOT, SHARED_DATA, subprocess_env, tiny_run
 
 from asr.checkpoint import load_checkpoint
 from asr.cli.train import main

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run
+from helpers import tiny_run
 
 from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from asr.cli import average, evaluate, transcribe

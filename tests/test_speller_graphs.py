@@ -180,7 +180,7 @@ def decode_all(model, batch, device):
 
 
 def small_las(kind):
-    from test_las import small_config
+    from helpers import small_las_config as small_config
 
     from asr.models.las import LAS
 

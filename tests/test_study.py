@@ -5,8 +5,8 @@ import shlex
 
 import pytest
 import torch
-from conftest import LAS_RECIPE as RECIPE
-from conftest import TINY
+from helpers import LAS_RECIPE as RECIPE
+from helpers import TINY
 
 from asr import studies as study
 from asr.checkpoint import load_checkpoint

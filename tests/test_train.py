@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from conftest import LAS_RECIPE as RECIPE
-from conftest import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
+from helpers import LAS_RECIPE as RECIPE
+from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
 
 from asr.checkpoint import load_checkpoint
 from asr.cli.train import main

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FailingFile
+from helpers import FailingFile
 
 import asr.checkpoint
 from asr.checkpoint import load_checkpoint, save_checkpoint

@@ -1,9 +1,9 @@
-"""Tests for asr/models/lnlstm_triton.py: the Triton path against the reference path.
+"""Tests for asr/models/lnlstm/backends/triton.py: the Triton path against the reference path.
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter:
-tests/conftest.py sets ``TRITON_INTERPRET=1`` when no GPU is present, before
-any test module is imported, because ``triton.jit`` reads it when
-asr/models/lnlstm_kernels.py is first imported (``test_kernels_are_interpreted_on_cpu``
+:func:`helpers.load_triton_kernels` imports them with ``TRITON_INTERPRET=1`` set for that
+import only, because ``triton.jit`` reads it when
+asr/models/lnlstm/backends/triton_kernels.py is first imported (``test_kernels_are_interpreted_on_cpu``
 checks that this happened). On a machine with a GPU the same tests also run on
 CUDA with compiled kernels and CUDA graphs, and the CPU variants skip unless
 TRITON_INTERPRET=1 is set by hand.
@@ -17,6 +17,7 @@ at most 20 steps) and each test launches a few hundred kernels at most.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import subprocess
 import sys
@@ -36,19 +37,16 @@ from asr.models.lnlstm.backends import triton as lnlstm_triton
 from asr.models.attention import AttentionConfig
 from asr.models.lnlstm import LNLSTM, LNLSTMCell
 from asr.models.speller import Speller, SpellerConfig
+from helpers import load_triton_kernels
 
-try:
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
+_INTERPRETED = load_triton_kernels()  # before anything imports triton (see its docstring)
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 
 
 def _interpreting() -> bool:
-    return HAVE_TRITON and lnlstm_triton.interpreting()
+    return _INTERPRETED
 
 
 DEVICES = [
@@ -66,6 +64,13 @@ DEVICES = [
         ),
     ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    """The interpreter reads TRITON_INTERPRET while kernels run too: set it for each test here only."""
+    if _INTERPRETED:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -331,7 +336,7 @@ def test_kernels_compile_for_a_gpu_without_spills(tmp_path, arch):
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     result = subprocess.run(
         [sys.executable, "-c", _COMPILE_FOR_GPU, str(arch)],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
         text=True,

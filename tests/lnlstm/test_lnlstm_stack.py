@@ -536,3 +536,14 @@ def test_learns_spoken_digits(fsdd_recordings):
     with torch.no_grad():
         accuracy = (model(x_test, len_test).argmax(1) == y_test).float().mean().item()
     assert accuracy >= 0.85, f"held-out accuracy {accuracy:.2f}"
+
+
+def test_parameter_names_are_those_of_earlier_checkpoints():
+    """Checkpoints written before asr/models/lnlstm became a package load: the state dict's names
+    are the ones they hold (a renamed parameter would need a load-time mapping)."""
+    model = LNLSTM(3, 4, num_layers=2, bidirectional=True)
+    per_cell = ["weight_x", "weight_h", "bias", "ln_x.weight", "ln_x.bias", "ln_h.weight", "ln_h.bias",
+                "ln_c.weight", "ln_c.bias"]
+    assert list(model.state_dict()) == [f"cells.{k}.{name}" for k in range(4) for name in per_cell]
+    plain = LNLSTM(3, 4, layer_norm=False)
+    assert list(plain.state_dict()) == ["cells.0.weight_x", "cells.0.weight_h", "cells.0.bias"]
