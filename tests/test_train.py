@@ -19,7 +19,7 @@ import yaml
 from helpers import LAS_RECIPE as RECIPE
 from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
 
-from asr.checkpoint import load_checkpoint
+from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
 from asr.curves import read_scalars
 from asr.experiment import load_experiment_config

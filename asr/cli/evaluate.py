@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.config import ConfigError
 from asr.data import report as reasons

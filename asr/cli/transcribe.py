@@ -27,7 +27,7 @@ from pathlib import Path
 
 import soundfile
 
-from asr.checkpoint import CheckpointError
+from asr.checkpointing import CheckpointError
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.data.report import Skip, SkipReport
 from asr.data.utterance import Utterance

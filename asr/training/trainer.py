@@ -35,7 +35,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_epoch_checkpoints
+from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint, save_epoch_checkpoints
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.models import runtime
@@ -370,7 +370,7 @@ class Trainer:
         }
 
     def _training_state(self) -> dict:
-        """What resuming needs (asr.checkpoint.RESUME_KEYS)."""
+        """What resuming needs (asr.checkpointing.RESUME_KEYS)."""
         return {
             "progress": vars(self.progress).copy(),
             "optimizer": self.optimizer.state_dict(),
