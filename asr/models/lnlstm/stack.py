@@ -24,7 +24,7 @@ class LNLSTM(nn.Module):
             (B, T, H * directions) output.
         bidirectional: add a backward direction; each row's backward pass starts
             at its own last valid frame, not at the padding.
-        layer_norm: the LN-LSTM of the module docstring; False is a plain LSTM.
+        layer_norm: the LN-LSTM of the package docstring; False is a plain LSTM.
         dropout: dropout on every layer's output except the last (as nn.LSTM),
             only in training mode.
         forget_bias: added to the forget-gate pre-activation (0.0 matches nn.LSTM).
