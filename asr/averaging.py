@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpointing import CheckpointError, load_checkpoint
 
 EPOCH_PREFIX = "epoch"
 BEST_PREFIX = "best_epoch"

@@ -66,6 +66,8 @@ class ExperimentConfig:
 
 def experiment_config_from_dict(data: dict) -> ExperimentConfig:
     data = dict(data)
+    # A run's config.yaml also records which code ran (asr.models.runtime): a record, not a setting.
+    data.pop("runtime", None)
     model_data = data.pop("model", None) or {}
     config = from_dict(ExperimentConfig, data)
     config.model = model_config_from_dict(model_data)

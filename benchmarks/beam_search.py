@@ -43,7 +43,6 @@ from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
 from asr.decoding import DecodingOptions, beam_search
 from asr.experiment import load_experiment_config
-from asr.models import speller_graphs
 from asr.models.registry import build_model
 from features.pipeline import FeaturePipeline
 
@@ -117,11 +116,11 @@ def main() -> None:
         return encode_s, search_s, hypotheses
 
     def batched_eager_steps() -> tuple[float, float, list[list[int]]]:
-        speller_graphs._enabled = False
+        model.speller.cuda_graphs = False
         try:
             return batched()
         finally:
-            speller_graphs._enabled = True
+            model.speller.cuda_graphs = True
 
     # Warm-up, and the check that batching changes nothing but the speed.
     if batched()[2] != looped()[2]:

@@ -41,8 +41,8 @@ from types import SimpleNamespace
 import torch
 
 from asr.experiment import load_experiment_config
+from asr.models import lnlstm, runtime
 from asr.models.registry import build_model
-from asr.models import lnlstm
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.interface import EncoderOutput
 from asr.training.trainer import build_optimizer
@@ -137,6 +137,8 @@ def benchmark_recipe(recipe: str, args, device) -> None:
     torch.manual_seed(0)
     feature_dim = FeaturePipeline(config.features).feature_dim
     model = build_model(config.model, feature_dim, tokenizer).to(device).train()
+    for line in runtime.lines(runtime.describe(model, device)):  # which code this measures
+        print(f"  {line}")
     optimizer = build_optimizer(model, config.train)
     amp = config.train.amp and device.type == "cuda"
     frames_per_utterance = round(args.seconds * FRAMES_PER_SECOND)
@@ -195,7 +197,8 @@ def main() -> None:
         where = f"CPU, {args.threads} threads"
     else:
         where = f"GPU: {torch.cuda.get_device_name(device)}"
-    print(f"{where}; torch {torch.__version__}; LNLSTM implementation switch: {lnlstm.get_implementation()}")
+    override = lnlstm.get_implementation() or "none (each recipe's model.lnlstm_backend)"
+    print(f"{where}; torch {torch.__version__}; LNLSTM backend override: {override}")
     print(f"median of {args.repeats} rounds after {args.warmup} warm-up")
     for recipe in args.recipes:
         benchmark_recipe(recipe, args, device)

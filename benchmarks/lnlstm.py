@@ -30,7 +30,8 @@ import time
 import torch
 from torch import nn
 
-from asr.models import lnlstm, lnlstm_ext
+from asr.models import lnlstm
+from asr.models.lnlstm.backends import cpp as lnlstm_ext
 from asr.models.lnlstm import LNLSTM
 
 

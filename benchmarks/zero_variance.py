@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.models.lnlstm import LNLSTMCell
-from asr.models.lnlstm_variants import VARIANTS, per_gate_layer_norm
+from asr.models.lnlstm.variants import VARIANTS, per_gate_layer_norm
 
 ROWS = 28
 HIDDEN = 128

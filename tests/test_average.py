@@ -6,7 +6,7 @@ from torch import nn
 
 from asr.averaging import average_checkpoints, select_checkpoints
 from asr.cli.average import main
-from asr.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from asr.checkpointing import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 

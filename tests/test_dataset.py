@@ -13,19 +13,15 @@ from asr.data import report as reasons
 from asr.data.batching import Batch
 from asr.data.config import DataConfig
 from asr.data.corpus import load_split
-from asr.data.dataset import (
-    SpeechDataset,
-    compute_global_stats,
-    make_data_loader,
-    prepare_utterances,
-    set_loader_epoch,
-)
+from asr.data.batching import BucketBatchSampler
+from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_utterances
 from asr.data.demo import prepare_corpus
 from asr.data.fsdd import build_connected_digits, read_fsdd
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError
 from asr.data.tokenizer import CharTokenizer
 from asr.data.utterance import Utterance
+from asr.training.data import make_loader
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.pipeline import FeaturePipeline
 
@@ -87,9 +83,10 @@ def test_loader_batches_are_the_same_with_several_workers(mini, tokenizer, augme
     batches = {}
     for workers in (0, 2):
         dataset = SpeechDataset(mini, augmenting_pipeline, tokenizer, train=True, seed=config.seed)
-        loader = make_data_loader(dataset, dataclasses.replace(config, num_workers=workers), shuffle=True)
-        set_loader_epoch(loader, 2)
-        batches[workers] = list(loader)
+        sampler = BucketBatchSampler(dataset.num_frames(), config.max_frames_per_batch, shuffle=True, seed=config.seed)
+        sampler.set_epoch(2)
+        dataset.set_epoch(2)
+        batches[workers] = list(make_loader(list(sampler), dataset, workers, config.seed, pin_memory=False))
     assert len(batches[0]) > 1
     for a, b in zip(batches[0], batches[2], strict=True):
         assert a.ids == b.ids and torch.equal(a.features, b.features) and torch.equal(a.tokens, b.tokens)
@@ -98,7 +95,8 @@ def test_loader_batches_are_the_same_with_several_workers(mini, tokenizer, augme
 def test_loader_covers_every_utterance_with_correct_lengths(mini, tokenizer):
     pipeline = FeaturePipeline(FeatureConfig())
     dataset = SpeechDataset(mini, pipeline, tokenizer)
-    loader = make_data_loader(dataset, DataConfig(max_frames_per_batch=1500, num_workers=0), shuffle=False)
+    sampler = BucketBatchSampler(dataset.num_frames(), 1500, shuffle=False)
+    loader = make_loader(sampler, dataset, workers=0, seed=0, pin_memory=False)
     seen = []
     for batch in loader:
         assert isinstance(batch, Batch) and batch.features.shape[2] == 80

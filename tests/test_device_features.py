@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, SHARED_DATA, prepare_tiny_demo, subprocess_env, tiny_run
+from helpers import PROJECT_ROOT, SHARED_DATA, prepare_tiny_demo, subprocess_env, tiny_run
 
-from asr.checkpoint import load_checkpoint
+from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
 from asr.config import ConfigError
 from asr.data.batching import collate, with_features

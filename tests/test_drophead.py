@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_transformer_run
-from test_transformer import make_model, random_batch, teacher_forced
+from helpers import tiny_transformer_run
+from helpers import make_transformer as make_model
+from helpers import teacher_forced
+from helpers import transformer_batch as random_batch
 
 from asr.cli.train import main as train_main
 from asr.config import ConfigError, from_dict

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAS_RECIPE as RECIPE
-from conftest import PROJECT_ROOT, TINY, subprocess_env, tiny_valid
+from helpers import LAS_RECIPE as RECIPE
+from helpers import PROJECT_ROOT, TINY, subprocess_env, tiny_valid
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run
+from helpers import tiny_run
 
-from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint
 from asr.cli import average, evaluate, transcribe
 from asr.cli.train import main as train_main
 from asr.data.dataset import compute_global_stats
@@ -163,6 +163,20 @@ def test_transcribe_prints_one_line_per_file_at_any_rate(untrained, fsdd_recordi
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == list(map(str, files))
     assert all(line.count("\t") == 1 for line in lines)
+
+
+def test_verbose_shows_which_code_computes_the_model(untrained, fsdd_recordings, capsys, monkeypatch):
+    """--verbose names each LSTM's backend; a backend forced by the override is the one shown."""
+    from asr.models.lnlstm import selection
+
+    monkeypatch.setattr(selection, "_programmatic", "reference")
+    wav = str(fsdd_recordings / "3_george_0.wav")
+    assert transcribe.main([str(untrained), wav, "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "runtime: lnlstm_backend_override: reference" in err
+    assert "runtime: lnlstm_backends: {'reference': ['listener.layers.0', 'listener.layers.1', 'speller.cells.0']}" in err
+    assert transcribe.main([str(untrained), wav]) == 0
+    assert "runtime:" not in capsys.readouterr().err
 
 
 def test_transcribe_names_unreadable_and_missing_files_and_goes_on(untrained, tmp_path, capsys, fsdd_recordings):

@@ -17,27 +17,10 @@ from asr.models.listener import ListenerConfig
 from asr.models.lnlstm import LNLSTMCell
 from asr.models.speller import SpellerConfig
 
+from helpers import las_batch as random_batch
+from helpers import small_las_config as small_config
+
 PAD, SOS, EOS = 0, 1, 2
-
-
-def small_config(**options) -> LASConfig:
-    return LASConfig(
-        listener=ListenerConfig(hidden_size=8, num_layers=3, pyramid_layers=2),
-        attention=AttentionConfig(type="location", dim=8, conv_channels=2, conv_kernel=3),
-        speller=SpellerConfig(embedding_dim=4, hidden_size=8, num_layers=2),
-        **options,
-    )
-
-
-def random_batch(vocab=10):
-    torch.manual_seed(1)
-    features = torch.randn(3, 30, 6)
-    feature_lengths = torch.tensor([30, 17, 9])
-    tokens = torch.randint(3, vocab, (3, 5))
-    token_lengths = torch.tensor([5, 3, 1])
-    tokens[1, 3:] = PAD
-    tokens[2, 1:] = PAD
-    return features, feature_lengths, tokens, token_lengths
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_transformer_run, tiny_valid
-from test_transformer import make_model, random_batch, teacher_forced
+from helpers import tiny_transformer_run, tiny_valid
+from helpers import make_transformer as make_model
+from helpers import teacher_forced
+from helpers import transformer_batch as random_batch
 
-from asr.checkpoint import save_checkpoint
+from asr.checkpointing import save_checkpoint
 from asr.cli import evaluate, transcribe
 from asr.cli.train import main as train_main
 from asr.config import ConfigError

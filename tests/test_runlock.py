@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TRANSFORMER_RECIPE as RECIPE  # no demo corpus to prepare: these runs never start
+from helpers import TRANSFORMER_RECIPE as RECIPE  # no demo corpus to prepare: these runs never start
 
-from asr.checkpoint import save_checkpoint
+from asr.checkpointing import save_checkpoint
 from asr.cli.average import main as average_main
 from asr.cli.train import build_parser
 from asr.cli.train import main as train_main

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LAS_RECIPE, TINY, subprocess_env
+from helpers import LAS_RECIPE, TINY, subprocess_env
 from lhotse import CutSet, load_manifest
 from lhotse.kaldi import export_to_kaldi
 from lhotse.recipes import prepare_librispeech

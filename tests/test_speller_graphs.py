@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 
+from asr.models import cuda_graphs as graphs
 from asr.models import speller_graphs
 from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
@@ -124,7 +125,7 @@ def test_replayed_graphs_match_the_eager_loop(kind, heads):
         actual = outputs_and_grads(speller, decoder_input, keys, mask, speller)
         assert_close(actual, expected, tol=1e-5)
     assert len(recorded(speller, "teacher-forced")) == 2, "the first three batches share one bucket"
-    assert speller_graphs._enabled, "a recording failed and the loop fell back to eager runs"
+    assert graphs.SPELLER_POLICY.enabled, "a recording failed and the loop fell back to eager runs"
     copied = copy.deepcopy(speller)  # a copy starts without the original's graphs
     assert len(copied.__dict__["_cuda_graphs"].entries) == 0
 
@@ -179,7 +180,7 @@ def decode_all(model, batch, device):
 
 
 def small_las(kind):
-    from test_las import small_config
+    from helpers import small_las_config as small_config
 
     from asr.models.las import LAS
 
@@ -206,7 +207,7 @@ def test_decoding_recordings_bookkeeping_on_cpu(kind, monkeypatch):
     model = small_las(kind)
     batch = decoding_batch()
     expected = decode_all(model, batch, "cpu")
-    monkeypatch.setattr(speller_graphs, "_decode_on_cpu", True)
+    monkeypatch.setattr(graphs, "emulate_on_cpu", True)
     with torch.no_grad():
         assert speller_graphs.decoding_applies(model.speller, model.init_decoder_state(model.encode(*batch)))
     actual = decode_all(model, batch, "cpu")
@@ -220,7 +221,7 @@ def test_decoding_runs_eagerly_once_the_recordings_are_full(monkeypatch):
     model = small_las("location")
     batch = decoding_batch()
     expected = decode_all(model, batch, "cpu")
-    monkeypatch.setattr(speller_graphs, "_decode_on_cpu", True)
+    monkeypatch.setattr(graphs, "emulate_on_cpu", True)
     monkeypatch.setattr(speller_graphs, "CAPACITY", 1)
     actual = decode_all(model, batch, "cpu")
     assert len(recorded(model.speller, "step")) == 1 and model.speller.__dict__["_cuda_graphs"].full
@@ -232,10 +233,10 @@ def test_decoding_runs_eagerly_once_the_recordings_are_full(monkeypatch):
 def test_replayed_decoding_steps_match_the_eager_decoder(kind, monkeypatch):
     model = small_las(kind).cuda()
     batch = decoding_batch()
-    monkeypatch.setattr(speller_graphs, "_enabled", False)
+    monkeypatch.setattr(model.speller, "cuda_graphs", False)
     expected = decode_all(model, batch, "cuda")
-    monkeypatch.setattr(speller_graphs, "_enabled", True)
+    monkeypatch.setattr(model.speller, "cuda_graphs", True)
     actual = decode_all(model, batch, "cuda")
-    assert speller_graphs._enabled, "a recording failed and the decoder fell back to eager steps"
+    assert graphs.SPELLER_POLICY.enabled, "a recording failed and the decoder fell back to eager steps"
     assert len(recorded(model.speller, "step")) >= 2
     assert actual == expected

@@ -10,8 +10,9 @@ import torch
 from asr.data.batching import Batch
 from asr.models.las import LAS
 from asr.training.step import TrainingStep, gradient_groups
-from test_las import random_batch, small_config
-from test_transformer import make_model
+from helpers import las_batch as random_batch
+from helpers import small_las_config as small_config
+from helpers import make_transformer as make_model
 
 
 def las_step(grad_clip: float) -> TrainingStep:

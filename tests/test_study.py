@@ -5,11 +5,11 @@ import shlex
 
 import pytest
 import torch
-from conftest import LAS_RECIPE as RECIPE
-from conftest import TINY
+from helpers import LAS_RECIPE as RECIPE
+from helpers import TINY
 
 from asr import studies as study
-from asr.checkpoint import load_checkpoint
+from asr.checkpointing import load_checkpoint
 from asr.cli import study as study_cli
 from asr.experiment import load_experiment_config
 from asr.studies import StudyError, folder_name, parse_grid, split_values

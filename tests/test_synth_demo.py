@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import LAS_RECIPE as RECIPE
-from conftest import PROJECT_ROOT, TINY, prepare_tiny_demo, subprocess_env, tiny_run
+from helpers import LAS_RECIPE as RECIPE
+from helpers import PROJECT_ROOT, TINY, prepare_tiny_demo, subprocess_env, tiny_run
 
 from asr.cli import check, evaluate, study, synth_demo
 from asr.cli.train import main as train_main

@@ -22,7 +22,7 @@ from asr.data.report import SkipReport
 from asr.data.text import normalize_text
 from asr.synth_librispeech import main
 
-from conftest import PROJECT_ROOT
+from helpers import PROJECT_ROOT
 
 TINY = ["--hours", "0.02", "--quiet"]
 UTTERANCE_ID = re.compile(r"(\d+)-(\d+)-(\d{4})")

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from conftest import LAS_RECIPE as RECIPE
-from conftest import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
+from helpers import LAS_RECIPE as RECIPE
+from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
 
-from asr.checkpoint import load_checkpoint
+from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
 from asr.curves import read_scalars
 from asr.experiment import load_experiment_config
@@ -41,6 +42,13 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
         assert (exp / name).is_file(), name
     assert len(list(exp.glob("best_epoch*.pt"))) == 1
     assert not (exp / "train.lock").exists()  # the run's lock is released when it ends
+    # The run records which code computed its LSTMs, and that code is what ran.
+    recorded = yaml.safe_load((exp / "config.yaml").read_text())["runtime"]
+    chosen = {name for names in recorded["lnlstm_backends"].values() for name in names}
+    assert {"listener.layers.0", "speller.cells.0"} <= chosen
+    assert set(recorded["lnlstm_backends_ran"]["cpu"]) == set(recorded["lnlstm_backends"])
+    assert "runtime: lnlstm_backends:" in (exp / "train.log").read_text()
+    assert load_experiment_config(exp / "config.yaml").model.lnlstm_backend == "auto"  # loads as a recipe
     assert list((exp / "tensorboard").glob("events.out.tfevents.*"))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -21,56 +21,20 @@ from asr.models.norms import FixNorm, ScaleNorm
 from asr.models.transformer import (
     Conv2dSubsampling,
     EncoderLayer,
-    Transformer,
     TransformerConfig,
     sinusoidal_positions,
 )
 from asr.schedulers import SchedulerConfig, build_scheduler
 
-INPUT_DIM = 20
-VOCAB = 12
-PAD, SOS, EOS = 0, 1, 2
-
-
-def make_model(seed: int = 0, input_dim: int = INPUT_DIM, vocab: int = VOCAB, **overrides) -> Transformer:
-    """A tiny Transformer; ``overrides`` are recipe keys (nested dicts for encoder/decoder)."""
-    data = {
-        "d_model": 32,
-        "heads": 4,
-        "encoder": {"num_layers": 2, "ff_dim": 48},
-        "decoder": {"num_layers": 2, "ff_dim": 48},
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            data[key] = {**data.get(key, {}), **value}
-        else:
-            data[key] = value
-    config = from_dict(TransformerConfig, data, "model")
-    torch.manual_seed(seed)
-    return Transformer(config, input_dim, vocab, pad_id=PAD, sos_id=SOS, eos_id=EOS)
-
+from helpers import EOS, INPUT_DIM, PAD, SOS, VOCAB, teacher_forced
+from helpers import make_transformer as make_model
+from helpers import transformer_batch as random_batch
 
 def placements(encoder: str, decoder: str) -> dict:
     return {"encoder": {"layer_norm": encoder}, "decoder": {"layer_norm": decoder}}
 
 
 ALL_PLACEMENTS = [("pre", "pre"), ("post", "post"), ("pre", "post"), ("post", "pre")]
-
-
-def random_batch(lengths, token_lengths, seed=1, pad_value=0.0):
-    generator = torch.Generator().manual_seed(seed)
-    features = torch.randn(len(lengths), max(lengths), INPUT_DIM, generator=generator)
-    tokens = torch.randint(3, VOCAB, (len(lengths), max(token_lengths)), generator=generator)
-    for b, (length, token_length) in enumerate(zip(lengths, token_lengths)):
-        features[b, length:] = pad_value
-        tokens[b, token_length:] = PAD
-    return features, torch.tensor(lengths), tokens, torch.tensor(token_lengths)
-
-
-def teacher_forced(model, features, lengths, tokens, token_lengths):
-    encoder = model.encode(features, lengths)
-    decoder_input, _ = add_sos_eos(tokens, token_lengths, SOS, EOS, PAD)
-    return encoder, model.decoder_log_probs(encoder, decoder_input, token_lengths + 1)
 
 
 # ---------------------------------------------------------------- configuration

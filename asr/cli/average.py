@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from asr.averaging import average_checkpoints, select_checkpoints
-from asr.checkpoint import CheckpointError, save_checkpoint
+from asr.checkpointing import CheckpointError, save_checkpoint
 from asr.writing import WriteError
 
 

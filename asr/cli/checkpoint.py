@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.checkpoint import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
+from asr.checkpointing import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
 from asr.writing import WriteError
 
 

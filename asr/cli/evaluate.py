@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.config import ConfigError
 from asr.data import report as reasons
@@ -68,6 +68,7 @@ from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
 from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
+from asr.models import runtime
 from asr.writing import WriteError, atomic_write
 
 
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
         "eval_ensemble<N>_... for N checkpoints)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="print which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs)",
+    )
     return parser
 
 
@@ -111,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         settings.check_for(recogniser, str(checkpoints[0]))
     except (CheckpointError, ValueError) as err:
         parser.error(str(err))
+    if args.verbose:
+        for line in runtime.lines(runtime.describe(recogniser.model, args.device)):
+            print(line, file=sys.stderr)
 
     # Decode in order of length (less padding; beam search ends sooner), report in id order.
     by_length = sorted(utterances, key=lambda u: u.duration)

@@ -22,7 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.config import ConfigError, apply_overrides
 from asr.data import espeak, pico, piper
 from asr.data.demo import corpus_folder, prepare_corpus

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from asr.checkpoint import CheckpointError
+from asr.checkpointing import CheckpointError
 from asr.config import ConfigError
 from asr.data.corpus import check_demo_prepared
 from asr.data.demo import prepare_command

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import soundfile
 
-from asr.checkpoint import CheckpointError
+from asr.checkpointing import CheckpointError
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.data.report import Skip, SkipReport
 from asr.data.utterance import Utterance
 from asr.inference import DecodeSettings, PlainDecoding, Recogniser, load_recogniser, transcribe_speakers
+from asr.models import runtime
 
 SPEAKER = "files"  # what the files are taken as in VTLN and adaptation: one speaker
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_decode_arguments(parser)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument(
+        "--verbose", action="store_true",
+        help="print which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs)",
+    )
     args = parser.parse_args(argv)
     settings = decode_settings(args, parser)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     for checkpoint, pruned in zip(checkpoints, recogniser.pruned):
         print(f"model {checkpoint} {pruned.describe()}", file=sys.stderr)
+    if args.verbose:
+        for line in runtime.lines(runtime.describe(recogniser.model, args.device)):
+            print(line, file=sys.stderr)
     utterances = [Utterance(path, Path(path), "", _duration(path), SPEAKER) for path in args.audio]
     report = SkipReport()
     if isinstance(settings.strategy(), PlainDecoding):

@@ -11,7 +11,7 @@
     corpus.build_tokenizer       characters or sentencepiece BPE (tokenizer.py); PAD=0 SOS=1 EOS=2 UNK=3
     dataset.prepare_utterances   one-shot validation; every skip recorded in a report.SkipReport
     dataset.SpeechDataset        utterance -> features (features.pipeline) + token ids
-    dataset.make_data_loader     batching.BucketBatchSampler + batching.collate -> batching.Batch
+    (training.data.make_loader   batching.BucketBatchSampler + batching.collate -> batching.Batch)
 
 Preparing a run (manifest durations, BPE, dataset.cached_global_stats) is spread over
 processes by parallel.map_chunks and kept for the next run in the cache folder (cache.py).

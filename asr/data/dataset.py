@@ -30,11 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 import features
 from asr.data import report as reasons
-from asr.data.batching import BucketBatchSampler, collate
 from asr.data.cache import Fingerprint, cache_folder, write_atomic
 from asr.data.config import DataConfig
 from asr.data.parallel import map_chunks, processes_used
@@ -111,8 +110,8 @@ class SpeechDataset(Dataset):
            microphones, band limits, dither, VTLP, SpecAugment). Its randomness comes
            from a generator seeded by ``(seed, epoch, index)``, so an item is the
            same whichever DataLoader worker computes it and however many
-           workers there are; call :meth:`set_epoch` (or :func:`set_loader_epoch`)
-           before each epoch for fresh draws. With ``persistent_workers=True``
+           workers there are; call :meth:`set_epoch` before each
+           epoch for fresh draws. With ``persistent_workers=True``
            the workers would keep the epoch they started with, so do not use it.
     warp:  a fixed VTLN factor for every item instead of VTLP's draw (speaker
            adaptation at the speaker's test-time warp, see :mod:`asr.adapt`).
@@ -425,38 +424,3 @@ def _load_stats_entry(path: Path, dim: int) -> tuple[GlobalStats, list[Skip]]:
     ):
         raise ValueError("its list of skipped utterances is malformed")
     return stats, [Skip(reason, message) for reason, message in skips]
-
-
-def make_data_loader(
-    dataset: SpeechDataset,
-    config: DataConfig,
-    shuffle: bool,
-    num_replicas: int = 1,
-    rank: int = 0,
-) -> DataLoader:
-    """A DataLoader of :class:`~asr.data.batching.Batch` es: bucketed under ``config.max_frames_per_batch``.
-
-    shuffle: True for training (batch order drawn per epoch from ``config.seed``),
-             False for evaluation (shortest first, the same every time).
-    """
-    sampler = BucketBatchSampler(
-        dataset.num_frames(),
-        config.max_frames_per_batch,
-        shuffle=shuffle,
-        seed=config.seed,
-        num_replicas=num_replicas,
-        rank=rank,
-    )
-    return DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        collate_fn=collate,
-        num_workers=config.num_workers,
-        pin_memory=torch.cuda.is_available(),
-    )
-
-
-def set_loader_epoch(loader: DataLoader, epoch: int) -> None:
-    """Start epoch ``epoch``: new batch order and new dither/SpecAugment draws, both reproducible."""
-    loader.batch_sampler.set_epoch(epoch)
-    loader.dataset.set_epoch(epoch)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from asr.checkpoint import CheckpointError, load_checkpoint
+from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data.batching import collate
 from asr.data.dataset import audio_skip, utterance_features

@@ -12,7 +12,7 @@ Where layer normalisation goes is one config value, ``layer_norm``:
 internal norms (see :mod:`asr.models.lnlstm`); nothing else in the model is
 normalised. Which LN-LSTM cell that is, is ``lnlstm_variant``: ``ba2016``
 (the default), ``tf_contrib`` or ``raw_gates``
-(:mod:`asr.models.lnlstm_variants`), the same in the listener and the speller.
+(:mod:`asr.models.lnlstm.variants`), the same in the listener and the speller.
 
 Loss normalisation. Both terms are **per target token**: the summed
 label-smoothed cross-entropy over all target tokens (``<eos>`` included, padding
@@ -36,7 +36,8 @@ from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
 from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
 from asr.models.listener import Listener, ListenerConfig
-from asr.models.lnlstm_variants import VARIANTS
+from asr.models import overrides
+from asr.models.lnlstm import VARIANTS
 from asr.models.speller import Speller, SpellerConfig
 
 LAYER_NORM_PLACES = ("both", "listener", "speller", "none")
@@ -52,12 +53,22 @@ class LASConfig(ModelConfig):
     speller: SpellerConfig = field(default_factory=SpellerConfig)
     # Which LSTMs are layer-normalised: both | listener | speller | none.
     layer_norm: Literal["both", "listener", "speller", "none"] = "both"
-    # Which LN-LSTM cell (asr/models/lnlstm_variants.py): ba2016 (Ba et al. 2016: LN over the
+    # Which LN-LSTM cell (asr/models/lnlstm/variants.py): ba2016 (Ba et al. 2016: LN over the
     # 4H gate vectors, un-normalised cell carried), tf_contrib (TensorFlow's LayerNormBasicLSTMCell)
     # or raw_gates (LN without gain or bias on the gates); only ba2016 has fused kernels.
     lnlstm_variant: Literal["ba2016", "tf_contrib", "raw_gates"] = "ba2016"
     lnlstm_eps: float | None = None  # epsilon of every layer norm inside the LN-LSTMs; None: the variant's own
     forget_bias: float = 1.0       # added to every LSTM's forget gate, so fresh cells remember (Jozefowicz et al. 2015)
+    # Which code computes the LSTMs (asr/models/lnlstm/selection.py): auto (fused C++ on CPU, Triton
+    # on CUDA, each where it builds and supports the variant and dtype; else the reference loop),
+    # reference, cpp or triton (named: raise where it cannot run). The run records what ran.
+    lnlstm_backend: Literal["auto", "reference", "cpp", "triton"] = "auto"
+    # Replay the LSTMs' and the speller's loops on CUDA as recorded CUDA graphs (fewer launches);
+    # false runs them eagerly (profiling, debugging). The speller's recordings keep their shapes'
+    # activations, so they may hold at most speller_cuda_graphs_memory of the GPU's memory.
+    lnlstm_cuda_graphs: bool = True
+    speller_cuda_graphs: bool = True
+    speller_cuda_graphs_memory: float = 0.25
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,6 +80,9 @@ class LASConfig(ModelConfig):
             raise ValueError(f"lnlstm_variant must be one of {', '.join(VARIANTS)}, got {self.lnlstm_variant!r}")
         if self.lnlstm_eps is not None and self.lnlstm_eps <= 0.0:
             raise ValueError(f"lnlstm_eps must be positive, got {self.lnlstm_eps}")
+        overrides.check_backend(self.lnlstm_backend, where="lnlstm_backend")
+        if not 0.0 < self.speller_cuda_graphs_memory <= 1.0:
+            raise ValueError(f"speller_cuda_graphs_memory must be in (0, 1], got {self.speller_cuda_graphs_memory}")
 
 
 class LAS(nn.Module):
@@ -100,9 +114,11 @@ class LAS(nn.Module):
         self.vocab_size = vocab_size
         self.ctc_weight = config.ctc_weight
         self.label_smoothing = config.label_smoothing
-        lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps, "variant": config.lnlstm_variant}
+        lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps, "variant": config.lnlstm_variant,
+                        "backend": config.lnlstm_backend}
         self.listener = Listener(
-            config.listener, input_dim, layer_norm=config.layer_norm in ("both", "listener"), **lstm_options
+            config.listener, input_dim, layer_norm=config.layer_norm in ("both", "listener"),
+            cuda_graphs=config.lnlstm_cuda_graphs, **lstm_options
         )
         self.speller = Speller(
             config.speller,
@@ -111,6 +127,8 @@ class LAS(nn.Module):
             self.listener.output_dim,
             layer_norm=config.layer_norm in ("both", "speller"),
             pad_id=pad_id,
+            cuda_graphs=config.speller_cuda_graphs,
+            cuda_graphs_memory=config.speller_cuda_graphs_memory,
             **lstm_options,
         )
         if config.ctc_weight > 0:

@@ -89,7 +89,7 @@ class Listener(nn.Module):
         config: layer sizes, pyramid, frame stacking, projection, dropout.
         input_dim: D, size of a feature frame.
         layer_norm: every LSTM layer is an LN-LSTM (True) or a plain LSTM.
-        forget_bias, eps, variant: passed to every :class:`LNLSTM`.
+        forget_bias, eps, variant, backend, cuda_graphs: passed to every :class:`LNLSTM`.
     """
 
     def __init__(
@@ -100,6 +100,8 @@ class Listener(nn.Module):
         forget_bias: float = 1.0,
         eps: float | None = None,
         variant: str = "ba2016",
+        backend: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         super().__init__()
         self.config = config
@@ -128,6 +130,8 @@ class Listener(nn.Module):
                     forget_bias=forget_bias,
                     eps=eps,
                     variant=variant,
+                    backend=backend,
+                    cuda_graphs=cuda_graphs,
                 )
             )
         self.dropout = nn.Dropout(config.dropout)

@@ -66,8 +66,10 @@ class Speller(nn.Module):
         vocab_size: V (characters or word pieces: only the size matters).
         context_dim: H, size of a listener state (the keys and the context).
         layer_norm: LN-LSTM cells (True) or plain LSTM cells.
-        forget_bias, eps, variant: passed to every :class:`LNLSTMCell`.
+        forget_bias, eps, variant, backend: passed to every :class:`LNLSTMCell`.
         pad_id: embedding row kept at zero (padded decoder inputs).
+        cuda_graphs: on CUDA, replay the loop as recorded CUDA graphs (:mod:`asr.models.speller_graphs`).
+        cuda_graphs_memory: the share of the GPU's memory those recordings may hold.
 
     The decoding state is a dict of tensors whose first dimension is the
     hypothesis (so :func:`asr.models.interface.reorder_nested` reorders it):
@@ -94,9 +96,14 @@ class Speller(nn.Module):
         eps: float | None = None,
         variant: str = "ba2016",
         pad_id: int = 0,
+        backend: str = "auto",
+        cuda_graphs: bool = True,
+        cuda_graphs_memory: float = 0.25,
     ) -> None:
         super().__init__()
         self.config = config
+        self.cuda_graphs = bool(cuda_graphs)
+        self.cuda_graphs_memory = float(cuda_graphs_memory)
         self.vocab_size = vocab_size
         self.sampling_probability = config.sampling_probability
         self.embedding = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=pad_id)
@@ -108,6 +115,7 @@ class Speller(nn.Module):
                 forget_bias=forget_bias,
                 eps=eps,
                 variant=variant,
+                backend=backend,
             )
             for layer in range(config.num_layers)
         )

@@ -21,11 +21,13 @@ pad tokens) are sliced away. The eager loop on padded inputs is the reference:
 Used by :meth:`Speller.forward` when :func:`teacher_forcing_applies`: CUDA tensors, training mode with
 gradients, the content, dot or location-aware attention (not windowed, not
 MoChA), one process (not under ``torch.distributed``), not disabled with
-``ASR_SPELLER_CUDA_GRAPHS=0``. Everything the graphs bake in is part of their
+``model.speller_cuda_graphs: false``. Everything the graphs bake in is part of their
 key: the padded shape, dtypes, the autocast state, the scheduled-sampling
 probability and the parameters' storage (a model moved or rebuilt records anew).
 A recording keeps its shape's saved activations, so a speller records at most
-CAPACITY shapes or MEMORY_SHARE of the GPU's memory; later new shapes run eagerly.
+CAPACITY shapes or ``model.speller_cuda_graphs_memory`` of the GPU's memory; later new shapes
+run eagerly. Padding, warm-up and the policy after a failed capture are
+:mod:`asr.models.cuda_graphs`', shared with the LN-LSTM.
 Dropout and scheduled sampling draw fresh random numbers at every replay (the
 graphs use PyTorch's graph-safe generator), not the eager loop's numbers.
 
@@ -38,29 +40,30 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import warnings
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from asr.models import cuda_graphs as graphs
+from asr.models import overrides
 from asr.models.attention import Attention
+from asr.models.cuda_graphs import padded_batch, padded_time
 from asr.models.interface import STATIC_STATE_KEY
-from asr.models.lnlstm_triton import padded_batch, padded_time
 
 logger = logging.getLogger(__name__)
 
-_enabled = os.environ.get("ASR_SPELLER_CUDA_GRAPHS", "1") != "0"
-_failure_warned = False
-
 # A recording keeps what its shape's forward saved for the backward pass, so recordings
-# add up: a speller records new shapes until it holds CAPACITY of them or MEMORY_SHARE of
-# the GPU's memory, and runs shapes it meets after that eagerly.
+# add up: a speller records new shapes until it holds CAPACITY of them or its share of
+# the GPU's memory (model.speller_cuda_graphs_memory), and runs shapes it meets after that eagerly.
 CAPACITY = 64
-MEMORY_SHARE = float(os.environ.get("ASR_SPELLER_CUDA_GRAPHS_MEMORY", "0.25"))
 WARMUP_STEPS = 2  # eager forward + backward runs before a recording (lazy initialisations)
+
+
+def _enabled(speller) -> bool:
+    """Whether this speller may record: its recipe's switch (or the override), and no failed capture."""
+    return overrides.get("ASR_SPELLER_CUDA_GRAPHS", speller.cuda_graphs) and graphs.SPELLER_POLICY.enabled
 
 
 def padded_tokens(steps: int) -> int:
@@ -93,7 +96,7 @@ def padded_call(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mask: 
 
 def teacher_forcing_applies(speller, keys: torch.Tensor) -> bool:
     """Whether :meth:`Speller.forward` should replay recorded graphs for this call."""
-    if not (_enabled and keys.is_cuda and speller.training and torch.is_grad_enabled()):
+    if not (keys.is_cuda and speller.training and torch.is_grad_enabled() and _enabled(speller)):
         return False
     if torch.cuda.is_current_stream_capturing():
         return False
@@ -105,23 +108,24 @@ def teacher_forcing_applies(speller, keys: torch.Tensor) -> bool:
 
 class _Recordings:
     """The recorded loops and steps of one speller, sharing one memory pool (they never run
-    at the same time), up to CAPACITY of them or MEMORY_SHARE of the GPU's memory.
+    at the same time), up to CAPACITY of them or ``memory_share`` of the GPU's memory.
 
     Kept on the speller itself; a copy of the speller (``copy.deepcopy``, pickling)
     starts with none, since graphs point at the original's parameters.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, memory_share: float = 0.25) -> None:
+        self.memory_share = memory_share
         self.entries: dict = {}
         self.pool = None
         self.bytes = 0  # memory the recordings hold (CUDA)
         self.full = False
 
     def __deepcopy__(self, memo) -> _Recordings:
-        return _Recordings()
+        return _Recordings(self.memory_share)
 
     def __getstate__(self) -> dict:
-        return _Recordings().__dict__
+        return _Recordings(self.memory_share).__dict__
 
     def get(self, key):
         return self.entries.get(key)
@@ -138,7 +142,8 @@ class _Recordings:
         if cuda:
             self.bytes += torch.cuda.memory_allocated(device) - before
         self.entries[key] = recording
-        limit = MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory if cuda else math.inf
+        graphs.SPELLER_POLICY.recorded += 1
+        limit = self.memory_share * torch.cuda.get_device_properties(device).total_memory if cuda else math.inf
         if len(self.entries) >= CAPACITY or self.bytes >= limit:
             self.full = True
             logger.info(
@@ -149,20 +154,8 @@ class _Recordings:
 
 
 def _recordings(speller) -> _Recordings:
-    return speller.__dict__.setdefault("_cuda_graphs", _Recordings())
-
-
-def _give_up(exc: Exception, what: str) -> None:
-    """A recording failed: warn once, and run eagerly from then on."""
-    global _enabled, _failure_warned
-    _enabled = False
-    if not _failure_warned:
-        _failure_warned = True
-        warnings.warn(
-            f"Speller: CUDA graph recording failed ({type(exc).__name__}: {exc}); running {what} eagerly "
-            "(ASR_SPELLER_CUDA_GRAPHS=0 skips the attempt)",
-            RuntimeWarning,
-        )
+    share = overrides.get("ASR_SPELLER_CUDA_GRAPHS_MEMORY", speller.cuda_graphs_memory)
+    return speller.__dict__.setdefault("_cuda_graphs", _Recordings(share))
 
 
 def _baked_in(speller) -> tuple:
@@ -173,18 +166,6 @@ def _baked_in(speller) -> tuple:
         autocast, torch.get_autocast_dtype("cuda") if autocast else None,
         tuple(p.data_ptr() for p in speller.parameters()),
     )
-
-
-def _warm_up(run) -> None:
-    """``run()`` WARMUP_STEPS times on a side stream before a capture, so that lazy
-    initialisations (handles, workspaces, compiled kernels) happen outside it."""
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_STEPS):
-            run()
-    torch.cuda.synchronize()
 
 
 def _key(speller, decoder_input, keys, mask) -> tuple:
@@ -219,7 +200,7 @@ class _Recording:
             outputs = loop()
             torch.autograd.grad(outputs, wrt, [torch.zeros_like(o) for o in outputs], allow_unused=True)
 
-        _warm_up(forward_and_backward)
+        graphs.warm_up(forward_and_backward, WARMUP_STEPS)
         self.forward_graph = torch.cuda.CUDAGraph()
         self.backward_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.forward_graph, pool=pool, capture_error_mode="thread_local"):
@@ -272,7 +253,7 @@ def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mas
                     key, lambda pool: _Recording(speller, decoder_input, keys, mask, pool), keys.device
                 )
             except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
-                _give_up(exc, "the teacher-forced loop")
+                graphs.SPELLER_POLICY.give_up(exc, "the teacher-forced loop")
                 graphed = None
             if graphed is None:
                 return speller.teacher_forced(decoder_input, keys, mask)
@@ -283,18 +264,14 @@ def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mas
 
 # --- decoding: one output step at a time --------------------------------------------------
 
-# Tests set this to run the decoding recordings' bookkeeping (buffers, padding, reuse) on
-# CPU, with the step re-run eagerly on the recording's buffers where a GPU would replay it.
-_decode_on_cpu = False
-
-
 def decoding_applies(speller, state: dict) -> bool:
     """Whether :meth:`Speller.step` should replay a recorded step: inference (eval mode, no
     gradients) on CUDA, the content, dot or location-aware attention without a window."""
-    if not _enabled or speller.training or torch.is_grad_enabled():
+    if speller.training or torch.is_grad_enabled() or not _enabled(speller):
         return False
     keys = state[STATIC_STATE_KEY]["keys"]
-    if not (keys.is_cuda or _decode_on_cpu) or (keys.is_cuda and torch.cuda.is_current_stream_capturing()):
+    # graphs.emulate_on_cpu (tests): the recordings' bookkeeping on CPU, the step re-run eagerly.
+    if not (keys.is_cuda or graphs.emulate_on_cpu) or (keys.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
     return isinstance(speller.attention, Attention) and "focus" not in state and "monotonic" not in state
 
@@ -334,7 +311,7 @@ class _StepRecording:
         self.copy_in(self.tokens[: len(state["h"][0])], state)  # a valid first input: pad tokens
         self.graph = None
         if self.tokens.is_cuda:
-            _warm_up(lambda: speller.eager_step(self.tokens, self.state))
+            graphs.warm_up(lambda: speller.eager_step(self.tokens, self.state), WARMUP_STEPS)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.outputs = speller.eager_step(self.tokens, self.state)
@@ -397,7 +374,7 @@ def decoding_step(speller, tokens: torch.Tensor, state: dict) -> tuple[torch.Ten
                 static["keys"].device,
             )
         except Exception as exc:  # noqa: BLE001 -- capture is not possible here: run eagerly
-            _give_up(exc, "the decoder")
+            graphs.SPELLER_POLICY.give_up(exc, "the decoder")
             recording = None
         if recording is None:
             return speller.eager_step(tokens, state)

@@ -35,9 +35,10 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from asr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_epoch_checkpoints
+from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint, save_epoch_checkpoints
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
+from asr.models import runtime
 from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
 from asr.schedulers import build_scheduler, warmup_updates
@@ -77,11 +78,14 @@ class Trainer:
         self.stop_signals = StopSignals()  # installed while fit() runs
         resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
-        if self.dist.is_main:
-            atomic_write(self.exp_dir / "config.yaml", yaml.safe_dump(experiment_config_to_dict(config), sort_keys=False))
+        self._write_config()
         self.data = build_training_data(config, resume_state, self.dist.world_size, self.dist.rank)
         self.tokenizer, self.pipeline = self.data.tokenizer, self.data.pipeline
         self.raw_model = build_model(config.model, self.pipeline.feature_dim, self.tokenizer).to(self.device)
+        # which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs): recorded with the run
+        self.runtime = runtime.describe(self.raw_model, self.device)
+        runtime.log(logger, self.runtime)
+        self._write_config()
         self.model = self.raw_model
         if self.dist.enabled:
             self.model = torch.nn.parallel.DistributedDataParallel(
@@ -159,7 +163,19 @@ class Trainer:
                 with writing(self._event_file()):
                     self.writer.close()
         logger.info("training finished after %d steps (epoch %d)", self.progress.step, self.progress.epoch)
+        self.runtime.update(runtime.ran())
+        runtime.log(logger, runtime.ran())
+        self._write_config()
         return self.progress
+
+    def _write_config(self) -> None:
+        """config.yaml: the resolved recipe, and once the model exists a ``runtime:`` section (which code
+        computes it: :func:`asr.models.runtime.describe`, then what ran); loading it as a recipe ignores that."""
+        if self.dist.is_main:
+            record = experiment_config_to_dict(self.config)
+            if getattr(self, "runtime", None) is not None:
+                record["runtime"] = self.runtime
+            atomic_write(self.exp_dir / "config.yaml", yaml.safe_dump(record, sort_keys=False))
 
     def _stop_if_asked(self) -> None:
         """At a step boundary: after a stop signal to any rank, write last.pt and raise TrainingStopped."""
@@ -354,7 +370,7 @@ class Trainer:
         }
 
     def _training_state(self) -> dict:
-        """What resuming needs (asr.checkpoint.RESUME_KEYS)."""
+        """What resuming needs (asr.checkpointing.RESUME_KEYS)."""
         return {
             "progress": vars(self.progress).copy(),
             "optimizer": self.optimizer.state_dict(),

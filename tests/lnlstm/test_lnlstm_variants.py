@@ -9,10 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from asr.models import lnlstm, lnlstm_ext, lnlstm_triton
+from asr.models import lnlstm
+from asr.models.lnlstm.backends import cpp as lnlstm_ext
+from asr.models.lnlstm.backends import triton as lnlstm_triton
 from asr.models.las import LAS, LASConfig
 from asr.models.lnlstm import LNLSTM, LNLSTMCell
-from asr.models.lnlstm_variants import VARIANTS
+from asr.models.lnlstm.variants import VARIANTS
 
 FORGET_BIAS = 0.7
 
@@ -177,9 +179,9 @@ def test_only_ba2016_reaches_the_fused_paths(monkeypatch, implementation):
     for variant in VARIANTS:
         torch.manual_seed(3)
         model = LNLSTM(3, 4, variant=variant)
-        monkeypatch.setattr(lnlstm, "_implementation", "python")
+        monkeypatch.setattr(lnlstm.selection, "_programmatic", "reference")
         expected = model(x)[0]
-        monkeypatch.setattr(lnlstm, "_implementation", implementation)
+        monkeypatch.setattr(lnlstm.selection, "_programmatic", implementation)
         if variant == "ba2016":
             with pytest.raises(Fused):
                 model(x)

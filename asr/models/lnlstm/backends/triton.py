@@ -14,7 +14,7 @@ One layer (all directions), forward:
   one layer norm, giving the input gates ``gx`` (B, T, D, 4H) in float32.
 * Per time step, two launches: one batched GEMM ``W_h h_{t-1}`` for all
   directions (``torch.bmm``, cuBLAS), then one Triton kernel
-  (:func:`asr.models.lnlstm_kernels.lstm_forward_step`) that does LN_h over
+  (:func:`asr.models.lnlstm.backends.triton_kernels.lstm_forward_step`) that does LN_h over
   4H, the gates, the cell update, LN_c, the output and the length mask for
   every (direction, row). Row b of the backward direction reads frame
   ``length_b - 1 - step``, so it starts at its own last frame with no
@@ -25,7 +25,7 @@ Backward, written by hand (:class:`_Layer`):
 
 * ``W_h h_{t-1}`` for all steps is recomputed as one GEMM (cheaper in memory
   than storing 4H-wide intermediates); then per step, in reverse, one Triton
-  kernel (:func:`~asr.models.lnlstm_kernels.lstm_backward_step`) recomputes
+  kernel (:func:`~asr.models.lnlstm.backends.triton_kernels.lstm_backward_step`) recomputes
   the step's pointwise math and back-propagates through LN_c, the cell, the
   gates and LN_h, accumulating the LN parameters' gradients per row; and one
   batched GEMM carries ``dL/dh`` through ``W_h`` to the step before.
@@ -40,7 +40,7 @@ rows of length 0 and frames past every row's end, so it changes no result.
 Graphs read and write fixed buffers, so each call copies its inputs in and its
 outputs out; all graphs of one kind share one memory arena (sized by the
 largest shape seen), so memory does not grow with the number of shapes.
-Elsewhere (CPU under the interpreter, or ``ASR_LNLSTM_CUDA_GRAPHS=0``) the
+Elsewhere (CPU under the interpreter, or with ``model.lnlstm_cuda_graphs: false``) the
 same launches run eagerly on buffers of the exact shape.
 
 Precision: under ``torch.autocast`` (bf16 or fp16) the recurrent GEMMs take
@@ -57,12 +57,8 @@ backward); use the reference path for that.
 
 from __future__ import annotations
 
-import collections
-import math
-import os
 import threading
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -70,24 +66,21 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from asr.models import cuda_graphs as graphs
+from asr.models import overrides
+
 _lock = threading.Lock()
 _kernels = None
 _load_error: Exception | None = None
 _device_errors: dict[str, Exception | None] = {}  # "cuda:0" -> error of the first compile-and-run, or None
 
-# ASR_LNLSTM_CUDA_GRAPHS=0 runs the time loops eagerly on CUDA too (for profiling or debugging).
-_use_cuda_graphs = os.environ.get("ASR_LNLSTM_CUDA_GRAPHS", "1") != "0"
-# Tests set this to run the CUDA-graph bookkeeping (padded shapes, shared
-# buffers, copies in and out, reuse across calls) on CPU, with the recorded
-# launches re-run eagerly where a GPU would replay the graph.
-_static_buffers_on_cpu = False
 
 
 # --- loading, and the decision whether this path can run ----------------------------
 
 
 def load(strict: bool = False):
-    """The kernels module (:mod:`asr.models.lnlstm_kernels`), importing triton on first call.
+    """The kernels module (:mod:`asr.models.lnlstm.backends.triton_kernels`), importing triton on first call.
 
     strict=False: when triton is missing or the kernels cannot be defined, warn
     once and return None. strict=True: raise RuntimeError instead.
@@ -98,9 +91,9 @@ def load(strict: bool = False):
     with _lock:
         if _kernels is None and _load_error is None:
             try:
-                from asr.models import lnlstm_kernels
+                from asr.models.lnlstm.backends import triton_kernels
 
-                _kernels = lnlstm_kernels
+                _kernels = triton_kernels
             except Exception as exc:  # noqa: BLE001 -- ImportError, or whatever a broken triton install raises
                 _load_error = exc
                 if not strict:
@@ -137,7 +130,7 @@ def usable(device: torch.device, strict: bool = False) -> bool:
         if strict:
             raise RuntimeError(
                 "LNLSTM: the Triton path runs CPU tensors only under Triton's interpreter: set "
-                "TRITON_INTERPRET=1 before asr.models.lnlstm_kernels is imported (here the kernels "
+                "TRITON_INTERPRET=1 before asr.models.lnlstm.backends.triton_kernels is imported (here the kernels "
                 "were compiled for a GPU)"
             )
         return False
@@ -206,17 +199,6 @@ class _Config:
     gemm_dtype: torch.dtype  # operand type of the recurrent GEMMs: float32, or the autocast type
 
 
-def padded_time(time: int) -> int:
-    """Round T up to a multiple of max(16, 2^(bit_length(T) - 4)): at most 1/8 more steps
-    from T = 128 on, and about 8 buckets per doubling of T."""
-    quantum = max(16, 1 << max(0, time.bit_length() - 4))
-    return -(-time // quantum) * quantum
-
-
-def padded_batch(batch: int) -> int:
-    return -(-batch // 8) * 8
-
-
 def _launch_sizes(rows: int, hidden: int, device: torch.device) -> tuple[tuple[int], int, int, int]:
     """(grid, rows per program, BLOCK_H, warps) for ``rows`` (direction, batch) rows.
     Under the interpreter one program takes every row: its cost is per operation,
@@ -238,131 +220,18 @@ def _autocast_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-# --- static buffers and CUDA graphs ---------------------------------------------------
+# --- static buffers and CUDA graphs (the bookkeeping is asr.models.cuda_graphs') ---------
+
+_FORWARD_LOOPS = graphs.GraphCache()
+_BACKWARD_LOOPS = graphs.GraphCache()
 
 
-class _GraphCache:
-    """Recorded time loops of one kind (forward or backward), one per padded shape.
-
-    All entries take their buffers from one arena, so they overwrite each
-    other's: a caller copies its inputs in, runs, and copies its outputs out
-    before anything else runs on the stream. When a shape needs a bigger arena,
-    a new one is allocated and every recorded loop is dropped (they point into
-    the old one); they are recorded again when next needed.
-    """
-
-    # Least recently used graphs beyond this (per device) are dropped. A training run
-    # sees some dozens of padded shapes per kind (each listener layer has its own
-    # length); below that number every epoch would record its graphs anew.
-    capacity = 512
-
-    def __init__(self) -> None:
-        self.arenas: dict[torch.device, torch.Tensor] = {}
-        self.entries: dict[torch.device, collections.OrderedDict] = {}
-        self.pools: dict[torch.device, tuple] = {}
-
-    def pool(self, device: torch.device) -> tuple:
-        """The memory pool every recording of this kind on ``device`` shares. The recorded
-        loops allocate nothing that outlives a replay (only scratch, such as cuBLAS's
-        workspace), and replays never overlap (one stream), so they can share it: memory
-        stays that of one recording, whatever the number of shapes. PyTorch frees a pool
-        with the last graph that uses it, and its handle cannot be used again: see
-        :meth:`_drop_pool_if_unused`."""
-        if device not in self.pools:
-            self.pools[device] = torch.cuda.graph_pool_handle()
-        return self.pools[device]
-
-    def buffers(self, key, specs: dict, device: torch.device) -> tuple[SimpleNamespace, object]:
-        """The buffers of ``key`` (views into the arena) and its graph (None until recorded)."""
-        entries = self.entries.setdefault(device, collections.OrderedDict())
-        if key in entries:
-            entries.move_to_end(key)
-            return entries[key]
-        needed = _arena_bytes(specs)
-        arena = self.arenas.get(device)
-        if arena is None or arena.numel() < needed:
-            entries.clear()
-            self.arenas[device] = None  # free the old arena before allocating the new one
-            # zeros: every buffer starts finite (padding regions are multiplied by zero gradients).
-            # Never an inference tensor, which could not be written to outside inference mode later.
-            with torch.inference_mode(False):
-                arena = self.arenas[device] = torch.zeros(needed, dtype=torch.uint8, device=device)
-        entries[key] = (_carve(arena, specs), None)
-        while len(entries) > self.capacity:
-            entries.popitem(last=False)
-        self._drop_pool_if_unused(device)
-        return entries[key]
-
-    def _drop_pool_if_unused(self, device: torch.device) -> None:
-        """Forget the pool once no recorded graph holds it (PyTorch has freed it then);
-        the next recording starts a new one."""
-        if all(graph is None for _, graph in self.entries[device].values()):
-            self.pools.pop(device, None)
-
-    def set_graph(self, key, device: torch.device, graph) -> None:
-        entries = self.entries[device]
-        entries[key] = (entries[key][0], graph)
-
-
-_FORWARD_LOOPS = _GraphCache()
-_BACKWARD_LOOPS = _GraphCache()
-_graph_failure_warned = False
-
-
-def _align(nbytes: int) -> int:
-    return -(-nbytes // 256) * 256
-
-
-def _arena_bytes(specs: dict) -> int:
-    return sum(_align(math.prod(shape) * dtype.itemsize) for shape, dtype in specs.values())
-
-
-def _carve(arena: torch.Tensor, specs: dict) -> SimpleNamespace:
-    buffers, offset = {}, 0
-    for name, (shape, dtype) in specs.items():
-        nbytes = math.prod(shape) * dtype.itemsize
-        buffers[name] = arena[offset : offset + nbytes].view(dtype).view(shape)
-        offset += _align(nbytes)
-    return SimpleNamespace(**buffers)
-
-
-def _static(device: torch.device) -> bool:
+def _static(device: torch.device, cuda_graphs: bool) -> bool:
     """Whether time loops run as recorded loops on shared, padded buffers (CUDA graphs on a GPU)."""
     if device.type == "cuda":
-        return _use_cuda_graphs and not interpreting()
-    return _static_buffers_on_cpu
-
-
-def _run_recorded(cache: _GraphCache, key, specs: dict, fill: Callable, launch: Callable, device) -> SimpleNamespace:
-    """Fill the buffers of ``key`` and run its time loop: by replaying its CUDA graph, recording
-    it first (after one eager run, which also compiles the kernels and gives this call's result)."""
-    global _use_cuda_graphs, _graph_failure_warned
-    buffers, graph = cache.buffers(key, specs, device)
-    fill(buffers)
-    if graph is not None:
-        graph.replay()
-        return buffers
-    if device.type != "cuda":
-        launch(buffers)
-        return buffers
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        launch(buffers)
-    torch.cuda.current_stream(device).wait_stream(side)
-    try:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=cache.pool(device), capture_error_mode="thread_local"):
-            launch(buffers)
-        cache.set_graph(key, device, graph)
-    except Exception as exc:  # noqa: BLE001 -- capture is not possible here: keep the eager loop (already run)
-        _use_cuda_graphs = False
-        if not _graph_failure_warned:
-            _graph_failure_warned = True
-            warnings.warn(
-                f"LNLSTM: CUDA graph capture failed ({exc}); running the time loops eagerly", RuntimeWarning
-            )
-    return buffers
+        cuda_graphs = overrides.get("ASR_LNLSTM_CUDA_GRAPHS", cuda_graphs)
+        return cuda_graphs and graphs.LNLSTM_POLICY.enabled and not interpreting()
+    return graphs.emulate_on_cpu
 
 
 def _fresh(specs: dict, device: torch.device, **bound) -> SimpleNamespace:
@@ -440,7 +309,7 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
     """
     batch, time, directions, _ = gx.shape
     device = gx.device
-    batch_padded, time_padded = (padded_batch(batch), padded_time(time)) if static else (batch, time)
+    batch_padded, time_padded = (graphs.padded_batch(batch), graphs.padded_time(time)) if static else (batch, time)
     specs = _forward_specs(directions, batch_padded, time_padded, config, save)
     w_h, *ln = params
 
@@ -459,7 +328,7 @@ def _forward(gx, params, h0, c0, lengths, config: _Config, save: bool, static: b
 
     if static:
         key = ("forward", device, directions, batch_padded, time_padded, config, save)
-        buffers = _run_recorded(_FORWARD_LOOPS, key, specs, fill, launch, device)
+        buffers = graphs.run_recorded(_FORWARD_LOOPS, graphs.LNLSTM_POLICY, key, specs, fill, launch, device)
     else:
         bound = {"gx": gx, "lengths": lengths, "w_h": w_h.to(config.gemm_dtype)}
         if config.layer_norm:
@@ -576,7 +445,7 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
 
     if static:
         key = ("backward", device, directions, batch_padded, time_padded, config)
-        buffers = _run_recorded(_BACKWARD_LOOPS, key, specs, fill, launch, device)
+        buffers = graphs.run_recorded(_BACKWARD_LOOPS, graphs.LNLSTM_POLICY, key, specs, fill, launch, device)
     else:
         bound = {"gx": gx, "lengths": lengths, "w_h": w_h.to(config.gemm_dtype), "h": h_saved, "c": c_saved,
                  "dy": dy.contiguous()}
@@ -598,14 +467,15 @@ class _Layer(torch.autograd.Function):
     """(gx, w_h, LN_h and LN_c parameters, h0, c0) -> (y, h_n, c_n) with the hand-written backward."""
 
     @staticmethod
-    def forward(ctx, gx, w_h, lnh_w, lnh_b, lnc_w, lnc_b, h0, c0, lengths, config: _Config, save: bool):
+    def forward(ctx, gx, w_h, lnh_w, lnh_b, lnc_w, lnc_b, h0, c0, lengths, config: _Config, save: bool,
+                static: bool):
         params = (w_h, lnh_w, lnh_b, lnc_w, lnc_b) if config.layer_norm else (w_h,)
-        static = _static(gx.device)
         with torch.autocast(gx.device.type, enabled=False):
             out = _forward(gx, params, h0, c0, lengths, config, save, static)
         if save:
             ctx.save_for_backward(gx, lengths, out.h_saved, out.c_saved, *params)
         ctx.config = config
+        ctx.static = static
         ctx.h0_dtype = h0.dtype
         return out.y, out.h_n, out.c_n
 
@@ -613,14 +483,13 @@ class _Layer(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dh_n, dc_n):
         gx, lengths, h_saved, c_saved, *params = ctx.saved_tensors
-        static = _static(gx.device)
         with torch.autocast(gx.device.type, enabled=False):
             dgx, param_grads, dh0, dc0 = _backward(
-                gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, ctx.config, ctx.h0_dtype, static
+                gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, ctx.config, ctx.h0_dtype, ctx.static
             )
         if not ctx.config.layer_norm:
             param_grads += [None] * 4
-        return (dgx, *param_grads, dh0, dc0, None, None, None)
+        return (dgx, *param_grads, dh0, dc0, None, None, None, None)
 
 
 def _copy_inputs(buffers, gx: torch.Tensor, lengths: torch.Tensor, params, layer_norm: bool) -> None:
@@ -637,47 +506,41 @@ def _copy_inputs(buffers, gx: torch.Tensor, lengths: torch.Tensor, params, layer
             getattr(buffers, name).copy_(value)
 
 
-def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
-
-
-def fused_layer(cells, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor):
+def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor,
+                cuda_graphs: bool = True):
     """One layer, all directions, on the Triton path.
 
-    cells: the layer's :class:`~asr.models.lnlstm.LNLSTMCell` per direction
-    (forward, then backward); x (B, T, I); lengths (B,) or None; h0, c0
-    (D, B, H). Returns y (B, T, D * H) zero at padding, h_n, c_n (D, B, H).
+    params: the layer's :class:`~asr.models.lnlstm.parameters.LayerParameters`; x (B, T, I);
+    lengths (B,) or None; h0, c0 (D, B, H); cuda_graphs: whether the time loops may be recorded.
+    Returns y (B, T, D * H) zero at padding, h_n, c_n (D, B, H).
     """
     batch, time = x.shape[:2]
-    cell = cells[0]
-    directions, hidden = len(cells), cell.hidden_size
+    spec = params.spec
+    directions, hidden = params.directions, params.hidden_size
     if batch == 0 or time == 0:
         return x.new_zeros(batch, time, directions * hidden), h0, c0
-    config = _Config(hidden, cell.layer_norm, cell.forget_bias, cell.eps, _autocast_dtype(x.device))
+    config = _Config(hidden, spec.layer_norm, spec.forget_bias, spec.eps, _autocast_dtype(x.device))
     # LN_x(W_x x) + b for every frame and both directions: one GEMM, one normalisation.
-    w_x = cell.weight_x if directions == 1 else torch.cat([c.weight_x for c in cells])
-    gx = F.linear(x, w_x).view(batch, time, directions, 4 * hidden)
-    bias = _stack([c.bias for c in cells])
-    if cell.layer_norm:
-        gx = F.layer_norm(gx, (4 * hidden,), eps=cell.eps)
-        gx = torch.addcmul(_stack([c.ln_x.bias for c in cells]) + bias, gx, _stack([c.ln_x.weight for c in cells]))
-        ln = [_stack([getattr(c, name).weight for c in cells]) for name in ("ln_h", "ln_c")]
-        ln_b = [_stack([getattr(c, name).bias for c in cells]) for name in ("ln_h", "ln_c")]
-        ln_params = (ln[0], ln_b[0], ln[1], ln_b[1])
+    gx = F.linear(x, params.weight_x.flatten(0, 1)).view(batch, time, directions, 4 * hidden)
+    if spec.layer_norm:
+        gx = F.layer_norm(gx, (4 * hidden,), eps=spec.eps)
+        ln_x_gain, ln_x_bias = params.ln_x
+        gx = torch.addcmul(ln_x_bias + params.bias, gx, ln_x_gain)
+        ln_params = (*params.ln_h, *params.ln_c)
     else:
-        gx = gx + bias
+        gx = gx + params.bias
         ln_params = (None,) * 4
     gx = gx.float().contiguous()
     if lengths is None:
         lengths = torch.full((batch,), time, dtype=torch.int32, device=x.device)
     else:
         lengths = lengths.to(device=x.device, dtype=torch.int32)
-    w_h = _stack([c.weight_h for c in cells])
-    params = (w_h, *ln_params)
+    layer_params = (params.weight_h, *ln_params)
     save = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (gx, *params, h0, c0)
+        t is not None and t.requires_grad for t in (gx, *layer_params, h0, c0)
     )
-    y, h_n, c_n = _Layer.apply(gx, *params, h0, c0, lengths, config, save)
+    static = _static(x.device, cuda_graphs)
+    y, h_n, c_n = _Layer.apply(gx, *layer_params, h0, c0, lengths, config, save, static)
     return y.view(batch, time, directions * hidden), h_n, c_n
 
 
@@ -785,3 +648,26 @@ def cell_step(cell, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[
     else:
         ln_params = (None,) * 4
     return _CellStep.apply(gx, gh, c.contiguous(), *ln_params, config)
+
+
+class TritonBackend:
+    """The Triton kernels behind the backend contract: CUDA (CPU under the interpreter), float32
+    parameters (autocast included), whole layers and the single step of a cell."""
+
+    name = "triton"
+    auto_devices = ("cuda",)
+
+    def supports(self, spec, device, dtype, param_dtype, single_step) -> bool:
+        return spec.fusable and param_dtype == torch.float32 and device.type in ("cuda", "cpu")
+
+    def available(self, device, strict: bool = False) -> bool:
+        return usable(device, strict)
+
+    def layer(self, params, x, lengths, h0, c0, cuda_graphs: bool):
+        return fused_layer(params, x, lengths, h0, c0, cuda_graphs)
+
+    def cell_step(self, cell, x, h, c):
+        return cell_step(cell, x, h, c)
+
+
+BACKEND = TritonBackend()

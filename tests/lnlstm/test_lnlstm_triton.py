@@ -1,9 +1,9 @@
-"""Tests for asr/models/lnlstm_triton.py: the Triton path against the reference path.
+"""Tests for asr/models/lnlstm/backends/triton.py: the Triton path against the reference path.
 
 Without a GPU the kernels run on CPU tensors under Triton's interpreter:
-tests/conftest.py sets ``TRITON_INTERPRET=1`` when no GPU is present, before
-any test module is imported, because ``triton.jit`` reads it when
-asr/models/lnlstm_kernels.py is first imported (``test_kernels_are_interpreted_on_cpu``
+:func:`helpers.load_triton_kernels` imports them with ``TRITON_INTERPRET=1`` set for that
+import only, because ``triton.jit`` reads it when
+asr/models/lnlstm/backends/triton_kernels.py is first imported (``test_kernels_are_interpreted_on_cpu``
 checks that this happened). On a machine with a GPU the same tests also run on
 CUDA with compiled kernels and CUDA graphs, and the CPU variants skip unless
 TRITON_INTERPRET=1 is set by hand.
@@ -17,6 +17,7 @@ at most 20 steps) and each test launches a few hundred kernels at most.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import subprocess
 import sys
@@ -29,23 +30,23 @@ import torch
 from torch import nn
 
 import asr.models
-from asr.models import lnlstm, lnlstm_ext, lnlstm_triton
+from asr.models import cuda_graphs as graphs
+from asr.models import lnlstm
+from asr.models.lnlstm.backends import cpp as lnlstm_ext
+from asr.models.lnlstm.backends import triton as lnlstm_triton
 from asr.models.attention import AttentionConfig
 from asr.models.lnlstm import LNLSTM, LNLSTMCell
 from asr.models.speller import Speller, SpellerConfig
+from helpers import load_triton_kernels
 
-try:
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
+_INTERPRETED = load_triton_kernels()  # before anything imports triton (see its docstring)
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 
 
 def _interpreting() -> bool:
-    return HAVE_TRITON and lnlstm_triton.interpreting()
+    return _INTERPRETED
 
 
 DEVICES = [
@@ -63,6 +64,13 @@ DEVICES = [
         ),
     ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch):
+    """The interpreter reads TRITON_INTERPRET while kernels run too: set it for each test here only."""
+    if _INTERPRETED:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -144,7 +152,7 @@ def test_kernels_are_interpreted_on_cpu():
         pytest.skip("a GPU is present: the kernels are compiled for it")
     from triton.runtime.interpreter import InterpretedFunction
 
-    from asr.models import lnlstm_kernels
+    from asr.models.lnlstm.backends import triton_kernels as lnlstm_kernels
 
     assert isinstance(lnlstm_kernels.lstm_forward_step, InterpretedFunction)
     assert isinstance(lnlstm_kernels.lstm_backward_step, InterpretedFunction)
@@ -229,9 +237,9 @@ def test_recorded_loops_reuse_padded_shared_buffers(implementation, monkeypatch)
     """The CUDA-graph bookkeeping, run on CPU with the recorded launches re-run where
     a GPU replays the graph: batches padded to one bucket share a recording; a
     result survives the next call; a bigger shape grows the arena and records anew."""
-    monkeypatch.setattr(lnlstm_triton, "_static_buffers_on_cpu", True)
-    monkeypatch.setattr(lnlstm_triton, "_FORWARD_LOOPS", lnlstm_triton._GraphCache())
-    monkeypatch.setattr(lnlstm_triton, "_BACKWARD_LOOPS", lnlstm_triton._GraphCache())
+    monkeypatch.setattr(graphs, "emulate_on_cpu", True)
+    monkeypatch.setattr(lnlstm_triton, "_FORWARD_LOOPS", graphs.GraphCache())
+    monkeypatch.setattr(lnlstm_triton, "_BACKWARD_LOOPS", graphs.GraphCache())
     torch.manual_seed(2)
     model = LNLSTM(3, 4, num_layers=1, bidirectional=True, layer_norm=True)
     perturb(model)
@@ -258,11 +266,11 @@ def test_recorded_loops_reuse_padded_shared_buffers(implementation, monkeypatch)
 
 
 def test_padded_time_buckets():
-    padded = [lnlstm_triton.padded_time(t) for t in range(1, 4001)]
+    padded = [graphs.padded_time(t) for t in range(1, 4001)]
     assert all(p >= t for t, p in zip(range(1, 4001), padded))
     assert all(p - t <= t / 8 for t, p in zip(range(128, 4001), padded[127:]))
     assert len(set(padded)) <= 64, "a few dozen CUDA graphs cover 1-4000 frames"
-    assert lnlstm_triton.padded_batch(26) == 32 and lnlstm_triton.padded_batch(32) == 32
+    assert graphs.padded_batch(26) == 32 and graphs.padded_batch(32) == 32
 
 
 # Compiles the kernels as the host code launches them (lnlstm_triton._launch_sizes) for
@@ -272,7 +280,8 @@ import os, subprocess, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from asr.models import lnlstm_kernels, lnlstm_triton
+from asr.models.lnlstm.backends import triton as lnlstm_triton
+from asr.models.lnlstm.backends import triton_kernels as lnlstm_kernels
 
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 target = GPUTarget("cuda", int(sys.argv[1]), 32)
@@ -327,7 +336,7 @@ def test_kernels_compile_for_a_gpu_without_spills(tmp_path, arch):
     env["TRITON_CACHE_DIR"] = str(tmp_path)
     result = subprocess.run(
         [sys.executable, "-c", _COMPILE_FOR_GPU, str(arch)],
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
         text=True,
@@ -443,8 +452,8 @@ def test_cpu_tensors_without_the_interpreter_raise_a_clear_error(implementation,
 def test_missing_triton_warns_once_and_forcing_it_raises(implementation, monkeypatch):
     monkeypatch.setattr(lnlstm_triton, "_kernels", None)
     monkeypatch.setattr(lnlstm_triton, "_load_error", None)
-    monkeypatch.setitem(sys.modules, "asr.models.lnlstm_kernels", None)  # makes the import fail
-    monkeypatch.delattr(asr.models, "lnlstm_kernels", raising=False)
+    monkeypatch.setitem(sys.modules, "asr.models.lnlstm.backends.triton_kernels", None)  # makes the import fail
+    monkeypatch.delattr(asr.models.lnlstm.backends, "triton_kernels", raising=False)
     with pytest.warns(RuntimeWarning, match="reference path"):
         assert not lnlstm_triton.usable(torch.device("cuda"))
     with warnings.catch_warnings():
@@ -493,10 +502,10 @@ def test_cuda_auto_uses_triton_and_graphs_match_eager(implementation, monkeypatc
     perturb(model)
     x, lengths = torch.randn(3, 30, 5), torch.tensor([30, 11, 2])
     lnlstm.set_implementation("auto")
-    assert model._fused_path(x.cuda()) == "triton"
+    assert model.select_backend(x.cuda()) == "triton"
     graphs = run_with_grads(model, x, lengths, None, "auto")
     graphs_again = run_with_grads(model, x, lengths, None, "auto")  # replayed
-    monkeypatch.setattr(lnlstm_triton, "_use_cuda_graphs", False)
+    monkeypatch.setattr(graphs.LNLSTM_POLICY, "enabled", False)
     eager = run_with_grads(model, x, lengths, None, "auto")
     reference = run_with_grads(copy.deepcopy(model), x, lengths, None, "python")
     for name in reference:
@@ -510,8 +519,8 @@ def test_cuda_graphs_survive_growing_shapes(implementation, monkeypatch):
     """Shapes that grow from call to call make the shared buffers grow, which drops every
     recorded loop (and with them their memory pool): recording again must work, with a
     random op (dropout between layers) in between, and give the eager results."""
-    monkeypatch.setattr(lnlstm_triton, "_FORWARD_LOOPS", lnlstm_triton._GraphCache())
-    monkeypatch.setattr(lnlstm_triton, "_BACKWARD_LOOPS", lnlstm_triton._GraphCache())
+    monkeypatch.setattr(lnlstm_triton, "_FORWARD_LOOPS", graphs.GraphCache())
+    monkeypatch.setattr(lnlstm_triton, "_BACKWARD_LOOPS", graphs.GraphCache())
     torch.manual_seed(6)
     model = LNLSTM(4, 8, num_layers=2, bidirectional=True).cuda()
     perturb(model)
@@ -521,11 +530,11 @@ def test_cuda_graphs_survive_growing_shapes(implementation, monkeypatch):
     dropout = torch.nn.Dropout(0.5).cuda()
     dropout(torch.ones(8, device="cuda"))  # the random number generator still works
     recorded_again = [run_with_grads(model, x, lengths, None, "triton") for x, lengths in inputs]  # replayed
-    assert lnlstm_triton._use_cuda_graphs, "a capture failed and the loops fell back to eager runs"
+    assert graphs.LNLSTM_POLICY.enabled, "a capture failed and the loops fell back to eager runs"
     for cache in (lnlstm_triton._FORWARD_LOOPS, lnlstm_triton._BACKWARD_LOOPS):
         (entries,) = cache.entries.values()
         assert all(graph is not None for _, graph in entries.values())
-    monkeypatch.setattr(lnlstm_triton, "_use_cuda_graphs", False)
+    monkeypatch.setattr(graphs.LNLSTM_POLICY, "enabled", False)
     eager = [run_with_grads(model, x, lengths, None, "triton") for x, lengths in inputs]
     for graphs, graphs_again, expected in zip(recorded, recorded_again, eager):
         for name in expected:

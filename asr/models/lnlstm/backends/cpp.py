@@ -11,7 +11,10 @@ returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
 path instead.
 
 The operator computes a whole layer (all directions) forward, and backward by
-hand (no autograd inside): :class:`_FusedLayer` connects it to autograd.
+hand (no autograd inside): :class:`_FusedLayer` connects it to autograd. Its
+inputs, the tensors its forward saves and its gradients are positional in the
+operator's schema; this module names them once (:data:`_INPUTS`, :data:`_SAVED`)
+and packs and unpacks them by those names only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from asr.models import overrides
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
 
@@ -99,7 +104,7 @@ def _build():
             pass
     global _flags
     (native_name, native_flags), (portable_name, portable_flags) = build_configurations()
-    if os.environ.get("ASR_LNLSTM_BUILD", "native") == "portable":
+    if overrides.get("ASR_LNLSTM_BUILD", "native") == "portable":
         # For measuring what a CPU without this one's extensions gets.
         _compile(cpp_extension, portable_name, portable_flags)
         _flags = portable_flags
@@ -160,63 +165,91 @@ def build_flags() -> list[str] | None:
     return list(_flags) if _flags is not None else None
 
 
+# The operator's per-layer inputs, in the order of its schema (csrc/lnlstm.cpp, lnlstm_forward and
+# lnlstm_backward; its gradients come back in this order too, then d_h0, d_c0), and the tensors its
+# forward saves for backward (those of layer norm are empty without it).
+_INPUTS = ("x", "weight_x", "weight_h", "bias", "ln_x_gain", "ln_x_bias", "ln_h_gain", "ln_h_bias",
+           "ln_c_gain", "ln_c_bias")
+_SAVED = ("gates_x", "states_h", "states_c", "activations", "xhat_h", "ln_stats", "xhat_c")
+_LN_INPUTS = _INPUTS[4:]
+# _FusedLayer.apply's arguments: the settings, the lengths, the state, then _INPUTS.
+_ARGUMENTS = ("config", "lengths", "h0", "c0", *_INPUTS)
+
+
 class _FusedLayer(torch.autograd.Function):
-    """Autograd wrapper: (x, parameters, h0, c0) -> (y, h_n, c_n)."""
+    """Autograd wrapper: (config, lengths, h0, c0, *inputs by :data:`_INPUTS`) -> (y, h_n, c_n).
+    config: (forget_bias, eps, layer_norm, save)."""
 
     @staticmethod
-    def forward(
-        ctx, x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, h0, c0, lengths, forget_bias, eps, layer_norm, save
-    ):
-        ops = load(strict=True)
-        params = (x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb)
-        y, h_n, c_n, *saved = ops.forward(*params, h0, c0, lengths, forget_bias, eps, layer_norm, save)
+    def forward(ctx, config, lengths, h0, c0, *tensors):
+        forget_bias, eps, layer_norm, save = config
+        inputs = dict(zip(_INPUTS, tensors, strict=True))
+        y, h_n, c_n, *saved = load(strict=True).forward(
+            *inputs.values(), h0, c0, lengths, forget_bias, eps, layer_norm, save
+        )
         if save:
-            ctx.save_for_backward(*params, lengths, *saved)
-        ctx.config = (forget_bias, eps, layer_norm)
+            ctx.names = (*_INPUTS, "lengths", *_SAVED)
+            ctx.save_for_backward(*inputs.values(), lengths, *saved)
+        ctx.config = config
         return y, h_n, c_n
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dh_n, dc_n):
-        inputs = ctx.saved_tensors[:11]  # x, weights, LN parameters, lengths
-        saved = ctx.saved_tensors[11:]
-        forget_bias, eps, layer_norm = ctx.config
-        need_dx = ctx.needs_input_grad[0]  # not for a first layer reading features
-        grads = load(strict=True).backward(dy, dh_n, dc_n, *inputs, saved, forget_bias, eps, layer_norm, need_dx)
+        saved = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
+        forget_bias, eps, layer_norm, _ = ctx.config
+        need_dx = ctx.needs_input_grad[_ARGUMENTS.index("x")]  # not for a first layer reading features
+        grads = load(strict=True).backward(
+            dy, dh_n, dc_n, *(saved[name] for name in _INPUTS), saved["lengths"],
+            [saved[name] for name in _SAVED], forget_bias, eps, layer_norm, need_dx,
+        )
+        grads = dict(zip((*_INPUTS, "h0", "c0"), grads, strict=True))
         if not need_dx:
-            grads[0] = None
+            grads["x"] = None
         if not layer_norm:  # the LN "parameters" were empty placeholders
-            grads[4:10] = [None] * 6
-        return (*grads, None, None, None, None, None)
+            grads.update(dict.fromkeys(_LN_INPUTS))
+        return tuple(grads.get(name) for name in _ARGUMENTS)
 
 
-def fused_layer(cells, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor):
+def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor):
     """One layer, all directions, with the fused operator.
 
-    cells: the layer's :class:`~asr.models.lnlstm.LNLSTMCell` per direction
-    (forward, then backward); x (B, T, I); lengths (B,) or None; h0, c0
-    (D, B, H). Returns y (B, T, D * H) zero at padding, h_n, c_n (D, B, H).
+    params: the layer's :class:`~asr.models.lnlstm.parameters.LayerParameters`; x (B, T, I);
+    lengths (B,) or None; h0, c0 (D, B, H). Returns y (B, T, D * H) zero at padding, h_n, c_n (D, B, H).
     """
     batch, time = x.shape[:2]
-    cell = cells[0]
-    num_directions = len(cells)
-
-    def stack(tensors):
-        return tensors[0].unsqueeze(0) if num_directions == 1 else torch.stack(tensors)
-
+    spec = params.spec
     if lengths is None:
         lengths_cpu = torch.full((batch,), time, dtype=torch.long)
     else:
         lengths_cpu = lengths.to(device="cpu", dtype=torch.long).contiguous()
-    params = [stack([c.weight_x for c in cells]), stack([c.weight_h for c in cells]), stack([c.bias for c in cells])]
-    if cell.layer_norm:
-        for ln in ("ln_x", "ln_h", "ln_c"):
-            params.append(stack([getattr(c, ln).weight for c in cells]))
-            params.append(stack([getattr(c, ln).bias for c in cells]))
+    inputs = {"x": x.contiguous(), "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": params.bias}
+    if spec.layer_norm:
+        for norm in ("ln_x", "ln_h", "ln_c"):
+            inputs[f"{norm}_gain"], inputs[f"{norm}_bias"] = getattr(params, norm)
     else:
-        params += [x.new_empty(0)] * 6
-    x = x.contiguous()
+        inputs.update(dict.fromkeys(_LN_INPUTS, x.new_empty(0)))
     h0 = h0.contiguous()
     c0 = c0.contiguous()
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params, h0, c0))
-    return _FusedLayer.apply(x, *params, h0, c0, lengths_cpu, cell.forget_bias, cell.eps, cell.layer_norm, save)
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs.values(), h0, c0))
+    config = (spec.forget_bias, spec.eps, spec.layer_norm, save)
+    return _FusedLayer.apply(config, lengths_cpu, h0, c0, *(inputs[name] for name in _INPUTS))
+
+
+class CppBackend:
+    """The fused C++ operator behind the backend contract: CPU, float32 and float64, whole layers."""
+
+    name = "cpp"
+    auto_devices = ("cpu",)
+
+    def supports(self, spec, device, dtype, param_dtype, single_step) -> bool:
+        return spec.fusable and not single_step and device.type == "cpu" and dtype in (torch.float32, torch.float64)
+
+    def available(self, device, strict: bool = False) -> bool:
+        return load(strict) is not None
+
+    def layer(self, params, x, lengths, h0, c0, cuda_graphs: bool):
+        return fused_layer(params, x, lengths, h0, c0)
+
+
+BACKEND = CppBackend()

@@ -17,7 +17,8 @@ import torch
 import torchaudio
 from torch import nn
 
-from asr.models import lnlstm, lnlstm_ext
+from asr.models import lnlstm
+from asr.models.lnlstm.backends import cpp as lnlstm_ext
 from asr.models.lnlstm import LNLSTM, LNLSTMCell, load_from_torch_lstm, reverse_padded
 
 HAVE_COMPILER = shutil.which("c++") is not None or shutil.which("g++") is not None
@@ -344,7 +345,7 @@ def test_fallback_warns_and_uses_reference_when_build_fails(monkeypatch):
     monkeypatch.setattr(lnlstm_ext, "_build", failing_build)
     monkeypatch.setattr(lnlstm_ext, "_module", None)
     monkeypatch.setattr(lnlstm_ext, "_error", None)
-    monkeypatch.setattr(lnlstm, "_implementation", "auto")
+    monkeypatch.setattr(lnlstm.selection, "_programmatic", None)  # no override: the recipe's auto
     model = LNLSTM(3, 4)
     x = torch.randn(2, 5, 3)
     with pytest.warns(RuntimeWarning, match="reference path"):
@@ -352,7 +353,7 @@ def test_fallback_warns_and_uses_reference_when_build_fails(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once, not on every call
         assert torch.equal(model(x)[0], y)
-    monkeypatch.setattr(lnlstm, "_implementation", "cpp")
+    monkeypatch.setattr(lnlstm.selection, "_programmatic", "cpp")
     with pytest.raises(RuntimeError, match="no compiler here"):
         model(x)
 
@@ -535,3 +536,14 @@ def test_learns_spoken_digits(fsdd_recordings):
     with torch.no_grad():
         accuracy = (model(x_test, len_test).argmax(1) == y_test).float().mean().item()
     assert accuracy >= 0.85, f"held-out accuracy {accuracy:.2f}"
+
+
+def test_parameter_names_are_those_of_earlier_checkpoints():
+    """Checkpoints written before asr/models/lnlstm became a package load: the state dict's names
+    are the ones they hold (a renamed parameter would need a load-time mapping)."""
+    model = LNLSTM(3, 4, num_layers=2, bidirectional=True)
+    per_cell = ["weight_x", "weight_h", "bias", "ln_x.weight", "ln_x.bias", "ln_h.weight", "ln_h.bias",
+                "ln_c.weight", "ln_c.bias"]
+    assert list(model.state_dict()) == [f"cells.{k}.{name}" for k in range(4) for name in per_cell]
+    plain = LNLSTM(3, 4, layer_norm=False)
+    assert list(plain.state_dict()) == ["cells.0.weight_x", "cells.0.weight_h", "cells.0.bias"]

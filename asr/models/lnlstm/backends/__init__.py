@@ -1,0 +1,47 @@
+"""The LN-LSTM's backends: one contract (:class:`Backend`), three implementations.
+
+* :mod:`.reference`: the PyTorch loop over time of :mod:`asr.models.lnlstm.reference`, the
+  definition; every device, dtype and variant.
+* :mod:`.cpp`: a fused C++ operator for CPU (``csrc/lnlstm.cpp``), float32 and float64.
+* :mod:`.triton`: fused Triton kernels for CUDA (CPU under ``TRITON_INTERPRET=1``), float32
+  parameters, and the single step the speller takes.
+
+Every backend's :meth:`Backend.layer` takes one layer's :class:`~asr.models.lnlstm.parameters.LayerParameters`
+(per-direction tensors gathered once), x (B, T, I), lengths (B,) or None, h0, c0 (D, B, H) and
+whether CUDA graphs may be recorded, and returns y (B, T, D * H) zero at padding and h_n, c_n
+(D, B, H). Which one runs is decided in :func:`asr.models.lnlstm.selection.select_backend` only.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    name: str
+    # Device types on which "auto" picks this backend (where it is also supported and available).
+    auto_devices: tuple[str, ...]
+
+    def supports(self, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
+                 single_step: bool) -> bool:
+        """Whether it computes this call: a fact about the code (variant, device, dtypes), no probing."""
+
+    def available(self, device: torch.device, strict: bool = False) -> bool:
+        """Whether it can run on ``device`` here (builds or compiles on first call and remembers);
+        strict: raise RuntimeError with the reason instead of answering False (which warns once)."""
+
+    def layer(self, params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor,
+              cuda_graphs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer, all directions (see the module docstring)."""
+
+
+@functools.cache
+def backends() -> dict[str, Backend]:
+    """Every backend by name, in the order ``auto`` tries them (the reference path is never
+    a candidate of ``auto``: it is what runs when no other does)."""
+    from asr.models.lnlstm.backends import cpp, reference, triton
+
+    return {"triton": triton.BACKEND, "cpp": cpp.BACKEND, "reference": reference.BACKEND}

@@ -1,0 +1,160 @@
+"""One direction of one layer: :class:`LNLSTMCell`, its parameters and its step; :class:`CellSpec`, what it computes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from asr.models import overrides
+from asr.models.lnlstm import selection
+from asr.models.lnlstm.backends import backends
+from asr.models.lnlstm.variants import CELL_VARIANTS, Ba2016, check_variant, default_eps
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """What a cell computes besides its parameters' values: the variant, whether it is
+    layer-normalised (False: a plain LSTM, whatever the variant), the gate norms' epsilon
+    and the forget bias. Every cell of an :class:`~asr.models.lnlstm.LNLSTM` has the same spec."""
+
+    variant: str = "ba2016"
+    layer_norm: bool = True
+    eps: float = Ba2016.gate_eps
+    forget_bias: float = 1.0
+
+    @property
+    def math(self):
+        """The variant class whose norms and step the cell uses (ba2016's for the plain LSTM: no norms)."""
+        return CELL_VARIANTS[self.variant] if self.layer_norm else Ba2016
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the fused C++ and Triton backends compute this cell: the plain LSTM and ba2016 only."""
+        return self.math.fused
+
+
+class LNLSTMCell(nn.Module):
+    """One step of the (layer-normalised) LSTM; also holds one direction's parameters.
+
+    Args:
+        input_size: I, size of x_t.
+        hidden_size: H, size of h_t and c_t.
+        layer_norm: apply LN_x, LN_h, LN_c as in :mod:`asr.models.lnlstm`; False gives
+            a plain LSTM.
+        forget_bias: added to the forget-gate pre-activation, so a fresh cell
+            starts by remembering (1.0 as in TensorFlow's LSTM cells; use 0.0 to
+            match torch.nn.LSTM, which has none).
+        eps: epsilon of every layer norm of the cell; None: the variant's own
+            (ba2016 1e-5; see :mod:`asr.models.lnlstm.variants`).
+        variant: which LN-LSTM cell, ``ba2016`` (the package docstring),
+            ``tf_contrib`` or ``raw_gates`` (:mod:`asr.models.lnlstm.variants`);
+            ignored without layer_norm.
+        backend: the backend request of :meth:`forward` (``model.lnlstm_backend``): auto,
+            reference, cpp or triton (:mod:`asr.models.lnlstm.selection`).
+
+    Parameters: ``weight_x`` (4H, I), ``weight_h`` (4H, H), ``bias`` (4H,), gate
+    order ``i, j, f, o``; with layer_norm, ``ln_x`` and ``ln_h`` (nn.LayerNorm over
+    4H) and ``ln_c`` (nn.LayerNorm over H). A ``tf_contrib`` cell has
+    ``ln_gates`` (four nn.LayerNorm over H) and ``ln_c`` instead, and no ``bias``
+    (None); a ``raw_gates`` cell's ``ln_x`` and ``ln_h`` have no parameters.
+    Norms a variant does not use are None.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        layer_norm: bool = True,
+        forget_bias: float = 1.0,
+        eps: float | None = None,
+        variant: str = "ba2016",
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if input_size <= 0 or hidden_size <= 0:
+            raise ValueError(f"input_size and hidden_size must be positive, got {input_size}, {hidden_size}")
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        # The gate norms' epsilon (the fused paths read it; ba2016 uses one epsilon throughout).
+        gate_eps = float(default_eps(check_variant(variant))[0] if eps is None else eps)
+        self.spec = CellSpec(variant, bool(layer_norm), gate_eps, float(forget_bias))
+        self.backend = overrides.check_backend(backend)
+        self.weight_x = nn.Parameter(torch.empty(4 * hidden_size, input_size))
+        self.weight_h = nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
+        if not layer_norm or CELL_VARIANTS[variant].gate_bias:
+            self.bias = nn.Parameter(torch.empty(4 * hidden_size))
+        else:
+            self.register_parameter("bias", None)
+        norms = CELL_VARIANTS[variant].build_norms(hidden_size, eps) if layer_norm else {}
+        for name in ("ln_x", "ln_h", "ln_gates", "ln_c"):
+            self.register_module(name, norms.get(name))
+        self.reset_parameters()
+
+    # The spec's fields, under the names the rest of the toolkit reads.
+    variant = property(lambda self: self.spec.variant)
+    layer_norm = property(lambda self: self.spec.layer_norm)
+    eps = property(lambda self: self.spec.eps)
+    forget_bias = property(lambda self: self.spec.forget_bias)
+    fusable = property(lambda self: self.spec.fusable)
+
+    def reset_parameters(self) -> None:
+        # Same init as nn.LSTM, so the plain variant trains like it. The gate
+        # bias must not start at 0: with b = 0 (and LN biases 0) an all-zero
+        # input keeps h = c = 0 forever, every LN then sees zero variance, and
+        # back-propagation through time gains 1/sqrt(eps) twice per step (inf
+        # in float32 within ~10 steps). A random b breaks that fixed point.
+        # (tf_contrib has no b, as in TensorFlow: docs/normalization.md shows what follows.)
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for weight in (self.weight_x, self.weight_h, self.bias):
+            if weight is not None:
+                nn.init.uniform_(weight, -bound, bound)
+        for name in ("ln_x", "ln_h", "ln_gates", "ln_c"):
+            norm = getattr(self, name)
+            for module in norm.modules() if norm is not None else ():
+                if isinstance(module, nn.LayerNorm):
+                    module.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.input_size}, {self.hidden_size}, layer_norm={self.layer_norm}, variant={self.variant}, "
+            f"forget_bias={self.forget_bias}, eps={self.eps}"
+        )
+
+    def input_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """``LN_x(W_x x) + b`` for any leading shape: x (..., I) -> (..., 4H)
+        (for tf_contrib just ``W_x x``: its norms act on ``W_x x + W_h h``).
+
+        It does not depend on the recurrence, so the sequence path computes it
+        for all time steps at once.
+        """
+        return self.spec.math.input_gates(self, x)
+
+    def recurrent_step(
+        self, input_gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from precomputed input gates (B, 4H) and state (B, H) -> (h, c)."""
+        return self.spec.math.step(self, input_gates, h, c)
+
+    def forward(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, I), state (h, c) each (B, H) or None for zeros -> (h, c) each (B, H).
+
+        c is the cell to be passed back in as state (un-normalised, except for tf_contrib).
+        """
+        if x.dim() != 2 or x.size(1) != self.input_size:
+            raise ValueError(f"LNLSTMCell expects x of shape (B, {self.input_size}), got {tuple(x.shape)}")
+        if state is None:
+            zeros = x.new_zeros(x.size(0), self.hidden_size)
+            state = (zeros, zeros)
+        h, c = state
+        available = backends()
+        name = selection.select_backend(
+            selection.effective_request(self.backend), self.spec, x.device, x.dtype, self.weight_h.dtype,
+            available, single_step=True,
+        )
+        selection.record(x.device, name)
+        return available[name].cell_step(self, x, h, c)

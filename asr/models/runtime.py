@@ -1,0 +1,89 @@
+"""What code computes a model here: the LN-LSTM backends, the C++ build flags, CUDA graphs.
+
+Two runs of one recipe can run different code (a machine without a compiler falls back to the
+reference path; an override switches a path for a benchmark). The trainer writes
+:func:`describe` into ``train.log`` and under ``runtime:`` in the run's ``config.yaml``, and
+:func:`ran` after training; ``asr.evaluate`` and ``asr.transcribe`` print :func:`describe`
+with ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from asr.models import cuda_graphs, overrides
+from asr.models.lnlstm import LNLSTM, LNLSTMCell, selection
+from asr.models.lnlstm.backends import backends
+from asr.models.lnlstm.backends import cpp as cpp_backend
+from asr.models.speller import Speller
+
+
+def describe(model: nn.Module, device: torch.device | str) -> dict:
+    """The backend each LN-LSTM of ``model`` runs on ``device`` (by module name; the speller's cells
+    take single steps), what the recipe asked for, the overrides in effect, the flags the C++
+    operator was built with (None where it was not loaded) and the CUDA-graph switches.
+
+    Choosing a backend may build the C++ operator or compile the Triton kernels, as the
+    first forward pass would."""
+    device = torch.device(device)
+    chosen, requested = {}, set()
+    available = backends()
+    for name, module in model.named_modules():
+        if not isinstance(module, (LNLSTM, LNLSTMCell)) or _inside_lnlstm(name, model):
+            continue
+        cell = module.cells[0] if isinstance(module, LNLSTM) else module
+        requested.add(module.backend)
+        dtype = cell.weight_h.dtype
+        chosen[name] = selection.select_backend(
+            selection.effective_request(module.backend), cell.spec, device, dtype, dtype, available,
+            single_step=isinstance(module, LNLSTMCell),
+        )
+    switches = {
+        "lnlstm": [m.cuda_graphs for m in model.modules() if isinstance(m, LNLSTM)],
+        "speller": [m.cuda_graphs for m in model.modules() if isinstance(m, Speller)],
+    }
+    env = overrides.active()
+    return {
+        "device": str(device),
+        "lnlstm_backend_requested": sorted(requested),
+        "lnlstm_backend_override": selection.get_implementation(),
+        "lnlstm_backends": _grouped(chosen),
+        "cpp_build_flags": " ".join(cpp_backend.build_flags()) if cpp_backend.build_flags() else None,
+        "cuda_graphs": {
+            "lnlstm": env.get("ASR_LNLSTM_CUDA_GRAPHS", all(switches["lnlstm"])) if switches["lnlstm"] else None,
+            "speller": env.get("ASR_SPELLER_CUDA_GRAPHS", all(switches["speller"])) if switches["speller"] else None,
+        },
+        "overrides": env,
+    }
+
+
+def ran() -> dict:
+    """What ran in this process so far: backends per device type, and CUDA graphs recorded per kind."""
+    return {"lnlstm_backends_ran": selection.ran(), "cuda_graphs_recorded": cuda_graphs.report()}
+
+
+def lines(record: dict) -> list[str]:
+    """One line per entry of a :func:`describe` or :func:`ran` record."""
+    return [f"runtime: {key}: {value}" for key, value in record.items()]
+
+
+def log(logger: logging.Logger, record: dict) -> None:
+    for line in lines(record):
+        logger.info("%s", line)
+
+
+def _inside_lnlstm(name: str, model: nn.Module) -> bool:
+    """Whether module ``name`` is a cell of an LNLSTM (described with its stack)."""
+    parent = name.rpartition(".cells.")[0]
+    return bool(parent) and isinstance(model.get_submodule(parent), LNLSTM)
+
+
+def _grouped(chosen: dict[str, str]) -> dict[str, list[str]]:
+    """backend -> the module names it runs, so a model with many layers gives a short record."""
+    grouped: dict[str, list[str]] = {}
+    for name, backend in chosen.items():
+        grouped.setdefault(backend, []).append(name)
+    return grouped

@@ -1,0 +1,125 @@
+"""select_backend (asr/models/lnlstm/selection.py), the one place that chooses an LN-LSTM backend,
+as the pure function it is: fake backends in, a name out; and the request from recipe to model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr.config import ConfigError, from_dict
+from asr.models import overrides
+from asr.models.las import LAS, LASConfig
+from asr.models.lnlstm import CellSpec, LNLSTM, select_backend, selection
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
+F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
+BA2016, PLAIN, TF_CONTRIB = CellSpec(), CellSpec(layer_norm=False), CellSpec(variant="tf_contrib", eps=1e-12)
+
+
+class Fake:
+    """A backend with fixed answers; ``asked`` records the availability questions (device, strict)."""
+
+    def __init__(self, name, auto_devices, devices, dtypes, available=True, single_step=False):
+        self.name, self.auto_devices = name, auto_devices
+        self.devices, self.dtypes, self.is_available, self.single_step = devices, dtypes, available, single_step
+        self.asked = []
+
+    def supports(self, spec, device, dtype, param_dtype, single_step):
+        return (spec.fusable and device.type in self.devices and param_dtype in self.dtypes
+                and (self.single_step or not single_step))
+
+    def available(self, device, strict=False):
+        self.asked.append((device.type, strict))
+        if not self.is_available and strict:
+            raise RuntimeError(f"{self.name} cannot run here")
+        return self.is_available
+
+
+def fakes(triton_available=True, cpp_available=True):
+    return {
+        "triton": Fake("triton", ("cuda",), ("cuda", "cpu"), (F32,), triton_available, single_step=True),
+        "cpp": Fake("cpp", ("cpu",), ("cpu",), (F32, F64), cpp_available),
+    }
+
+
+@pytest.mark.parametrize(
+    "request_, spec, device, param_dtype, single_step, expected",
+    [
+        ("auto", BA2016, CPU, F32, False, "cpp"),
+        ("auto", BA2016, CPU, F64, False, "cpp"),
+        ("auto", BA2016, CPU, BF16, False, "reference"),       # no backend takes bf16 parameters
+        ("auto", BA2016, CUDA, F32, False, "triton"),
+        ("auto", BA2016, CUDA, F64, False, "reference"),       # Triton takes float32 parameters only
+        ("auto", PLAIN, CUDA, F32, False, "triton"),
+        ("auto", TF_CONTRIB, CPU, F32, False, "reference"),    # the fused kernels compute ba2016 only
+        ("auto", TF_CONTRIB, CUDA, F32, False, "reference"),
+        ("auto", BA2016, CPU, F32, True, "reference"),         # a single step: C++ computes whole layers
+        ("auto", BA2016, CUDA, F32, True, "triton"),
+        ("reference", BA2016, CUDA, F32, False, "reference"),
+        ("cpp", BA2016, CPU, F32, False, "cpp"),
+        ("cpp", BA2016, CUDA, F32, False, "reference"),        # supported nowhere but CPU: the reference path
+        ("triton", BA2016, CPU, F32, False, "triton"),         # CPU under the interpreter
+        ("triton", TF_CONTRIB, CUDA, F32, False, "reference"),
+    ],
+)
+def test_the_choice(request_, spec, device, param_dtype, single_step, expected):
+    assert select_backend(request_, spec, device, param_dtype, param_dtype, fakes(), single_step) == expected
+
+
+def test_auto_falls_back_quietly_and_a_named_backend_raises():
+    """auto asks without strictness (the backend warns once and the reference path runs); a named
+    backend that supports the call but cannot run raises its reason."""
+    backends = fakes(triton_available=False, cpp_available=False)
+    assert select_backend("auto", BA2016, CUDA, F32, F32, backends) == "reference"
+    assert select_backend("auto", BA2016, CPU, F32, F32, backends) == "reference"
+    assert backends["triton"].asked == [("cuda", False)] and backends["cpp"].asked == [("cpu", False)]
+    with pytest.raises(RuntimeError, match="cpp cannot run here"):
+        select_backend("cpp", BA2016, CPU, F32, F32, backends)
+    with pytest.raises(RuntimeError, match="triton cannot run here"):
+        select_backend("triton", BA2016, CUDA, F32, F32, backends)
+
+
+def test_unsupported_calls_never_ask_for_availability():
+    """Nothing is built or compiled for a call a backend does not support."""
+    backends = fakes()
+    select_backend("auto", TF_CONTRIB, CPU, F32, F32, backends)
+    select_backend("cpp", BA2016, CUDA, F32, F32, backends)
+    assert backends["cpp"].asked == [] and backends["triton"].asked == []
+
+
+def test_the_recipe_request_reaches_every_lstm_and_the_override_wins(monkeypatch):
+    config = from_dict(LASConfig, {"lnlstm_backend": "reference"}, "model")
+    model = LAS(config, input_dim=6, vocab_size=10)
+    lstms = [m for m in model.modules() if hasattr(m, "backend")]
+    assert lstms and {m.backend for m in lstms} == {"reference"}
+    x = torch.randn(2, 4, 6)
+    listener_lstm = model.listener.layers[0]
+    assert listener_lstm.select_backend(torch.randn(2, 4, listener_lstm.input_size)) == "reference"
+    monkeypatch.setenv("ASR_LNLSTM_IMPL", "cpp")
+    assert selection.effective_request("reference") == "cpp"
+    monkeypatch.setattr(selection, "_programmatic", "reference")  # set_implementation comes first
+    assert selection.effective_request("auto") == "reference"
+    assert model(x, torch.tensor([4, 3]), torch.randint(3, 10, (2, 3)), torch.tensor([3, 2])) is not None
+
+
+def test_bad_requests_name_their_key(monkeypatch):
+    with pytest.raises(ConfigError, match="lnlstm_backend"):
+        from_dict(LASConfig, {"lnlstm_backend": "fortran"}, "model")
+    with pytest.raises(ValueError, match="model.lnlstm_backend"):
+        LNLSTM(3, 4, backend="fortran")
+    monkeypatch.setenv("ASR_LNLSTM_IMPL", "fortran")
+    with pytest.raises(ValueError, match="environment variable ASR_LNLSTM_IMPL"):
+        overrides.active()
+    monkeypatch.setenv("ASR_LNLSTM_IMPL", "python")  # the older name of the reference path
+    assert overrides.active() == {"ASR_LNLSTM_IMPL": "reference"}
+
+
+def test_an_override_is_logged_once(monkeypatch, caplog):
+    monkeypatch.setattr(overrides, "_logged", set())
+    monkeypatch.setenv("ASR_LNLSTM_CUDA_GRAPHS", "0")
+    with caplog.at_level("WARNING", logger="asr.models"):
+        assert overrides.get("ASR_LNLSTM_CUDA_GRAPHS", True) is False
+        assert overrides.get("ASR_LNLSTM_CUDA_GRAPHS", True) is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "ASR_LNLSTM_CUDA_GRAPHS=0 overrides the recipe (an override meant for benchmarks)"
+    ]
