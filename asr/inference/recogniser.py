@@ -18,6 +18,7 @@ kept in ``pruned``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,12 +33,14 @@ from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, experiment_config_from_dict
-from asr.inference.segmentation import split_features
+from asr.inference.segmentation import recording_pieces
 from asr.models.ensemble import Ensemble
 from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, prune_model
 from asr.models.registry import build_model
 from features.audio import AudioError
 from features.pipeline import FeaturePipeline
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +68,9 @@ class Recogniser:
     config: ExperimentConfig  # the first checkpoint's, for an ensemble
     device: torch.device
     pruned: tuple[PrunedModel, ...] = ()  # per member, what LayerDrop pruning kept; empty: not pruned
+    # The longest utterance (seconds) the model was trained on (the shortest such among an ensemble's
+    # members); longer recordings are decoded in pieces by default. None: not known, decoded whole.
+    trained_seconds: float | None = None
 
     @property
     def parameters(self) -> int:
@@ -78,7 +84,16 @@ class Recogniser:
     def with_models(self, models: list[torch.nn.Module]) -> Recogniser:
         """This recogniser (tokenizer, features, config) decoding with ``models`` instead."""
         model = Ensemble(models) if len(models) > 1 else models[0]
-        return Recogniser(model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned)
+        return Recogniser(
+            model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned, self.trained_seconds
+        )
+
+    def piece_seconds(self, options: DecodingOptions) -> float | None:
+        """The longest recording decoded whole under ``options``, None for all: ``segment_seconds`` when
+        given (0: None), else the longest utterance the model was trained on."""
+        if options.segment_seconds is None:
+            return self.trained_seconds
+        return options.segment_seconds or None
 
     def features(self, utterance: Utterance, warp: float | None = None) -> torch.Tensor:
         """``(T, D)`` features of one utterance as the model expects them (an :class:`AudioError` names the file)."""
@@ -98,24 +113,67 @@ class Recogniser:
         An utterance whose audio fails where it is read (damaged past its header,
         NaN samples, too short) costs nothing else: its transcript is None.
         Each utterance is encoded and searched under its own length mask, so
-        batching changes results only by float rounding.
+        batching changes results only by float rounding. One longer than
+        :meth:`piece_seconds` is decoded in pieces cut at pauses (:meth:`_transcribe_long`).
         """
         result = Transcription([], [] if score else None)
+        piece_seconds = self.piece_seconds(options)
         for start in range(0, len(utterances), batch_size):
             readable: dict[int, torch.Tensor] = {}
+            decoded: dict[int, tuple[str, float | None]] = {}
             for index in range(start, min(start + batch_size, len(utterances))):
+                utterance = utterances[index]
                 try:
-                    readable[index] = self.features(utterances[index], warp)
+                    if piece_seconds is not None and utterance.duration > piece_seconds:
+                        decoded[index] = self._transcribe_long(utterance, options, warp, score, batch_size, piece_seconds)
+                    else:
+                        readable[index] = self.features(utterance, warp)
                 except AudioError as err:
                     result.skipped[index] = audio_skip(err)
             texts, scores = self._decode(list(readable.values()), options, score)
-            decoded = dict(zip(readable, zip(texts, scores)))
+            decoded.update(zip(readable, zip(texts, scores)))
             for index in range(start, min(start + batch_size, len(utterances))):
                 text, logp = decoded.get(index, (None, None))
                 result.texts.append(text)
                 if score:
                     result.scores.append(logp)
         return result
+
+    def _transcribe_long(
+        self, utterance: Utterance, options: DecodingOptions, warp: float | None, score: bool, batch_size: int,
+        piece_seconds: float,
+    ) -> tuple[str, float | None]:
+        """One recording longer than ``piece_seconds``, decoded in pieces cut at pauses
+        (:mod:`asr.inference.segmentation`), ``batch_size`` pieces at a time, each read alone: memory
+        stays that of one batch of pieces, whatever the length. The transcript is the pieces' joined
+        with a space, the score their sum. An :class:`AudioError` names the utterance."""
+        texts: list[str] = []
+        total, count = 0.0, 0
+        batch: list[torch.Tensor] = []
+
+        def flush() -> None:
+            nonlocal total
+            found, scores = self._decode(batch, options, score)
+            texts.extend(found)
+            total += sum(scores) if score else 0.0
+            batch.clear()
+
+        try:
+            for waveform, rate in recording_pieces(utterance.audio, piece_seconds):
+                batch.append(self.pipeline.from_waveform(waveform, rate, warp=warp))
+                count += 1
+                if len(batch) == batch_size:
+                    flush()
+        except AudioError as err:
+            raise type(err)(f"{utterance.id}: {err}") from err
+        if batch:
+            flush()
+        logger.info(
+            "%s: %.1f s, longer than %.1f s, decoded in %d pieces cut at pauses%s", utterance.id,
+            utterance.duration, piece_seconds, count,
+            "" if count else " (no speech found)",
+        )
+        return " ".join(text for text in texts if text), total if score else None
 
     @torch.no_grad()
     def transcribe_features(self, features: list[torch.Tensor], options: DecodingOptions = DecodingOptions()) -> list[str]:
@@ -132,31 +190,15 @@ class Recogniser:
         return texts
 
     def _decode(self, features: list[torch.Tensor], options: DecodingOptions, score: bool):
-        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``).
-
-        With ``options.segment_seconds`` a long utterance is decoded as its pieces
-        (:mod:`asr.inference.segmentation`), all in the one batch: its transcript is the pieces'
-        joined with a space, its score their sum.
-        """
+        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``)."""
         if not features:
             return [], []
-        pieces, owners = features, list(range(len(features)))
-        if options.segment_seconds is not None:
-            split = [split_features(f, self.pipeline.config, options.segment_seconds) for f in features]
-            pieces = [piece for parts in split for piece in parts]
-            owners = [i for i, parts in enumerate(split) for _ in parts]
-        encoder = self._encode(pieces)
+        encoder = self._encode(features)
         hyps = search(self.model, encoder, options)
-        texts: list[list[str]] = [[] for _ in features]
-        for owner, hyp in zip(owners, hyps):
-            texts[owner].append(self.tokenizer.decode(hyp))
-        joined = [" ".join(text for text in parts if text) for parts in texts]
+        texts = [self.tokenizer.decode(hyp) for hyp in hyps]
         if not score:
-            return joined, [None] * len(joined)
-        scores = [0.0] * len(features)
-        for owner, value in zip(owners, sequence_log_probs(self.model, encoder, hyps, options.ctc_weight).tolist()):
-            scores[owner] += value
-        return joined, scores
+            return texts, [None] * len(texts)
+        return texts, sequence_log_probs(self.model, encoder, hyps, options.ctc_weight).tolist()
 
     def _encode(self, features: list[torch.Tensor]):
         """The encoder output of ``(T, D)`` feature matrices padded into one batch."""
@@ -196,7 +238,10 @@ def load_recogniser(
     if len(members) == 1:
         return first
     pruned = tuple(record for member in members for record in member.pruned)
-    return dataclasses.replace(first.with_models([member.model for member in members]), pruned=pruned)
+    known = [member.trained_seconds for member in members if member.trained_seconds is not None]
+    return dataclasses.replace(
+        first.with_models([member.model for member in members]), pruned=pruned, trained_seconds=min(known, default=None)
+    )
 
 
 # Feature settings used only in training: members may differ in them and still see the same features
@@ -237,4 +282,6 @@ def _load_one(checkpoint: str | Path, device: str, prune: LayerPruning | None) -
         raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
     pruned = (prune_model(model, prune, str(checkpoint)),) if prune is not None else ()
     target = torch.device(device)
-    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned)
+    # Checkpoints from before 2026-11-24 do not record it: the recipe's limit on training utterances bounds it.
+    trained_seconds = state.get("longest_utterance_seconds", config.data.max_duration)
+    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned, trained_seconds)

@@ -350,6 +350,8 @@ class Trainer:
             "model": self.raw_model.state_dict(),
             "tokenizer": self.tokenizer.state_dict(),
             "features": self.pipeline.state_dict(),
+            # decoders are not asked for more: longer recordings are decoded in pieces (asr.inference.segmentation)
+            "longest_utterance_seconds": max((u.duration for u in self.data.train_set.utterances), default=None),
             "training": training,
         }
 
