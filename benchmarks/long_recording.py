@@ -39,7 +39,7 @@ from asr.data.fsdd import build_digit_recording, read_fsdd  # noqa: E402
 from asr.data.utterance import InMemoryAudio, Utterance  # noqa: E402
 from asr.decoding import DecodingOptions  # noqa: E402
 from asr.inference import load_recogniser  # noqa: E402
-from asr.inference.segmentation import FRAME_SECONDS, cut_points, frame_levels, plan_pieces  # noqa: E402
+from asr.inference.segmentation import FRAME_SECONDS, cut_points, frame_levels, plan_pieces, read_piece  # noqa: E402
 from asr.metrics import error_rates  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
@@ -49,12 +49,13 @@ def digit_recording(folder: Path, digits: int, seed: int):
     return build_digit_recording(read_fsdd(folder, take_range=[0, 4]), digits, seed=seed)
 
 
-def per_piece_errors(recording, bounds: list[tuple[int, int]], texts: list[str]) -> dict[str, list[int]]:
-    """kind -> [pieces, reference words, S, D, I] over the pieces (``bounds`` in samples) and their transcripts."""
+def per_piece_errors(recording, bounds: list[list[tuple[int, int]]], texts: list[str]) -> dict[str, list[int]]:
+    """kind -> [pieces, reference words, S, D, I] over the pieces (each a list of spans in samples) and their
+    transcripts."""
     energy = recording.waveform[0].pow(2)
     owner, split = [], set()
     for start, end in recording.spans:
-        shares = [float(energy[max(start, a) : min(end, b)].sum()) for a, b in bounds]
+        shares = [sum(float(energy[max(start, a) : min(end, b)].sum()) for a, b in spans) for spans in bounds]
         total = float(energy[start:end].sum())
         best = max(range(len(bounds)), key=lambda i: shares[i])
         owner.append(best)
@@ -62,12 +63,13 @@ def per_piece_errors(recording, bounds: list[tuple[int, int]], texts: list[str])
             split.update(i for i, share in enumerate(shares) if share > 0.05 * total)
     words = recording.text.split()
     kinds: dict[str, list[int]] = {}
-    for index, ((start, end), text) in enumerate(zip(bounds, texts)):
+    for index, (spans, text) in enumerate(zip(bounds, texts)):
         ref = " ".join(w for w, o in zip(words, owner) if o == index)
         if not ref:
             kind, counts = "no speech", [0, 0, 0, len(text.split())]
         else:
-            kind = "cuts a digit" if index in split else "short" if end - start < recording.sample_rate else "clean"
+            short = sum(b - a for a, b in spans) < recording.sample_rate
+            kind = "cuts a digit" if index in split else "short" if short else "clean"
             rates = error_rates([ref], [text])
             counts = [rates["ref_words"], rates["substitutions"], rates["deletions"], rates["insertions"]]
         row = kinds.setdefault(kind, [0, 0, 0, 0, 0])
@@ -83,6 +85,7 @@ def main() -> int:
     parser.add_argument("--digits", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beam", type=int, default=1)
+    parser.add_argument("--ctc-weight", type=float, default=0.0)
     parser.add_argument("--segment-seconds", type=float, help="piece length (default: the model's longest utterance)")
     parser.add_argument("--fixed-windows", type=float, metavar="S", help="decode the previous cutter's pieces instead")
     parser.add_argument("--write", type=Path, help="write the recording to this .wav and stop")
@@ -98,15 +101,16 @@ def main() -> int:
         parser.error("a checkpoint is needed (or --write)")
     torch.set_grad_enabled(False)
     recogniser = load_recogniser(args.checkpoint)
-    options = DecodingOptions(beam_size=args.beam, segment_seconds=args.segment_seconds)
+    options = DecodingOptions(beam_size=args.beam, ctc_weight=args.ctc_weight, segment_seconds=args.segment_seconds)
     takes = sorted(set(recording.takes), key=lambda t: t.path)
     one_by_one = recogniser.transcribe(
         [Utterance(t.path.stem, t.path, "", 0.0, t.speaker) for t in takes], options, batch_size=32
     ).texts
     found = dict(zip(takes, one_by_one))
     single = error_rates([recording.text], [" ".join(found[t] for t in recording.takes)])
-    print(f"{len(recording.takes)} digits, {recording.seconds / 60:.1f} min; longest training utterance "
-          f"{recogniser.trained_seconds} s; piece length {recogniser.piece_seconds(options)} s")
+    longest, piece = recogniser.long_form(options)
+    print(f"{len(recording.takes)} digits, {recording.seconds / 60:.1f} min; longest decoded whole {longest:.2f} s, "
+          f"pieces of at most {piece:.2f} s")
     report("one recording at a time", single)
 
     audio = InMemoryAudio(recording.waveform, recording.sample_rate)
@@ -118,13 +122,13 @@ def main() -> int:
         frames = [0, *cuts, features.size(0)]
         pieces = [features[a:b] for a, b in zip(frames, frames[1:])]
         texts = [t for i in range(0, len(pieces), 32) for t in recogniser._decode(pieces[i : i + 32], options, False)[0]]
-        bounds = [(round(a * FRAME_SECONDS * rate), round(b * FRAME_SECONDS * rate)) for a, b in zip(frames, frames[1:])]
+        bounds = [[(round(a * FRAME_SECONDS * rate), round(b * FRAME_SECONDS * rate))] for a, b in zip(frames, frames[1:])]
         what = f"the recording, fixed windows of {args.fixed_windows} s"
     else:
-        plan = plan_pieces(frame_levels(recording.waveform, rate), recogniser.piece_seconds(options))
-        bounds = [(round(p.start * FRAME_SECONDS * rate), round(p.end * FRAME_SECONDS * rate)) for p in plan]
-        texts = [recogniser.transcribe([Utterance("piece", InMemoryAudio(recording.waveform[:, a:b], rate), "", 0.0, "x")],
-                                       options).texts[0] for a, b in bounds]
+        plan = plan_pieces(frame_levels(recording.waveform, rate), piece)
+        bounds = [[(round(a * FRAME_SECONDS * rate), round(b * FRAME_SECONDS * rate)) for a, b in p.spans] for p in plan]
+        texts = [recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(audio, p)), "", 0.0, "x")],
+                                       options).texts[0] for p in plan]
         whole = recogniser.transcribe([Utterance("long", audio, "", recording.seconds, "x")], options).texts[0]
         assert whole == " ".join(t for t in texts if t), "the recogniser decoded other pieces than planned"
         what = "the recording in pieces cut at pauses"

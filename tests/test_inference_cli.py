@@ -28,7 +28,7 @@ from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.inference import (
     AdaptationSettings, DecodeSettings, SelfTraining, VTLNSearch, load_recogniser, parse_warps, transcribe_speakers,
 )
-from asr.inference.segmentation import plan_pieces, read_span, recording_levels
+from asr.inference.segmentation import plan_pieces, read_piece, recording_levels
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
@@ -125,9 +125,9 @@ def test_a_long_recording_is_decoded_as_its_pieces_cut_at_pauses(untrained, libr
 
     with caplog.at_level(logging.INFO, logger="asr.inference.recogniser"):
         found = recogniser.transcribe([long, short], options, score=True, batch_size=1)  # pieces one at a time
-    assert f"{long.id}: {long.duration:.1f} s, longer than {seconds:.1f} s, decoded in {len(plan)} pieces" in caplog.text
+    assert f"{long.id}: {long.duration:.1f} s, longer than {seconds:.1f} s, decoded in {len(plan)} pieces of at most" in caplog.text
     each = [
-        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_span(long.audio, piece)), "", 0.0, "x")],
+        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
                               DecodingOptions(segment_seconds=0), score=True)
         for piece in plan
     ]
@@ -143,26 +143,34 @@ def test_a_long_recording_is_decoded_as_its_pieces_cut_at_pauses(untrained, libr
 
 
 def test_by_default_recordings_longer_than_the_training_utterances_are_cut(untrained, librivox_mini, tmp_path):
-    """The checkpoint's longest training utterance is the default piece length; one written before the
-    field existed falls back to its recipe's data.max_duration; 0 decodes every recording whole."""
+    """Recordings longer than the checkpoint's longest training utterance are cut, in pieces of at most its
+    mean one; one written before these were recorded falls back to its recipe's data.max_duration for both;
+    segment_seconds=S sets both; 0 decodes every recording whole."""
     old = load_recogniser(untrained)
-    assert old.trained_seconds == ExperimentConfig().data.max_duration
+    limit = ExperimentConfig().data.max_duration
+    assert old.long_form(DecodingOptions()) == (limit, limit)
     utterances = sorted(read_subset(librivox_mini), key=lambda u: u.duration)
-    seconds = utterances[0].duration + 0.2
+    longest, mean = utterances[-1].duration - 0.5, utterances[0].duration + 0.2
     state = load_checkpoint(untrained)
-    save_checkpoint(tmp_path / "new.pt", {**state, "longest_utterance_seconds": seconds})
+    save_checkpoint(tmp_path / "new.pt", {**state, "longest_utterance_seconds": longest, "mean_utterance_seconds": mean})
     recogniser = load_recogniser(tmp_path / "new.pt")
-    assert recogniser.trained_seconds == seconds
-    assert recogniser.piece_seconds(DecodingOptions()) == seconds
-    assert recogniser.piece_seconds(DecodingOptions(segment_seconds=0)) is None
+    assert recogniser.long_form(DecodingOptions()) == (longest, mean)
+    assert recogniser.long_form(DecodingOptions(segment_seconds=3.0)) == (3.0, 3.0)
+    assert recogniser.long_form(DecodingOptions(segment_seconds=0)) is None
     long = utterances[-1]
     default = recogniser.transcribe([long], DecodingOptions(), score=True)
-    explicit = recogniser.transcribe([long], DecodingOptions(segment_seconds=seconds), score=True)
+    pieces = [
+        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
+                              DecodingOptions(segment_seconds=0), score=True)
+        for piece in plan_pieces(recording_levels(long.audio)[0], mean)
+    ]
+    assert default.scores[0] == pytest.approx(sum(piece.scores[0] for piece in pieces), rel=1e-5)
     off = recogniser.transcribe([long], DecodingOptions(segment_seconds=0), score=True)
-    features = recogniser.features(long)
-    assert default.scores == explicit.scores
-    assert off.texts == recogniser.transcribe_features([features])
+    assert off.texts == recogniser.transcribe_features([recogniser.features(long)])
     assert off.scores != default.scores
+    # The second longest is not longer than the longest training utterance: decoded whole.
+    second = recogniser.transcribe([utterances[-2]], DecodingOptions(), score=True)
+    assert second.scores == recogniser.transcribe([utterances[-2]], DecodingOptions(segment_seconds=0), score=True).scores
 
 
 def test_transcribe_says_when_it_cuts_a_recording(untrained, librivox_mini, capsys, caplog):

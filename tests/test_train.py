@@ -74,10 +74,12 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     # The longest training utterance: longer recordings are decoded in pieces (asr.inference.segmentation).
     config = load_experiment_config(RECIPE, args)
     train_set = build_training_data(config, None).train_set
-    longest = max(u.duration for u in train_set.utterances)
-    assert ckpt["longest_utterance_seconds"] == longest <= config.data.max_duration
+    durations = [u.duration for u in train_set.utterances]
+    assert ckpt["longest_utterance_seconds"] == max(durations) <= config.data.max_duration
+    assert ckpt["mean_utterance_seconds"] == pytest.approx(sum(durations) / len(durations))
     averaged = average_checkpoints([exp / "epoch0.pt", exp / "epoch1.pt"])
-    assert averaged["longest_utterance_seconds"] == longest
+    assert averaged["longest_utterance_seconds"] == max(durations)
+    assert averaged["mean_utterance_seconds"] == ckpt["mean_utterance_seconds"]
 
 
 def test_a_second_run_in_the_same_directory_needs_resume(tmp_path):

@@ -68,9 +68,12 @@ class Recogniser:
     config: ExperimentConfig  # the first checkpoint's, for an ensemble
     device: torch.device
     pruned: tuple[PrunedModel, ...] = ()  # per member, what LayerDrop pruning kept; empty: not pruned
-    # The longest utterance (seconds) the model was trained on (the shortest such among an ensemble's
-    # members); longer recordings are decoded in pieces by default. None: not known, decoded whole.
+    # The longest and the mean utterance (seconds) the model was trained on (the shortest such among an
+    # ensemble's members): longer recordings are decoded by default in pieces of at most the mean, as
+    # many words as the decoder has emitted in most of its training (docs/results.md, "Long recordings").
+    # None: not known (longest: decoded whole; mean: pieces of the longest).
     trained_seconds: float | None = None
+    typical_seconds: float | None = None
 
     @property
     def parameters(self) -> int:
@@ -85,15 +88,19 @@ class Recogniser:
         """This recogniser (tokenizer, features, config) decoding with ``models`` instead."""
         model = Ensemble(models) if len(models) > 1 else models[0]
         return Recogniser(
-            model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned, self.trained_seconds
+            model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned,
+            self.trained_seconds, self.typical_seconds,
         )
 
-    def piece_seconds(self, options: DecodingOptions) -> float | None:
-        """The longest recording decoded whole under ``options``, None for all: ``segment_seconds`` when
-        given (0: None), else the longest utterance the model was trained on."""
-        if options.segment_seconds is None:
-            return self.trained_seconds
-        return options.segment_seconds or None
+    def long_form(self, options: DecodingOptions) -> tuple[float, float] | None:
+        """``(longest decoded whole, longest piece)`` in seconds under ``options``, or None when every
+        recording is decoded whole: ``segment_seconds`` for both when given (0: None), else the longest
+        and the mean utterance the model was trained on."""
+        if options.segment_seconds is not None:
+            return (options.segment_seconds, options.segment_seconds) if options.segment_seconds else None
+        if self.trained_seconds is None:
+            return None
+        return self.trained_seconds, min(self.typical_seconds or self.trained_seconds, self.trained_seconds)
 
     def features(self, utterance: Utterance, warp: float | None = None) -> torch.Tensor:
         """``(T, D)`` features of one utterance as the model expects them (an :class:`AudioError` names the file)."""
@@ -114,18 +121,18 @@ class Recogniser:
         NaN samples, too short) costs nothing else: its transcript is None.
         Each utterance is encoded and searched under its own length mask, so
         batching changes results only by float rounding. One longer than
-        :meth:`piece_seconds` is decoded in pieces cut at pauses (:meth:`_transcribe_long`).
+        :meth:`long_form` allows is decoded in pieces cut at pauses (:meth:`_transcribe_long`).
         """
         result = Transcription([], [] if score else None)
-        piece_seconds = self.piece_seconds(options)
+        long_form = self.long_form(options)
         for start in range(0, len(utterances), batch_size):
             readable: dict[int, torch.Tensor] = {}
             decoded: dict[int, tuple[str, float | None]] = {}
             for index in range(start, min(start + batch_size, len(utterances))):
                 utterance = utterances[index]
                 try:
-                    if piece_seconds is not None and utterance.duration > piece_seconds:
-                        decoded[index] = self._transcribe_long(utterance, options, warp, score, batch_size, piece_seconds)
+                    if long_form is not None and utterance.duration > long_form[0]:
+                        decoded[index] = self._transcribe_long(utterance, options, warp, score, batch_size, long_form)
                     else:
                         readable[index] = self.features(utterance, warp)
                 except AudioError as err:
@@ -141,9 +148,9 @@ class Recogniser:
 
     def _transcribe_long(
         self, utterance: Utterance, options: DecodingOptions, warp: float | None, score: bool, batch_size: int,
-        piece_seconds: float,
+        long_form: tuple[float, float],
     ) -> tuple[str, float | None]:
-        """One recording longer than ``piece_seconds``, decoded in pieces cut at pauses
+        """One recording longer than ``long_form[0]``, decoded in pieces of at most ``long_form[1]`` cut at pauses
         (:mod:`asr.inference.segmentation`), ``batch_size`` pieces at a time, each read alone: memory
         stays that of one batch of pieces, whatever the length. The transcript is the pieces' joined
         with a space, the score their sum. An :class:`AudioError` names the utterance."""
@@ -159,7 +166,7 @@ class Recogniser:
             batch.clear()
 
         try:
-            for waveform, rate in recording_pieces(utterance.audio, piece_seconds):
+            for waveform, rate in recording_pieces(utterance.audio, long_form[1]):
                 batch.append(self.pipeline.from_waveform(waveform, rate, warp=warp))
                 count += 1
                 if len(batch) == batch_size:
@@ -169,8 +176,8 @@ class Recogniser:
         if batch:
             flush()
         logger.info(
-            "%s: %.1f s, longer than %.1f s, decoded in %d pieces cut at pauses%s", utterance.id,
-            utterance.duration, piece_seconds, count,
+            "%s: %.1f s, longer than %.1f s, decoded in %d pieces of at most %.1f s cut at pauses%s", utterance.id,
+            utterance.duration, long_form[0], count, long_form[1],
             "" if count else " (no speech found)",
         )
         return " ".join(text for text in texts if text), total if score else None
@@ -238,9 +245,11 @@ def load_recogniser(
     if len(members) == 1:
         return first
     pruned = tuple(record for member in members for record in member.pruned)
-    known = [member.trained_seconds for member in members if member.trained_seconds is not None]
+    longest = [member.trained_seconds for member in members if member.trained_seconds is not None]
+    mean = [member.typical_seconds for member in members if member.typical_seconds is not None]
     return dataclasses.replace(
-        first.with_models([member.model for member in members]), pruned=pruned, trained_seconds=min(known, default=None)
+        first.with_models([member.model for member in members]), pruned=pruned,
+        trained_seconds=min(longest, default=None), typical_seconds=min(mean, default=None),
     )
 
 
@@ -282,6 +291,7 @@ def _load_one(checkpoint: str | Path, device: str, prune: LayerPruning | None) -
         raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
     pruned = (prune_model(model, prune, str(checkpoint)),) if prune is not None else ()
     target = torch.device(device)
-    # Checkpoints from before 2026-11-24 do not record it: the recipe's limit on training utterances bounds it.
-    trained_seconds = state.get("longest_utterance_seconds", config.data.max_duration)
-    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned, trained_seconds)
+    # Checkpoints from before 2026-11-24 do not record them: the recipe's limit on training utterances bounds both.
+    longest = state.get("longest_utterance_seconds", config.data.max_duration)
+    mean = state.get("mean_utterance_seconds")
+    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned, longest, mean)

@@ -56,13 +56,24 @@ BLOCK_SECONDS = 30.0     # audio read at a time while measuring levels
 
 @dataclass(frozen=True)
 class Piece:
-    """A stretch of a recording to decode alone: frames ``[start, end)`` of :data:`FRAME_SECONDS`."""
+    """What of a recording is decoded as one utterance: its speech stretches ``spans``, ``[start, end)`` in
+    frames of :data:`FRAME_SECONDS`, in order, each with up to :data:`PAD_SECONDS` of the pause around it;
+    the rest of the pauses between them is left out, so no pause inside a piece is longer than a pause
+    inside a training utterance (module docstring)."""
 
-    start: int
-    end: int
+    spans: tuple[tuple[int, int], ...]
 
-    def seconds(self) -> tuple[float, float]:
-        return self.start * FRAME_SECONDS, self.end * FRAME_SECONDS
+    @property
+    def start(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def end(self) -> int:
+        return self.spans[-1][1]
+
+    @property
+    def frames(self) -> int:
+        return sum(end - start for start, end in self.spans)
 
 
 def frame_levels(waveform: torch.Tensor, sample_rate: int) -> torch.Tensor:
@@ -96,16 +107,22 @@ def recording_levels(audio: Path | AudioSegment | InMemoryAudio) -> tuple[torch.
     return torch.cat(levels), rate
 
 
-def read_span(audio: Path | AudioSegment | InMemoryAudio, piece: Piece) -> tuple[torch.Tensor, int]:
-    """(C, n) samples of ``piece`` of a recording, and the rate: a file's span alone is read (seek)."""
-    start, end = piece.seconds()
+def read_span(audio: Path | AudioSegment | InMemoryAudio, start: int, end: int) -> tuple[torch.Tensor, int]:
+    """(C, n) samples of frames ``[start, end)`` of a recording, and the rate: a file's span alone is read (seek)."""
+    start_s, end_s = start * FRAME_SECONDS, end * FRAME_SECONDS
     if isinstance(audio, Path):
-        return read_audio(AudioSegment(audio, start, end))
+        return read_audio(AudioSegment(audio, start_s, end_s))
     if isinstance(audio, AudioSegment):
-        end = audio.start + end if audio.end is None else min(audio.start + end, audio.end)
-        return read_audio(AudioSegment(audio.path, audio.start + start, end, audio.channel))
+        last = audio.start + end_s if audio.end is None else min(audio.start + end_s, audio.end)
+        return read_audio(AudioSegment(audio.path, audio.start + start_s, last, audio.channel))
     rate = audio.sample_rate
-    return audio.waveform[:, round(start * rate) : round(end * rate)], rate
+    return audio.waveform[:, round(start_s * rate) : round(end_s * rate)], rate
+
+
+def read_piece(audio: Path | AudioSegment | InMemoryAudio, piece: Piece) -> tuple[torch.Tensor, int]:
+    """(C, n) samples of a piece (its spans joined), and the rate."""
+    parts = [read_span(audio, start, end) for start, end in piece.spans]
+    return torch.cat([waveform for waveform, _ in parts], dim=1), parts[0][1]
 
 
 def speech_threshold(levels: torch.Tensor) -> float:
@@ -132,22 +149,24 @@ def plan_pieces(levels: torch.Tensor, max_seconds: float, threshold: float | Non
     for start, end in speech:
         bounds = [start, *(start + cut for cut in cut_points(levels[start:end], longest, smooth)), end]
         stretches += list(zip(bounds, bounds[1:]))
-    # Pack stretches in order while the piece, padding included, still fits.
-    groups: list[list[tuple[int, int]]] = []
-    for stretch in stretches:
-        if groups and stretch[1] - groups[-1][0][0] + 2 * pad <= max_frames:
-            groups[-1].append(stretch)
+    # Each stretch with up to `pad` frames of the pause on either side, never more than half of it.
+    padded = []
+    for index, (start, end) in enumerate(stretches):
+        before = stretches[index - 1][1] if index else 0
+        # (the last may reach past the last whole frame: reading stops at the recording's end)
+        after = stretches[index + 1][0] if index + 1 < len(stretches) else levels.numel() + 2 * pad
+        padded.append((max(start - pad, (before + start + 1) // 2), min(end + pad, (end + after) // 2)))
+    # Pack them in order while the piece still fits; stretches that touch are read as one.
+    pieces: list[list[tuple[int, int]]] = []
+    for start, end in padded:
+        if pieces and sum(b - a for a, b in pieces[-1]) + end - start <= max_frames:
+            if pieces[-1][-1][1] == start:
+                pieces[-1][-1] = (pieces[-1][-1][0], end)
+            else:
+                pieces[-1].append((start, end))
         else:
-            groups.append([stretch])
-    pieces = []
-    for index, group in enumerate(groups):
-        start, end = group[0][0], group[-1][1]
-        # Padding takes at most half the pause to a neighbour, so pieces never overlap.
-        before = groups[index - 1][-1][1] if index else 0
-        # (the last piece may reach past the last whole frame: reading stops at the recording's end)
-        after = groups[index + 1][0][0] if index + 1 < len(groups) else levels.numel() + 2 * pad
-        pieces.append(Piece(max(start - pad, (before + start + 1) // 2), min(end + pad, (end + after) // 2)))
-    return pieces
+            pieces.append([(start, end)])
+    return [Piece(tuple(spans)) for spans in pieces]
 
 
 def _speech_stretches(loud: torch.Tensor) -> list[tuple[int, int]]:
@@ -202,4 +221,4 @@ def recording_pieces(audio: Path | AudioSegment | InMemoryAudio, max_seconds: fl
     """The samples (C, n) and rate of each piece of a recording to decode, read one at a time."""
     levels, _ = recording_levels(audio)
     for piece in plan_pieces(levels, max_seconds):
-        yield read_span(audio, piece)
+        yield read_piece(audio, piece)
