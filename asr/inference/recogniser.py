@@ -180,6 +180,12 @@ class Recogniser:
             utterance.duration, long_form[0], count, long_form[1],
             "" if count else " (no speech found)",
         )
+        if options.segment_seconds is None and self.typical_seconds is None:
+            logger.warning(
+                "the checkpoint does not record its training utterances' lengths (written before 2026-11-24): "
+                "pieces of up to data.max_duration may hold more words than the decoder learnt to emit; "
+                "--segment-seconds with the mean training utterance is more accurate (docs/results.md, Long recordings)"
+            )
         return " ".join(text for text in texts if text), total if score else None
 
     @torch.no_grad()
