@@ -184,6 +184,20 @@ def test_transcribe_says_when_it_cuts_a_recording(untrained, librivox_mini, caps
     assert "pieces" not in caplog.text
 
 
+def test_evaluate_cuts_long_recordings_says_so_and_scores_the_joined_pieces(untrained, librivox_mini, tmp_path, caplog):
+    out = tmp_path / "eval"
+    args = ["--checkpoint", str(untrained), "--data", str(librivox_mini), "--out", str(out), "--segment-seconds", "3"]
+    with caplog.at_level(logging.INFO, logger="asr.inference.recogniser"):
+        assert evaluate.main(args) == 0
+    utterances = read_subset(librivox_mini)
+    long = [u for u in utterances if u.duration > 3]
+    assert long and all(f"{u.id}: {u.duration:.1f} s, longer than 3.0 s, decoded in" in caplog.text for u in long)
+    expected = load_recogniser(untrained).transcribe(utterances, DecodingOptions(segment_seconds=3.0)).texts
+    hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "hyp.txt").read_text().splitlines())
+    assert hyps == {u.id: text for u, text in zip(utterances, expected)}
+    assert json.loads((out / "wer.json").read_text())["settings"]["decoding"]["segment_seconds"] == 3.0
+
+
 def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, librivox_mini, capsys):
     assert evaluate.main(["--checkpoint", str(untrained), "--data", str(librivox_mini)]) == 0
     out = untrained.parent / "eval_test-mini"  # the default: next to the checkpoint, named after the data

@@ -120,5 +120,7 @@ def test_a_file_is_measured_block_by_block_and_read_piece_by_piece(digits, tmp_p
         expected = torch.cat([digits.waveform[0, a:b] for a, b in _piece_samples(digits, piece)])
         assert torch.equal(waveform[0], expected)
         start, end = piece.spans[0]
-        torch.testing.assert_close(read_span(AudioSegment(path, 1.0), start - 100, end - 100)[0], read_span(path, start, end)[0])
+        if start >= 100:  # the same span read from a segment of the file starting 1 s (100 frames) in
+            segment = read_span(AudioSegment(path, 1.0), start - 100, end - 100)[0]
+            torch.testing.assert_close(segment, read_span(path, start, end)[0])
         assert torch.equal(read_piece(InMemoryAudio(digits.waveform, rate), piece)[0], waveform)
