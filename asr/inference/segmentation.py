@@ -14,22 +14,24 @@ is, loudness, read from the audio itself:
 2. :func:`plan_pieces`: frames louder than :func:`speech_threshold` are speech;
    quieter stretches shorter than ``MIN_PAUSE_SECONDS`` are part of the words
    around them (the closure before a stop consonant), longer ones are pauses.
-   The speech stretches are packed, in order, into pieces no longer than
-   ``max_seconds``, each cut in a pause, with ``PAD_SECONDS`` of the pause kept on
-   either side. A piece is never cut inside a word unless the speech goes on
-   for longer than ``max_seconds`` without a pause; then it is cut at its
-   quietest frame (:func:`cut_points`).
-3. The recogniser reads each piece's samples alone (:func:`read_span`), computes
-   its features (a per-utterance MVN is the piece's own, as it was for each
-   training utterance) and decodes the pieces ``batch_size`` at a time
-   (:meth:`asr.inference.recogniser.Recogniser.transcribe`).
+   Each speech stretch keeps ``PAD_SECONDS`` of the pause on either side; the
+   rest of every pause is left out. The stretches are packed, in order, into
+   pieces of at most ``max_seconds`` of audio. A piece is never cut inside a
+   word unless the speech goes on for longer than that without a pause; then
+   it is cut at its quietest frame (:func:`cut_points`).
+3. The recogniser reads each piece's stretches alone (:func:`read_piece`), joins
+   them, computes the features (a per-utterance MVN is the piece's own, as it
+   was each training utterance's) and decodes the pieces ``batch_size`` at a
+   time (:meth:`asr.inference.recogniser.Recogniser.transcribe`).
 
-Why this shape (measured in docs/results.md, "Long recordings"): cutting at
-the quietest point of fixed windows, as this module did before, left pieces
-that held only a pause, or a pause and half a word, and a decoder asked to
-transcribe silence or a fragment writes a word anyway: those were the
-insertions. Stretches without speech are now never decoded, and a piece
-always begins and ends in a pause.
+Why this shape (measured in docs/results.md, "Long recordings"): with the
+cutter this module had before (fixed windows cut at their quietest frame),
+a quarter of the insertions came from pieces that held no speech, and most of
+the rest from long pauses inside pieces: a decoder trained on gaps of at most
+0.3 s writes a word into a pause of a second. No cut fell inside a word. A
+piece as long as the longest training utterance, once its pauses are short,
+holds more words than any training utterance, and the decoder drops the
+last ones; so the recogniser's default piece is the mean training utterance.
 """
 
 from __future__ import annotations
