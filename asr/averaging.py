@@ -106,6 +106,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
         "model": averaged,
         "tokenizer": newest["tokenizer"],
         "features": newest["features"],
+        **{key: newest[key] for key in ("longest_utterance_seconds", "mean_utterance_seconds") if key in newest},
         # No optimizer state: a record of what was averaged, for the reader of the file.
         "training": {"averaged_from": [str(p) for p in paths]},
     }

@@ -13,6 +13,7 @@ Layout of the saved dict::
     model:      model state_dict
     tokenizer:  tokenizer.state_dict()
     features:   FeaturePipeline.state_dict()
+    longest_utterance_seconds, mean_utterance_seconds: floats, of the training utterances (absent before 2026-11-24)
     training:   optional dict (optimizer, scheduler, progress, rng)
 
 **Loading never runs code.** A ``.pt`` file is a pickle, and unpickling an

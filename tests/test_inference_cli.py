@@ -8,6 +8,7 @@ averaging and a checkpoint the trainer wrote)."""
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -21,13 +22,13 @@ from asr.cli.train import main as train_main
 from asr.data.dataset import compute_global_stats
 from asr.data.librispeech import read_subset
 from asr.data.tokenizer import CharTokenizer
-from asr.data.utterance import Utterance
+from asr.data.utterance import InMemoryAudio, Utterance
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.inference import (
     AdaptationSettings, DecodeSettings, SelfTraining, VTLNSearch, load_recogniser, parse_warps, transcribe_speakers,
 )
-from asr.inference.segmentation import split_features
+from asr.inference.segmentation import plan_pieces, read_piece, recording_levels
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
@@ -113,24 +114,88 @@ def test_recogniser_is_rebuilt_from_the_checkpoint_alone(untrained, librivox_min
         assert torch.equal(tensor, state["model"][name]), name
 
 
-def test_a_recogniser_decodes_a_long_utterance_as_its_pieces(untrained, librivox_mini):
+def test_a_long_recording_is_decoded_as_its_pieces_cut_at_pauses(untrained, librivox_mini, caplog):
     recogniser = load_recogniser(untrained)
     utterances = sorted(read_subset(librivox_mini), key=lambda u: u.duration)
     short, long = utterances[0], utterances[-1]
-    features = recogniser.features(long)
     seconds = short.duration + 0.2  # the short one is decoded whole, the long one in pieces
-    pieces = split_features(features, recogniser.pipeline.config, seconds)
-    assert len(pieces) >= 2
+    plan = plan_pieces(recording_levels(long.audio)[0], seconds)
+    assert len(plan) >= 2
     options = DecodingOptions(segment_seconds=seconds)
 
-    found = recogniser.transcribe([long, short], options, score=True)
-    each = [recogniser._decode([piece], DecodingOptions(), score=True) for piece in pieces]
-    assert found.texts[0] == " ".join(texts[0] for texts, _ in each if texts[0])
-    assert found.scores[0] == pytest.approx(sum(scores[0] for _, scores in each), rel=1e-5)
+    with caplog.at_level(logging.INFO, logger="asr.inference.recogniser"):
+        found = recogniser.transcribe([long, short], options, score=True, batch_size=1)  # pieces one at a time
+    assert f"{long.id}: {long.duration:.1f} s, longer than {seconds:.1f} s, decoded in {len(plan)} pieces of at most" in caplog.text
+    each = [
+        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
+                              DecodingOptions(segment_seconds=0), score=True)
+        for piece in plan
+    ]
+    assert found.texts[0] == " ".join(piece.texts[0] for piece in each if piece.texts[0])
+    assert found.scores[0] == pytest.approx(sum(piece.scores[0] for piece in each), rel=1e-5)
     # An utterance no longer than the pieces is decoded whole, as without segmenting.
-    whole = recogniser.transcribe([short], DecodingOptions(), score=True)
+    whole = recogniser.transcribe([short], DecodingOptions(segment_seconds=0), score=True)
     assert found.texts[1] == whole.texts[0]
     assert found.scores[1] == pytest.approx(whole.scores[0], rel=1e-5)
+    # Pieces decoded together give what they give one at a time (up to float rounding).
+    batched = recogniser.transcribe([long], options, score=True, batch_size=16)
+    assert batched.scores[0] == pytest.approx(found.scores[0], rel=1e-4)
+
+
+def test_by_default_recordings_longer_than_the_training_utterances_are_cut(untrained, librivox_mini, tmp_path):
+    """Recordings longer than the checkpoint's longest training utterance are cut, in pieces of at most its
+    mean one; one written before these were recorded falls back to its recipe's data.max_duration for both;
+    segment_seconds=S sets both; 0 decodes every recording whole."""
+    old = load_recogniser(untrained)
+    limit = ExperimentConfig().data.max_duration
+    assert old.long_form(DecodingOptions()) == (limit, limit)
+    utterances = sorted(read_subset(librivox_mini), key=lambda u: u.duration)
+    longest, mean = utterances[-1].duration - 0.5, utterances[0].duration + 0.2
+    state = load_checkpoint(untrained)
+    save_checkpoint(tmp_path / "new.pt", {**state, "longest_utterance_seconds": longest, "mean_utterance_seconds": mean})
+    recogniser = load_recogniser(tmp_path / "new.pt")
+    assert recogniser.long_form(DecodingOptions()) == (longest, mean)
+    assert recogniser.long_form(DecodingOptions(segment_seconds=3.0)) == (3.0, 3.0)
+    assert recogniser.long_form(DecodingOptions(segment_seconds=0)) is None
+    long = utterances[-1]
+    default = recogniser.transcribe([long], DecodingOptions(), score=True)
+    pieces = [
+        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
+                              DecodingOptions(segment_seconds=0), score=True)
+        for piece in plan_pieces(recording_levels(long.audio)[0], mean)
+    ]
+    assert default.scores[0] == pytest.approx(sum(piece.scores[0] for piece in pieces), rel=1e-5)
+    off = recogniser.transcribe([long], DecodingOptions(segment_seconds=0), score=True)
+    assert off.texts == recogniser.transcribe_features([recogniser.features(long)])
+    assert off.scores != default.scores
+    # The second longest is not longer than the longest training utterance: decoded whole.
+    second = recogniser.transcribe([utterances[-2]], DecodingOptions(), score=True)
+    assert second.scores == recogniser.transcribe([utterances[-2]], DecodingOptions(segment_seconds=0), score=True).scores
+
+
+def test_transcribe_says_when_it_cuts_a_recording(untrained, librivox_mini, capsys, caplog):
+    """(The CLI logs the message at INFO while showing only warnings of the rest: on stderr for a user.)"""
+    long = max(read_subset(librivox_mini), key=lambda u: u.duration)
+    assert transcribe.main([str(untrained), str(long.audio), "--segment-seconds", "2"]) == 0
+    assert f"{long.audio}: {long.duration:.1f} s, longer than 2.0 s, decoded in" in caplog.text
+    assert capsys.readouterr().out.startswith(f"{long.audio}\t")
+    caplog.clear()
+    assert transcribe.main([str(untrained), str(long.audio), "--segment-seconds", "0"]) == 0
+    assert "pieces" not in caplog.text
+
+
+def test_evaluate_cuts_long_recordings_says_so_and_scores_the_joined_pieces(untrained, librivox_mini, tmp_path, caplog):
+    out = tmp_path / "eval"
+    args = ["--checkpoint", str(untrained), "--data", str(librivox_mini), "--out", str(out), "--segment-seconds", "3"]
+    with caplog.at_level(logging.INFO, logger="asr.inference.recogniser"):
+        assert evaluate.main(args) == 0
+    utterances = read_subset(librivox_mini)
+    long = [u for u in utterances if u.duration > 3]
+    assert long and all(f"{u.id}: {u.duration:.1f} s, longer than 3.0 s, decoded in" in caplog.text for u in long)
+    expected = load_recogniser(untrained).transcribe(utterances, DecodingOptions(segment_seconds=3.0)).texts
+    hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "hyp.txt").read_text().splitlines())
+    assert hyps == {u.id: text for u, text in zip(utterances, expected)}
+    assert json.loads((out / "wer.json").read_text())["settings"]["decoding"]["segment_seconds"] == 3.0
 
 
 def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, librivox_mini, capsys):

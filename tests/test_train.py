@@ -19,13 +19,14 @@ import yaml
 from helpers import LAS_RECIPE as RECIPE
 from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
 
+from asr.averaging import average_checkpoints
 from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
 from asr.curves import read_scalars
 from asr.experiment import load_experiment_config
 from asr.schedulers import cosine_lambda
 from asr.training import Trainer, TrainingError
-from asr.training.data import make_loader
+from asr.training.data import build_training_data, make_loader
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
 
@@ -78,6 +79,15 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     assert ckpt["config"]["model"]["type"] == "las"
     assert ckpt["features"]["stats"] is not None  # global MVN's statistics
     assert ckpt["tokenizer"] and ckpt["training"]["progress"]["epoch"] == 2
+    # The longest training utterance: longer recordings are decoded in pieces (asr.inference.segmentation).
+    config = load_experiment_config(RECIPE, args)
+    train_set = build_training_data(config, None).train_set
+    durations = [u.duration for u in train_set.utterances]
+    assert ckpt["longest_utterance_seconds"] == max(durations) <= config.data.max_duration
+    assert ckpt["mean_utterance_seconds"] == pytest.approx(sum(durations) / len(durations))
+    averaged = average_checkpoints([exp / "epoch0.pt", exp / "epoch1.pt"])
+    assert averaged["longest_utterance_seconds"] == max(durations)
+    assert averaged["mean_utterance_seconds"] == ckpt["mean_utterance_seconds"]
 
 
 def test_a_second_run_in_the_same_directory_needs_resume(tmp_path):

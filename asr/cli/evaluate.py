@@ -38,7 +38,9 @@ of its layers; the layers kept and the parameters before and after are
 printed and recorded under ``pruning``.
 
 Scores use the text normalisation of :mod:`asr.metrics` on both sides.
-Every utterance in the folder is scored (no duration limit, unlike training).
+Every utterance in the folder is scored (no duration limit, unlike training):
+one longer than the longest the model was trained on is decoded in pieces cut
+at pauses, and the log says so (``--segment-seconds``: another length, 0: whole).
 Utterances that cannot be used (missing audio, audio whose header or samples
 cannot be read, NaN samples, an empty transcript) are left out with a logged
 reason and counted in ``wer.json``: ``skipped`` (how many) and ``skips``

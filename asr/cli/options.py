@@ -61,8 +61,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     search.add_argument("--ctc-greedy", action="store_true", default=None,
                         help="decode with the CTC head's best path alone (no decoder)")
     search.add_argument("--segment-seconds", type=float,
-                        help="decode utterances longer than this in pieces of at most this many seconds, cut at "
-                        "their quietest stretches (for a model trained on shorter utterances; default: whole)")
+                        help="decode recordings longer than this in pieces of at most this many seconds, cut at "
+                        "pauses (default: the longest utterance the model was trained on; 0: every recording whole)")
     search.add_argument("--batch-size", type=int, help="utterances decoded together (default 16)")
     strategy = parser.add_argument_group("test-time strategies")
     strategy.add_argument(

@@ -13,7 +13,9 @@ Any sample rate works (audio is resampled to the model's rate); wav and flac
 are read with soundfile. A file that cannot be used (unreadable, damaged past
 its header, NaN samples, too short) is reported on stderr by name and reason,
 the others are still transcribed, a count by reason ends the output, and the
-exit status is 1. With ``--prune-layers`` (LayerDrop pruning) the layers kept
+exit status is 1. A recording longer than the longest utterance the model was
+trained on is decoded in pieces cut at pauses, and stderr says so
+(``--segment-seconds`` sets the length, 0 decodes every file whole). With ``--prune-layers`` (LayerDrop pruning) the layers kept
 and the parameters of each model are printed on stderr; give the option after
 the audio files (or end its values with ``--``), since it takes several words.
 """
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = decode_settings(args, parser)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asr.inference.recogniser").setLevel(logging.INFO)  # says when a recording is cut in pieces
     checkpoints = [args.checkpoint, *args.others]
     try:
         recogniser = load_recogniser(checkpoints if args.others else args.checkpoint, args.device, prune=settings.prune_layers)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 import torch
 
@@ -199,3 +199,65 @@ def connected_digits(config: DataConfig, split: str, report: SkipReport | None =
         digits.gap_noise,
         name=f"fsdd-{split}",
     )
+
+
+@dataclass(frozen=True)
+class DigitRecording:
+    """One long recording of isolated FSDD takes in a row, with where each digit lies.
+
+    waveform: (1, N) float32; spans: ``(first sample, end sample)`` of each take, in order;
+    takes: the recordings played, aligned with ``spans``; text: their words.
+    """
+
+    waveform: torch.Tensor = field(repr=False)
+    sample_rate: int
+    spans: tuple[tuple[int, int], ...]
+    takes: tuple[FSDDRecording, ...]
+
+    @property
+    def text(self) -> str:
+        return " ".join(DIGIT_WORDS[take.digit] for take in self.takes)
+
+    @property
+    def seconds(self) -> float:
+        return self.waveform.shape[1] / self.sample_rate
+
+
+def build_digit_recording(
+    recordings: Sequence[FSDDRecording],
+    num_digits: int,
+    pause_seconds: Sequence[float] = (0.2, 1.2),
+    seed: int = 0,
+    gap_noise: float = 0.001,
+) -> DigitRecording:
+    """A long recording of ``num_digits`` takes drawn from ``recordings`` (any speaker, with replacement,
+    the same ones for the same seed), separated by pauses uniform in ``pause_seconds`` of Gaussian
+    noise of standard deviation ``gap_noise``, as :func:`build_connected_digits` fills its gaps.
+    The test case of long-form decoding (:mod:`asr.inference.segmentation`): its words and the
+    digits' boundaries are known, so every cut can be checked against them. All takes must share
+    one sample rate (:class:`DataError` names the first that does not)."""
+    rng = random.Random(seed)
+    noise = torch.Generator().manual_seed(seed)
+    loaded: dict[Path, torch.Tensor] = {}
+    pieces: list[torch.Tensor] = []
+    spans: list[tuple[int, int]] = []
+    takes: list[FSDDRecording] = []
+    sample_rate, position = 0, 0
+    for index in range(num_digits):
+        take = rng.choice(list(recordings))
+        if take.path not in loaded:
+            waveform, rate = load_audio(take.path)
+            if sample_rate and rate != sample_rate:
+                raise DataError(f"{take.path}: sample rate {rate} Hz differs from {sample_rate} Hz of the others")
+            sample_rate = rate
+            loaded[take.path] = to_mono(waveform).unsqueeze(0)
+        if index:
+            gap = round(rng.uniform(pause_seconds[0], pause_seconds[1]) * sample_rate)
+            pieces.append(torch.randn(1, gap, generator=noise) * gap_noise)
+            position += gap
+        waveform = loaded[take.path]
+        pieces.append(waveform)
+        spans.append((position, position + waveform.shape[1]))
+        takes.append(take)
+        position += waveform.shape[1]
+    return DigitRecording(torch.cat(pieces, dim=1), sample_rate, tuple(spans), tuple(takes))

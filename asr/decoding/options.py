@@ -23,12 +23,13 @@ stretch of audio has covered fewer frames), and an end-of-sentence threshold:
 ``ctc_greedy`` decodes with the CTC head alone (its best path), no decoder:
 a second opinion on what the attention decoder drops.
 
-Long utterances. With ``segment_seconds``, an utterance longer than that is
-decoded in pieces no longer than it, cut at its quietest stretches, and the
-pieces' transcripts joined (:mod:`asr.inference.segmentation`): the remedy of
-long-form recognisers for a decoder that skips words past the lengths it was
-trained on. The cut is made on features, so it is
-:meth:`asr.inference.recogniser.Recogniser.transcribe` that applies it;
+Long recordings. A recording longer than ``segment_seconds`` is decoded in
+pieces no longer than it, cut at pauses, and the pieces' transcripts joined
+(:mod:`asr.inference.segmentation`): the remedy of long-form recognisers for a
+decoder that skips words past the lengths it was trained on. The default
+(None) is the longest utterance the model was trained on, recorded in its
+checkpoint; 0 decodes every recording whole. The cut is made on the audio, so
+it is :meth:`asr.inference.recogniser.Recogniser.transcribe` that applies it;
 :func:`asr.decoding.search`, given an encoder output, cannot.
 """
 
@@ -64,7 +65,8 @@ class DecodingOptions:
     coverage_threshold: float = 0.5    # summed attention a frame needs to count as covered
     eos_threshold: float = 0.0         # <eos> only at >= this times the best other token's probability; 0 = off
     ctc_greedy: bool = False           # the CTC head's best path instead of the decoder
-    segment_seconds: float | None = None  # decode longer utterances in pieces of at most this (None: whole)
+    segment_seconds: float | None = None  # longer recordings in pieces of at most this (None: the model's longest
+                                          # training utterance; 0: all whole)
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -86,8 +88,10 @@ class DecodingOptions:
                 f"coverage_weight must be >= 0 and coverage_threshold > 0, got {self.coverage_weight}, "
                 f"{self.coverage_threshold}"
             )
-        if self.segment_seconds is not None and self.segment_seconds < MIN_SEGMENT_SECONDS:
-            raise ValueError(f"segment_seconds must be at least {MIN_SEGMENT_SECONDS}, got {self.segment_seconds}")
+        if self.segment_seconds and self.segment_seconds < MIN_SEGMENT_SECONDS or (self.segment_seconds or 0) < 0:
+            raise ValueError(
+                f"segment_seconds must be 0 (off) or at least {MIN_SEGMENT_SECONDS}, got {self.segment_seconds}"
+            )
         if not 0.0 <= self.eos_threshold <= 1.0:
             raise ValueError(f"eos_threshold must be in [0, 1], got {self.eos_threshold}")
 

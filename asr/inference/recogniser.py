@@ -18,6 +18,7 @@ kept in ``pruned``.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,12 +33,14 @@ from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, experiment_config_from_dict
-from asr.inference.segmentation import split_features
+from asr.inference.segmentation import recording_pieces
 from asr.models.ensemble import Ensemble
 from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, prune_model
 from asr.models.registry import build_model
 from features.audio import AudioError
 from features.pipeline import FeaturePipeline
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,6 +68,12 @@ class Recogniser:
     config: ExperimentConfig  # the first checkpoint's, for an ensemble
     device: torch.device
     pruned: tuple[PrunedModel, ...] = ()  # per member, what LayerDrop pruning kept; empty: not pruned
+    # The longest and the mean utterance (seconds) the model was trained on (the shortest such among an
+    # ensemble's members): longer recordings are decoded by default in pieces of at most the mean, as
+    # many words as the decoder has emitted in most of its training (docs/results.md, "Long recordings").
+    # None: not known (longest: decoded whole; mean: pieces of the longest).
+    trained_seconds: float | None = None
+    typical_seconds: float | None = None
 
     @property
     def parameters(self) -> int:
@@ -78,7 +87,20 @@ class Recogniser:
     def with_models(self, models: list[torch.nn.Module]) -> Recogniser:
         """This recogniser (tokenizer, features, config) decoding with ``models`` instead."""
         model = Ensemble(models) if len(models) > 1 else models[0]
-        return Recogniser(model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned)
+        return Recogniser(
+            model.eval(), self.tokenizer, self.pipeline, self.config, self.device, self.pruned,
+            self.trained_seconds, self.typical_seconds,
+        )
+
+    def long_form(self, options: DecodingOptions) -> tuple[float, float] | None:
+        """``(longest decoded whole, longest piece)`` in seconds under ``options``, or None when every
+        recording is decoded whole: ``segment_seconds`` for both when given (0: None), else the longest
+        and the mean utterance the model was trained on."""
+        if options.segment_seconds is not None:
+            return (options.segment_seconds, options.segment_seconds) if options.segment_seconds else None
+        if self.trained_seconds is None:
+            return None
+        return self.trained_seconds, min(self.typical_seconds or self.trained_seconds, self.trained_seconds)
 
     def features(self, utterance: Utterance, warp: float | None = None) -> torch.Tensor:
         """``(T, D)`` features of one utterance as the model expects them (an :class:`AudioError` names the file)."""
@@ -98,24 +120,73 @@ class Recogniser:
         An utterance whose audio fails where it is read (damaged past its header,
         NaN samples, too short) costs nothing else: its transcript is None.
         Each utterance is encoded and searched under its own length mask, so
-        batching changes results only by float rounding.
+        batching changes results only by float rounding. One longer than
+        :meth:`long_form` allows is decoded in pieces cut at pauses (:meth:`_transcribe_long`).
         """
         result = Transcription([], [] if score else None)
+        long_form = self.long_form(options)
         for start in range(0, len(utterances), batch_size):
             readable: dict[int, torch.Tensor] = {}
+            decoded: dict[int, tuple[str, float | None]] = {}
             for index in range(start, min(start + batch_size, len(utterances))):
+                utterance = utterances[index]
                 try:
-                    readable[index] = self.features(utterances[index], warp)
+                    if long_form is not None and utterance.duration > long_form[0]:
+                        decoded[index] = self._transcribe_long(utterance, options, warp, score, batch_size, long_form)
+                    else:
+                        readable[index] = self.features(utterance, warp)
                 except AudioError as err:
                     result.skipped[index] = audio_skip(err)
             texts, scores = self._decode(list(readable.values()), options, score)
-            decoded = dict(zip(readable, zip(texts, scores)))
+            decoded.update(zip(readable, zip(texts, scores)))
             for index in range(start, min(start + batch_size, len(utterances))):
                 text, logp = decoded.get(index, (None, None))
                 result.texts.append(text)
                 if score:
                     result.scores.append(logp)
         return result
+
+    def _transcribe_long(
+        self, utterance: Utterance, options: DecodingOptions, warp: float | None, score: bool, batch_size: int,
+        long_form: tuple[float, float],
+    ) -> tuple[str, float | None]:
+        """One recording longer than ``long_form[0]``, decoded in pieces of at most ``long_form[1]`` cut at pauses
+        (:mod:`asr.inference.segmentation`), ``batch_size`` pieces at a time, each read alone: memory
+        stays that of one batch of pieces, whatever the length. The transcript is the pieces' joined
+        with a space, the score their sum. An :class:`AudioError` names the utterance."""
+        texts: list[str] = []
+        total, count = 0.0, 0
+        batch: list[torch.Tensor] = []
+
+        def flush() -> None:
+            nonlocal total
+            found, scores = self._decode(batch, options, score)
+            texts.extend(found)
+            total += sum(scores) if score else 0.0
+            batch.clear()
+
+        try:
+            for waveform, rate in recording_pieces(utterance.audio, long_form[1]):
+                batch.append(self.pipeline.from_waveform(waveform, rate, warp=warp))
+                count += 1
+                if len(batch) == batch_size:
+                    flush()
+        except AudioError as err:
+            raise type(err)(f"{utterance.id}: {err}") from err
+        if batch:
+            flush()
+        logger.info(
+            "%s: %.1f s, longer than %.1f s, decoded in %d pieces of at most %.1f s cut at pauses%s", utterance.id,
+            utterance.duration, long_form[0], count, long_form[1],
+            "" if count else " (no speech found)",
+        )
+        if options.segment_seconds is None and self.typical_seconds is None:
+            logger.warning(
+                "the checkpoint does not record its training utterances' lengths (written before 2026-11-24): "
+                "pieces of up to data.max_duration may hold more words than the decoder learnt to emit; "
+                "--segment-seconds with the mean training utterance is more accurate (docs/results.md, Long recordings)"
+            )
+        return " ".join(text for text in texts if text), total if score else None
 
     @torch.no_grad()
     def transcribe_features(self, features: list[torch.Tensor], options: DecodingOptions = DecodingOptions()) -> list[str]:
@@ -132,31 +203,15 @@ class Recogniser:
         return texts
 
     def _decode(self, features: list[torch.Tensor], options: DecodingOptions, score: bool):
-        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``).
-
-        With ``options.segment_seconds`` a long utterance is decoded as its pieces
-        (:mod:`asr.inference.segmentation`), all in the one batch: its transcript is the pieces'
-        joined with a space, its score their sum.
-        """
+        """Transcripts of a batch and the model's log-probability of each (a list of None without ``score``)."""
         if not features:
             return [], []
-        pieces, owners = features, list(range(len(features)))
-        if options.segment_seconds is not None:
-            split = [split_features(f, self.pipeline.config, options.segment_seconds) for f in features]
-            pieces = [piece for parts in split for piece in parts]
-            owners = [i for i, parts in enumerate(split) for _ in parts]
-        encoder = self._encode(pieces)
+        encoder = self._encode(features)
         hyps = search(self.model, encoder, options)
-        texts: list[list[str]] = [[] for _ in features]
-        for owner, hyp in zip(owners, hyps):
-            texts[owner].append(self.tokenizer.decode(hyp))
-        joined = [" ".join(text for text in parts if text) for parts in texts]
+        texts = [self.tokenizer.decode(hyp) for hyp in hyps]
         if not score:
-            return joined, [None] * len(joined)
-        scores = [0.0] * len(features)
-        for owner, value in zip(owners, sequence_log_probs(self.model, encoder, hyps, options.ctc_weight).tolist()):
-            scores[owner] += value
-        return joined, scores
+            return texts, [None] * len(texts)
+        return texts, sequence_log_probs(self.model, encoder, hyps, options.ctc_weight).tolist()
 
     def _encode(self, features: list[torch.Tensor]):
         """The encoder output of ``(T, D)`` feature matrices padded into one batch."""
@@ -196,7 +251,12 @@ def load_recogniser(
     if len(members) == 1:
         return first
     pruned = tuple(record for member in members for record in member.pruned)
-    return dataclasses.replace(first.with_models([member.model for member in members]), pruned=pruned)
+    longest = [member.trained_seconds for member in members if member.trained_seconds is not None]
+    mean = [member.typical_seconds for member in members if member.typical_seconds is not None]
+    return dataclasses.replace(
+        first.with_models([member.model for member in members]), pruned=pruned,
+        trained_seconds=min(longest, default=None), typical_seconds=min(mean, default=None),
+    )
 
 
 # Feature settings used only in training: members may differ in them and still see the same features
@@ -237,4 +297,7 @@ def _load_one(checkpoint: str | Path, device: str, prune: LayerPruning | None) -
         raise CheckpointError(f"cannot rebuild a recogniser from {checkpoint}: {type(err).__name__}: {detail}") from err
     pruned = (prune_model(model, prune, str(checkpoint)),) if prune is not None else ()
     target = torch.device(device)
-    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned)
+    # Checkpoints from before 2026-11-24 do not record them: the recipe's limit on training utterances bounds both.
+    longest = state.get("longest_utterance_seconds", config.data.max_duration)
+    mean = state.get("mean_utterance_seconds")
+    return Recogniser(model.to(target).eval(), tokenizer, pipeline, config, target, pruned, longest, mean)

@@ -366,6 +366,8 @@ class Trainer:
             "model": self.raw_model.state_dict(),
             "tokenizer": self.tokenizer.state_dict(),
             "features": self.pipeline.state_dict(),
+            # longer recordings are decoded in pieces of at most the mean (asr.inference.segmentation)
+            **training_lengths(self.data.train_set.utterances),
             "training": training,
         }
 
@@ -399,6 +401,14 @@ class Trainer:
         self.progress.best = [tuple(b) for b in self.progress.best]
         set_rng_state(training["rng"])
         logger.info("resumed at epoch %d, batch %d, step %d", self.progress.epoch, self.progress.batch_in_epoch, self.progress.step)
+
+
+def training_lengths(utterances) -> dict[str, float]:
+    """The longest and the mean training utterance in seconds, as a checkpoint records them."""
+    durations = [u.duration for u in utterances]
+    if not durations:
+        return {}
+    return {"longest_utterance_seconds": max(durations), "mean_utterance_seconds": sum(durations) / len(durations)}
 
 
 def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress, metrics: dict[str, float],
