@@ -108,6 +108,17 @@ def test_map_chunks_gives_results_in_order_whatever_the_number_of_processes():
     assert list(map_chunks(_square_all, [], 2, 10, "test")) == []
 
 
+@pytest.mark.slow  # worker processes
+def test_map_chunks_in_processes_leaves_the_global_random_state_alone():
+    # Training seeds the global RNG before it prepares its data; preparation that draws from it
+    # (the worker processes' seeds) would make a run that computes its MVN statistics train
+    # differently from the same run that finds them cached.
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert list(map_chunks(_square_all, list(range(30)), 2, 10, "test")) == [[i * i for i in range(j, j + 10)] for j in (0, 10, 20)]
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 # ---------------------------------------------------------------- the duration manifest
 
 

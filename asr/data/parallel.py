@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
@@ -83,7 +84,12 @@ def map_chunks(
         results = map(function, chunks)
     else:
         # batch_size=None: one chunk per item; each worker keeps two chunks queued (prefetch_factor).
-        results = DataLoader(_Chunks(function, chunks), batch_size=None, num_workers=workers, collate_fn=_as_is)
+        # A private generator: the workers' seeds would otherwise be drawn from the global RNG, and
+        # a run that prepares its data (rather than finding it cached) would train differently.
+        results = DataLoader(
+            _Chunks(function, chunks), batch_size=None, num_workers=workers, collate_fn=_as_is,
+            generator=torch.Generator().manual_seed(0),
+        )
     with tqdm(total=len(items), desc=desc, unit=unit, disable=None, leave=False) as bar:
         for index, result in enumerate(results):
             bar.update(len(chunks[index]))

@@ -60,9 +60,20 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
     }
 
 
-def ran() -> dict:
-    """What ran in this process so far: backends per device type, and CUDA graphs recorded per kind."""
-    return {"lnlstm_backends_ran": selection.ran(), "cuda_graphs_recorded": cuda_graphs.report()}
+def snapshot() -> dict:
+    """What has run in this process so far; :func:`ran` takes it to report only what ran after it."""
+    return {"lnlstm_calls": selection.calls(), "cuda_graphs": cuda_graphs.report()}
+
+
+def ran(since: dict | None = None) -> dict:
+    """What ran (after the ``since`` :func:`snapshot`, else in this process): LN-LSTM backends per
+    device type, and CUDA graphs recorded per kind with the capture failure if any."""
+    graphs = cuda_graphs.report()
+    if since is not None:
+        for kind, entry in graphs.items():
+            entry["recorded"] -= since["cuda_graphs"][kind]["recorded"]
+    calls = since["lnlstm_calls"] if since is not None else None
+    return {"lnlstm_backends_ran": selection.ran(calls), "cuda_graphs_recorded": graphs}
 
 
 def lines(record: dict) -> list[str]:

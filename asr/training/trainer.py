@@ -84,6 +84,7 @@ class Trainer:
         self.raw_model = build_model(config.model, self.pipeline.feature_dim, self.tokenizer).to(self.device)
         # which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs): recorded with the run
         self.runtime = runtime.describe(self.raw_model, self.device)
+        self._runtime_before = runtime.snapshot()  # "what ran" is this run's, not this process's
         runtime.log(logger, self.runtime)
         self._write_config()
         self.model = self.raw_model
@@ -163,8 +164,9 @@ class Trainer:
                 with writing(self._event_file()):
                     self.writer.close()
         logger.info("training finished after %d steps (epoch %d)", self.progress.step, self.progress.epoch)
-        self.runtime.update(runtime.ran())
-        runtime.log(logger, runtime.ran())
+        ran = runtime.ran(since=self._runtime_before)
+        self.runtime.update(ran)
+        runtime.log(logger, ran)
         self._write_config()
         return self.progress
 

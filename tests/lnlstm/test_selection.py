@@ -123,3 +123,16 @@ def test_an_override_is_logged_once(monkeypatch, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "ASR_LNLSTM_CUDA_GRAPHS=0 overrides the recipe (an override meant for benchmarks)"
     ]
+
+
+def test_what_ran_counts_only_calls_after_the_snapshot():
+    # A run records what computed its LSTMs during the run; calls made earlier in the same process
+    # (another run, a test on another backend) must not appear in its record.
+    layer = LNLSTM(4, 3, backend="reference")
+    layer(torch.randn(2, 5, 4))
+    selection.record(CPU, "triton")  # something else, earlier, in this process
+    before = selection.calls()
+    assert "triton" in selection.ran()["cpu"]
+    layer(torch.randn(2, 5, 4))
+    assert selection.ran(since=before) == {"cpu": ["reference"]}
+    assert selection.ran(since=selection.calls()) == {}

@@ -10,11 +10,13 @@ The request comes from the recipe (``model.lnlstm_backend``, passed to :class:`L
 * ``auto``: the first backend that runs this device by default (Triton on CUDA, C++ on CPU),
   supports the call and is available; otherwise the reference path (the backend warns once).
 
-:func:`record` notes what ran, so a run can write it down (:func:`ran`).
+:func:`record` counts what ran, so a run can write down what ran during it (:func:`calls`
+before, :func:`ran` after).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 import torch
@@ -23,7 +25,7 @@ from asr.models import overrides
 from asr.models.lnlstm.backends import Backend
 
 _programmatic: str | None = None  # set_implementation's override
-_ran: dict[str, set[str]] = {}  # "cpu" -> backends that computed something there
+_calls: Counter[tuple[str, str]] = Counter()  # ("cpu", "cpp") -> calls computed there by that backend
 
 
 def set_implementation(name: str | None) -> None:
@@ -79,10 +81,20 @@ def select_backend(
 
 
 def record(device: torch.device, backend: str) -> None:
-    """Note that ``backend`` computed an LN-LSTM call on ``device``."""
-    _ran.setdefault(device.type, set()).add(backend)
+    """Count one LN-LSTM call computed by ``backend`` on ``device``."""
+    _calls[(device.type, backend)] += 1
 
 
-def ran() -> dict[str, list[str]]:
-    """Device type -> the backends that have run there in this process, sorted."""
-    return {device: sorted(names) for device, names in sorted(_ran.items())}
+def calls() -> Counter[tuple[str, str]]:
+    """A snapshot of the call counts so far in this process, to pass to :func:`ran` later."""
+    return Counter(_calls)
+
+
+def ran(since: Counter[tuple[str, str]] | None = None) -> dict[str, list[str]]:
+    """Device type -> the backends that computed a call there (after the ``since`` snapshot of
+    :func:`calls`, else in this process), sorted."""
+    done = _calls - since if since is not None else +_calls
+    names: dict[str, list[str]] = {}
+    for device, backend in sorted(done):
+        names.setdefault(device, []).append(backend)
+    return names
