@@ -47,6 +47,8 @@ from typing import Callable, Literal
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from asr.config import ConfigError
+
 SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant")
 
 
@@ -118,7 +120,7 @@ def cosine_lambda(warmup_steps: int, total_updates: int, final_factor: float = 0
     """Linear warmup to 1 at ``s = w``, then half a cosine down to ``final_factor`` at ``s = total_updates``."""
     _check_warmup(warmup_steps)
     if total_updates <= warmup_steps:
-        raise ValueError(
+        raise ConfigError(
             f"the cosine schedule needs more updates than train.scheduler.warmup_steps ({warmup_steps}); "
             f"the run plans {total_updates} (train.max_epochs, train.max_steps)"
         )
