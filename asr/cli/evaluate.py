@@ -30,8 +30,8 @@ results without a record) is refused before anything is decoded, with a
 message naming the folder and what differs: ``--out`` picks another folder,
 ``--overwrite`` replaces them. ``--out`` is written as given, whatever it holds.
 
-The files: ``evaluation.json``; ``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
-``alignment.txt`` (per-utterance word alignment with substitutions, deletions
+The files: ``evaluation.json``; ``hyp.txt`` and ``ref.txt`` (``<utterance id>
+<text>`` per line, sorted by id), ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
 "utterances": ...}`` plus the counts, timing and the settings, and
 ``by_length``: WER and S/D/I per bin of reference length in words, one bin per
