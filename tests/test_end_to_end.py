@@ -27,7 +27,7 @@ def test_train_then_evaluate_then_transcribe(tmp_path, fsdd_recordings):
 
     evaluated = _run("asr.evaluate", "--checkpoint", str(checkpoint), "--data", str(dev))
     assert "WER" in evaluated.stdout
-    scores = json.loads((exp / f"eval_{dev.name}" / "wer.json").read_text())
+    scores = json.loads((exp / f"eval_last_{dev.name}" / "wer.json").read_text())  # the default folder
     assert scores["utterances"] == 6 and scores["skipped"] == 0 and 0 <= scores["cer"]
 
     audio = [fsdd_recordings / "4_jackson_1.wav", fsdd_recordings / "8_george_3.wav"]

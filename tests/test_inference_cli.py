@@ -6,10 +6,12 @@ and error paths on 16 kHz LibriVox speech), and a tiny LAS trained for two
 epochs on real FSDD audio through ``asr.train`` (for beam search, batching,
 averaging and a checkpoint the trainer wrote)."""
 
+import argparse
 import dataclasses
 import json
 import logging
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import torch
 from helpers import tiny_run
 
 from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint
-from asr.cli import average, evaluate, transcribe
+from asr.cli import average, evaluate, options, transcribe
 from asr.cli.train import main as train_main
 from asr.data.dataset import compute_global_stats
 from asr.data.librispeech import read_subset
@@ -26,17 +28,26 @@ from asr.data.utterance import InMemoryAudio, Utterance
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.inference import (
-    AdaptationSettings, DecodeSettings, SelfTraining, VTLNSearch, load_recogniser, parse_warps, transcribe_speakers,
+    AdaptationSettings, DecodeSettings, SelfTraining, VTLNSearch, load_recogniser, parse_warps, settings_tag,
+    transcribe_speakers,
 )
 from asr.inference.segmentation import plan_pieces, read_piece, recording_levels
 from asr.models.attention import AttentionConfig
 from asr.models.las import LASConfig
 from asr.models.listener import ListenerConfig
+from asr.models.pruning import parse_pruning
 from asr.models.registry import build_model
 from asr.models.speller import SpellerConfig
 from features.audio import load_audio
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
+
+
+def decode_settings(argv: list[str]) -> DecodeSettings:
+    """The settings the shared decoding options give (asr.cli.options), as asr.evaluate reads them."""
+    parser = argparse.ArgumentParser()
+    options.add_decode_arguments(parser)
+    return options.decode_settings(parser.parse_args(argv), parser)
 
 
 def file_utterances(paths) -> list[Utterance]:
@@ -200,7 +211,7 @@ def test_evaluate_cuts_long_recordings_says_so_and_scores_the_joined_pieces(untr
 
 def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, librivox_mini, capsys):
     assert evaluate.main(["--checkpoint", str(untrained), "--data", str(librivox_mini)]) == 0
-    out = untrained.parent / "eval_test-mini"  # the default: next to the checkpoint, named after the data
+    out = untrained.parent / "eval_model_test-mini"  # the default: beside model.pt, named after it and the data
     printed = capsys.readouterr().out
     result = json.loads((out / "wer.json").read_text())
     refs = [line.split(" ", 1) for line in (out / "ref.txt").read_text().splitlines()]
@@ -220,6 +231,104 @@ def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, lib
     assert f"WER {100 * result['wer']:.2f}% (S={s} D={d} I={i} N={n})" in printed
     assert "on 5 utterances" in printed and "real-time factor" in printed
     assert result["rtf"] == pytest.approx(result["decode_seconds"] / result["audio_seconds"])
+
+
+# ---------------------------------------------------------------- where evaluate writes by default
+
+
+def test_the_default_folder_names_the_model_the_data_and_the_settings_not_at_their_default(tmp_path):
+    settings = decode_settings(["--beam", "4", "--ctc-weight", "0.3"])
+    assert settings_tag(settings) == "beam4_ctc0.3"
+    exp = tmp_path / "exp" / "demo"
+    assert evaluate.default_out([exp / "last.pt"], None, "test", decode_settings([])) == exp / "eval_last_test"
+    assert evaluate.default_out([exp / "avg_last5.pt"], None, "test", settings) == exp / "eval_avg_last5_test_beam4_ctc0.3"
+    manifest = str(tmp_path / "timit_supervisions_TEST.jsonl.gz")
+    assert evaluate.default_out([exp / "last.pt"], manifest, None, settings).name == "eval_last_timit_supervisions_TEST_beam4_ctc0.3"
+    ensemble = [tmp_path / "a" / "avg_last5.pt", tmp_path / "b" / "avg_last5.pt"]
+    assert evaluate.default_out(ensemble, "data/dev/", None, settings) == tmp_path / "a" / "eval_ensemble2_avg_last5_dev_beam4_ctc0.3"
+    # A default written out is the default; a batch size changes no transcript: neither is in the name.
+    assert settings_tag(decode_settings(["--beam", "1", "--ctc-weight", "0", "--batch-size", "3"])) == ""
+
+
+def test_every_setting_that_can_change_the_transcripts_changes_the_name():
+    """One non-default value of each field, alone: each gives a name of its own, so no future option is left out."""
+    changed = {
+        "beam_size": 3, "ctc_weight": 0.5, "length_penalty": -0.5, "length_normalization": True, "max_len_ratio": 2.0,
+        "min_len": 1, "max_len": 50, "ctc_candidates": 2, "coverage_weight": 0.1, "coverage_threshold": 0.7,
+        "eos_threshold": 0.2, "ctc_greedy": True, "segment_seconds": 0.0,
+    }
+    assert set(changed) == {f.name for f in dataclasses.fields(DecodingOptions)}  # a new field: add it here
+    variants = [DecodeSettings(DecodingOptions(**{name: value})) for name, value in changed.items()]
+    variants += [DecodeSettings(DecodingOptions(segment_seconds=3.0)), DecodeSettings(vtln_warps=(0.9, 1.0, 1.1))]
+    variants += [DecodeSettings(prune_layers=parse_pruning(["every_other"])), DecodeSettings(prune_layers=parse_pruning(["enc:0,2"]))]
+    adapted = {"epochs": 1, "lr": 1e-3, "seed": 1, "parameters": "norms", "ctc_agreement": True}
+    assert set(adapted) | {"rounds"} == {f.name for f in dataclasses.fields(AdaptationSettings)}
+    variants += [DecodeSettings(adaptation=AdaptationSettings())]
+    variants += [DecodeSettings(adaptation=AdaptationSettings(**{name: value})) for name, value in adapted.items()]
+    tags = [settings_tag(v) for v in variants]
+    assert "" not in tags and len(set(tags)) == len(tags), tags
+    assert all(re.fullmatch(r"[\w.,+-]+", tag) for tag in tags), tags  # a plain folder name on every system
+
+
+def _model_beside(untrained: Path, folder: Path, *names: str) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(untrained.read_bytes())
+    return [folder / name for name in names]
+
+
+def test_evaluations_with_other_settings_or_checkpoints_keep_each_others_results(untrained, librivox_mini, tmp_path, capsys):
+    last, averaged = _model_beside(untrained, tmp_path / "exp", "last.pt", "avg_last5.pt")
+    data = ["--data", str(librivox_mini)]
+    runs = {
+        "eval_last_test-mini": ["--checkpoint", str(last), *data],
+        "eval_last_test-mini_beam2_ctc0.3": ["--checkpoint", str(last), *data, "--beam", "2", "--ctc-weight", "0.3"],
+        "eval_avg_last5_test-mini_beam2_ctc0.3": ["--checkpoint", str(averaged), *data, "--beam", "2", "--ctc-weight", "0.3"],
+    }
+    for folder, argv in runs.items():
+        assert evaluate.main(argv) == 0
+        assert capsys.readouterr().out.rstrip().endswith(f"results in {tmp_path / 'exp' / folder}")
+    for folder, argv in runs.items():
+        result = json.loads((tmp_path / "exp" / folder / "wer.json").read_text())
+        record = json.loads((tmp_path / "exp" / folder / "evaluation.json").read_text())
+        assert result["checkpoint"] == argv[1] and record["checkpoints"] == [argv[1]]
+        assert result["beam"] == (2 if "beam2" in folder else 1) == record["settings"]["decoding"]["beam_size"]
+        assert record["data"] == str(librivox_mini) and record["command"][3:] == argv
+    # The same evaluation again (a default spelt out, another batch size) replaces its own results.
+    before = (tmp_path / "exp" / "eval_last_test-mini" / "evaluation.json").stat().st_mtime_ns
+    assert evaluate.main(runs["eval_last_test-mini"] + ["--beam", "1", "--batch-size", "2"]) == 0
+    assert (tmp_path / "exp" / "eval_last_test-mini" / "evaluation.json").stat().st_mtime_ns > before
+    assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == sorted(["avg_last5.pt", "last.pt", *runs])
+
+
+def test_a_default_folder_holding_another_evaluation_is_refused_naming_it(untrained, librivox_mini, tmp_path, capsys):
+    (last,) = _model_beside(untrained, tmp_path / "exp", "last.pt")
+    # Two data folders with one name: one default folder, two evaluations.
+    other = tmp_path / "elsewhere" / librivox_mini.name
+    shutil.copytree(librivox_mini, other)
+    assert evaluate.main(["--checkpoint", str(last), "--data", str(librivox_mini)]) == 0
+    folder = tmp_path / "exp" / "eval_last_test-mini"
+    kept = (folder / "wer.json").read_text()
+    with pytest.raises(SystemExit) as info:
+        evaluate.main(["--checkpoint", str(last), "--data", str(other)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{folder} holds the results of another evaluation" in err
+    assert f'data "{librivox_mini}", here "{other}"' in err and "--out" in err and "--overwrite" in err
+    assert (folder / "wer.json").read_text() == kept  # untouched
+    # Results that do not say what made them are another evaluation's too.
+    (folder / "evaluation.json").unlink()
+    with pytest.raises(SystemExit):
+        evaluate.main(["--checkpoint", str(last), "--data", str(librivox_mini)])
+    assert "without evaluation.json" in capsys.readouterr().err
+    # --overwrite replaces them; --out writes where it is told, whatever is there.
+    assert evaluate.main(["--checkpoint", str(last), "--data", str(other), "--overwrite"]) == 0
+    assert json.loads((folder / "evaluation.json").read_text())["data"] == str(other)
+    chosen = tmp_path / "exp" / "eval_last_test-mini"  # the same folder, named: --out wins over the check
+    assert evaluate.main(["--checkpoint", str(last), "--data", str(librivox_mini), "--out", str(chosen), "--beam", "2"]) == 0
+    assert json.loads((chosen / "wer.json").read_text())["beam"] == 2
+    assert evaluate.main(["--checkpoint", str(last), "--data", str(librivox_mini), "--out", str(tmp_path / "mine")]) == 0
+    assert (tmp_path / "mine" / "wer.json").is_file()
 
 
 def test_transcribe_prints_one_line_per_file_at_any_rate(untrained, fsdd_recordings, librivox_mini, capsys):
@@ -381,7 +490,7 @@ def test_ensemble_of_two_checkpoints_evaluates_and_names_its_members(trained):
     exp, valid = trained
     members = [str(exp / "epoch0.pt"), str(exp / "last.pt")]
     assert evaluate.main(["--checkpoint", *members, "--data", str(valid)]) == 0
-    result = json.loads((exp / "eval_ensemble2_valid").joinpath("wer.json").read_text())  # default folder
+    result = json.loads((exp / "eval_ensemble2_epoch0+last_valid").joinpath("wer.json").read_text())  # default folder
     assert result["checkpoint"] == members and result["utterances"] == 6
     # One checkpoint given twice is that checkpoint: the mean of equal distributions.
     alone = load_recogniser(exp / "last.pt")

@@ -15,9 +15,23 @@ training. The demo corpus is read, never synthesised: if it has not been
 prepared, the error gives the command that prepares it
 (``python -m asr.synth_demo CHECKPOINT``).
 
-Writes into ``--out`` (default ``<checkpoint folder>/eval_<data folder name or split>``):
-``hyp.txt`` and ``ref.txt`` (``<utterance id> <text>`` per line, sorted by id),
-``alignment.txt`` (per-utterance word alignment with substitutions, deletions
+Writes into ``--out``, by default a folder beside the (first) checkpoint named
+after the checkpoint, the data and every decoding setting that is not at its
+default: ``exp/demo/eval_last_test``, ``exp/demo/eval_avg_last5_test_beam4_ctc0.3``,
+``exp/a/eval_ensemble2_avg_last5_fsdd-dev_vtln0.8-1.2n9`` (names:
+:func:`asr.inference.settings_tag`). So evaluations that differ in anything that
+can change the transcripts get folders of their own; ``--batch-size`` and
+``--device`` are not in the name. ``evaluation.json`` there records what
+produced the results (the checkpoints, the data, the settings and the command).
+Running the same evaluation again replaces them, as re-running a stage does in
+ESPnet or Kaldi; a default folder that holds another evaluation's results
+(two data folders with one name, two ensembles of equally named checkpoints,
+results without a record) is refused before anything is decoded, with a
+message naming the folder and what differs: ``--out`` picks another folder,
+``--overwrite`` replaces them. ``--out`` is written as given, whatever it holds.
+
+The files: ``evaluation.json``; ``hyp.txt`` and ``ref.txt`` (``<utterance id>
+<text>`` per line, sorted by id), ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
 and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
 "utterances": ...}`` plus the counts, timing and the settings, and
 ``by_length``: WER and S/D/I per bin of reference length in words, one bin per
@@ -54,6 +68,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -68,7 +83,7 @@ from asr.data.report import DataError, SkipReport
 from asr.data.sources import read_source
 from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
-from asr.inference import CorpusResult, DecodeSettings, load_recogniser, transcribe_speakers
+from asr.inference import CorpusResult, DecodeSettings, load_recogniser, settings_tag, transcribe_speakers
 from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
 from asr.models import runtime
 from asr.writing import WriteError, atomic_write
@@ -88,8 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_arguments(parser)
     parser.add_argument(
         "--out",
-        help="output folder (default: <first checkpoint's folder>/eval_<data folder name or split>, "
-        "eval_ensemble<N>_... for N checkpoints)",
+        help="output folder, written whatever it holds (default: beside the first checkpoint, "
+        "eval_<checkpoint name>_<data folder name or split>[_<settings not at their default>], e.g. "
+        "eval_avg_last5_test_beam4_ctc0.3; eval_ensemble<N>_... for N checkpoints)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the results of another evaluation found in the default folder (otherwise refused)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument(
@@ -108,7 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     for path in checkpoints:  # cheap checks first, so a typo fails before the model is loaded
         if not path.is_file():
             parser.error(f"checkpoint not found: {path}")
-    out = Path(args.out) if args.out else default_out(checkpoints, args.data, args.split)
+    record = evaluation_record(checkpoints, args.data, args.split, settings, argv)
+    out = Path(args.out) if args.out else default_out(checkpoints, args.data, args.split, settings)
+    if not args.out and not args.overwrite:
+        clash = clash_with(out, record)
+        if clash:
+            parser.error(f"{out} holds the results of another evaluation ({clash}); "
+                         "give --out FOLDER to write elsewhere, or --overwrite to replace them")
     report = SkipReport()
     utterances, where = read_utterances(parser, args, checkpoints[0], report)
     try:
@@ -136,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}: no utterance could be read\n{report.summary()}", file=sys.stderr)
         return 2
     try:
+        # The record first: results in a folder are never newer than the record that says what made them.
+        atomic_write(out / RECORD, json.dumps(record, indent=2) + "\n")
         summary = write_results(out, scored, result, report, elapsed)
     except WriteError as err:  # a full disk, a denied write: one line naming the file, no partial file
         print(f"error: {err}", file=sys.stderr)
@@ -160,11 +188,72 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def default_out(checkpoints: list[Path], data: str | None, split: str | None) -> Path:
-    name = Path(data).name.removesuffix(".gz").removesuffix(".jsonl") if data else split
-    if len(checkpoints) > 1:
-        name = f"ensemble{len(checkpoints)}_{name}"
-    return checkpoints[0].parent / f"eval_{name}"
+RECORD = "evaluation.json"  # what produced the results in an evaluation folder
+RESULTS = (RECORD, "wer.json", "hyp.txt", "ref.txt", "alignment.txt")
+
+
+def default_out(checkpoints: list[Path], data: str | None, split: str | None, settings: DecodeSettings) -> Path:
+    """``eval_<model>_<data>[_<settings tag>]`` beside the first checkpoint: the model is the
+    checkpoint's file stem (``last``, ``avg_last5``), or ``ensemble<N>_`` and the members' distinct
+    stems joined by ``+``; the data is the folder or manifest name (``--data``) or the split."""
+    stems = list(dict.fromkeys(c.stem for c in checkpoints))
+    model = "+".join(stems) if len(checkpoints) == 1 else f"ensemble{len(checkpoints)}_" + "+".join(stems)
+    # abspath, not resolve: `--data .` is named after the folder, a symlinked manifest after the link
+    source = Path(os.path.abspath(data)).name.removesuffix(".gz").removesuffix(".jsonl") if data else split
+    tag = settings_tag(settings)
+    return checkpoints[0].parent / "_".join(["eval", model, source] + ([tag] if tag else []))
+
+
+def evaluation_record(
+    checkpoints: list[Path], data: str | None, split: str | None, settings: DecodeSettings, argv: list[str] | None
+) -> dict:
+    """What decides an evaluation's results (and, to read, the command): written to ``evaluation.json``.
+    Paths are absolute, so one evaluation run from two working directories is one evaluation."""
+    decode = settings.to_dict()
+    del decode["batch_size"]  # how many utterances are padded together, not what is found
+    return {
+        "checkpoints": [os.path.abspath(c) for c in checkpoints],
+        "data": os.path.abspath(data) if data else None,
+        "split": split,
+        "settings": decode,
+        "command": ["python", "-m", "asr.evaluate", *(sys.argv[1:] if argv is None else argv)],
+    }
+
+
+def clash_with(out: Path, record: dict) -> str | None:
+    """Why ``out`` holds the results of an evaluation other than ``record``'s, or None when it
+    holds none, or those of the same one (the command aside)."""
+    found = [name for name in RESULTS if (out / name).exists()]
+    if not found:
+        return None
+    if RECORD not in found:
+        return f"{', '.join(found)} without {RECORD} to say what made them"
+    try:
+        previous = json.loads((out / RECORD).read_text())
+    except (OSError, ValueError) as err:
+        return f"{out / RECORD} cannot be read: {err}"
+    differ = [key for key in ("checkpoints", "data", "split") if previous.get(key) != record[key]]
+    old, new = _flat(previous.get("settings") or {}), _flat(record["settings"])
+    differ += [key for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]
+    if not differ:
+        return None
+    shown = []
+    for key in differ[:3]:
+        before, after = (previous.get(key), record[key]) if key in record else (old.get(key), new.get(key))
+        shown.append(f"{key} {json.dumps(before)}, here {json.dumps(after)}")
+    more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+    return f"its {RECORD} differs: " + "; ".join(shown) + more
+
+
+def _flat(settings: dict, prefix: str = "") -> dict:
+    """``{"decoding": {"beam_size": 4}}`` -> ``{"decoding.beam_size": 4}``."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple[list[Utterance], str]:

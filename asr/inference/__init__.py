@@ -7,11 +7,11 @@
 
 from asr.inference.adaptation import AdaptationSettings, SelfTraining
 from asr.inference.recogniser import Recogniser, Transcription, load_recogniser
-from asr.inference.settings import DecodeSettings, load_settings, parse_warps, settings_from_dict
+from asr.inference.settings import DecodeSettings, load_settings, parse_warps, settings_from_dict, settings_tag
 from asr.inference.strategies import CorpusResult, PlainDecoding, SpeakerResult, Strategy, VTLNSearch, transcribe_speakers
 
 __all__ = [
     "AdaptationSettings", "CorpusResult", "DecodeSettings", "PlainDecoding", "Recogniser", "SelfTraining",
     "SpeakerResult", "Strategy", "Transcription", "VTLNSearch", "load_recogniser", "load_settings", "parse_warps",
-    "settings_from_dict", "transcribe_speakers",
+    "settings_from_dict", "settings_tag", "transcribe_speakers",
 ]

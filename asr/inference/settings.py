@@ -90,6 +90,64 @@ class DecodeSettings:
         return data
 
 
+# What changes the transcripts, in the short names of an evaluation folder (asr.evaluate's default --out).
+# A field missing here still shows, under its own name: a new option can never leave two folders alike.
+_TAG_NAMES = {
+    "beam_size": "beam", "ctc_weight": "ctc", "length_penalty": "lp", "length_normalization": "lennorm",
+    "max_len_ratio": "lenratio", "min_len": "minlen", "max_len": "maxlen", "ctc_candidates": "ctccand",
+    "coverage_weight": "cov", "coverage_threshold": "covthr", "eos_threshold": "eos", "ctc_greedy": "ctcgreedy",
+    "segment_seconds": "seg",
+}
+_ADAPT_TAG_NAMES = {"epochs": "ep", "lr": "lr", "seed": "seed", "parameters": "", "ctc_agreement": "ctcagree"}
+
+
+def settings_tag(settings: DecodeSettings) -> str:
+    """A short readable name for what in ``settings`` differs from :class:`DecodeSettings`' defaults,
+    e.g. ``beam4_ctc0.3``, ``seg0`` or ``vtln0.8-1.2n9_adapt2-ep1-norms``; empty at the defaults.
+
+    Equal settings give equal tags however they were given (options, a ``--decode-config`` file, or a
+    default written out, ``--beam 1``). ``batch_size`` is left out: it decides how many utterances
+    are padded together, not what the search finds. The tag is for people to read; it is not meant
+    to be parsed back, and two settings may share one (VTLN warps are named by their range and count
+    only): whoever uses it as a folder name must also record the settings themselves
+    (:meth:`DecodeSettings.to_dict`) and compare them.
+    """
+    parts = []
+    default = DecodingOptions()
+    for f in dataclasses.fields(DecodingOptions):
+        value = getattr(settings.decoding, f.name)
+        if value != getattr(default, f.name):
+            parts.append(_tag_part(_TAG_NAMES.get(f.name, f.name), value))
+    if settings.vtln_warps:
+        warps = settings.vtln_warps
+        parts.append(f"vtln{_number(warps[0])}-{_number(warps[-1])}n{len(warps)}")
+    if settings.adaptation:
+        adapt, base = settings.adaptation, AdaptationSettings()
+        words = [f"adapt{adapt.rounds}"]
+        for f in dataclasses.fields(AdaptationSettings):
+            value = getattr(adapt, f.name)
+            if f.name != "rounds" and value != getattr(base, f.name):
+                words.append(_tag_part(_ADAPT_TAG_NAMES.get(f.name, f.name), value))
+        parts.append("-".join(words))
+    if settings.prune_layers is not None:
+        parts.append("prune-" + settings.prune_layers.describe().replace(":", "").replace(" ", "-"))
+    return "_".join(parts)
+
+
+def _tag_part(name: str, value) -> str:
+    if value is True:
+        return name
+    if value is False or value is None:
+        return f"no{name}"
+    return f"{name}{_number(value) if isinstance(value, float) else value}"
+
+
+def _number(value: float) -> str:
+    """``0.3`` -> ``0.3``, ``4.0`` -> ``4``: the short form where it reads back as the same number."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 def parse_warps(text: str | list) -> tuple[float, ...]:
     """``0.9,1.0,1.1``, ``LOW:HIGH:STEP`` (both ends included) or a list -> sorted distinct warps
     within :data:`WARP_BOUNDS`; a ValueError says what is wrong."""
