@@ -14,7 +14,7 @@ import pytest
 import soundfile
 import torch
 from helpers import LAS_RECIPE as RECIPE
-from helpers import SHARED_DATA, TINY, prepare_tiny_demo, subprocess_env, tiny_valid
+from helpers import SHARED_DATA, TINY, prepare_tiny_demo, require_shared_data, subprocess_env, tiny_valid
 
 from asr.cli import average, check, evaluate, transcribe
 from asr.checkpointing import CheckpointError, load_checkpoint
@@ -53,7 +53,7 @@ def make_corpus(root: Path, good: int = 12, bad: bool = True, bad_line: bool = F
     plus (``bad_line``) a transcript line that is not UTF-8. Returns the subset folder."""
     folder = root / "subset" / "9000" / "1"
     folder.mkdir(parents=True)
-    lines = (DEV / "9000-1.trans.txt").read_text().splitlines()[:good]
+    lines = (require_shared_data(DEV) / "9000-1.trans.txt").read_text().splitlines()[:good]
     for line in lines:
         shutil.copyfile(DEV / f"{line.split()[0]}.flac", folder / f"{line.split()[0]}.flac")
     raw = [line.encode() for line in lines]
@@ -73,7 +73,7 @@ def make_corpus(root: Path, good: int = 12, bad: bool = True, bad_line: bool = F
 
 
 def test_load_audio_names_nan_samples_and_damaged_files(tmp_path):
-    first = DEV / "9000-1-0000.flac"
+    first = require_shared_data(DEV) / "9000-1-0000.flac"
     write_nan_wav(tmp_path / "nan.wav", first)
     write_cut_flac(tmp_path / "cut.flac", first)
     with pytest.raises(NonFiniteAudioError, match=r"nan\.wav: 100 of \d+ samples are NaN"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import PROJECT_ROOT, SHARED_DATA, prepare_tiny_demo, subprocess_env, tiny_run
+from helpers import PROJECT_ROOT, prepare_tiny_demo, subprocess_env, tiny_run
 
 from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
@@ -193,10 +193,10 @@ def test_a_resumed_run_with_features_on_the_device_ends_as_the_uninterrupted_run
 
 
 @pytest.mark.slow
-def test_the_data_loading_benchmark_measures_both_paths_of_both_recipes(tmp_path):
+def test_the_data_loading_benchmark_measures_both_paths_of_both_recipes(shared_data, tmp_path):
     """benchmarks/data_loading.py on a tiny tiled corpus: each recipe, each path, both measures."""
     command = [
-        sys.executable, str(PROJECT_ROOT / "benchmarks" / "data_loading.py"), "--shared-data", str(SHARED_DATA),
+        sys.executable, str(PROJECT_ROOT / "benchmarks" / "data_loading.py"), "--shared-data", str(shared_data),
         "--tile", "4", "--workers", "1", "--steps", "1", "--warmup", "1", "--threads", "1",
         "data.max_frames_per_batch=2000", "data.bpe_vocab_size=40",
         "--las", "model.listener.hidden_size=16", "--las", "model.attention.dim=16",

@@ -31,7 +31,8 @@ def forbid_synthesis(monkeypatch) -> None:
     monkeypatch.setattr(piper, "speak_many", synthesised)
 
 
-def test_an_unprepared_corpus_stops_every_entry_point_with_its_key_and_the_command(tmp_path, monkeypatch, capsys):
+def test_an_unprepared_corpus_stops_every_entry_point_with_its_key_and_the_command(
+        shared_data, tmp_path, monkeypatch, capsys):
     forbid_synthesis(monkeypatch)
     overrides = [*TINY, f"data.cache_dir={tmp_path / 'cache'}", f"exp_dir={tmp_path / 'exp'}"]
     config = load_experiment_config(RECIPE, overrides)
