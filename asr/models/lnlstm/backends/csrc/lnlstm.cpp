@@ -505,7 +505,8 @@ inline void output_backward_plain(int64_t H, const T* __restrict__ act, const T*
 }
 
 // Through c = c_prev * sigmoid(f + fb) + sigmoid(i) * tanh(j): d(i, j, f
-// pre-activations) into dgates[0..3H), d c_prev into dc_prev; sums all gate grads (LN_h's bias's).
+// pre-activations) into dgates[0..3H), d c_prev into dc_prev; sums the gate grads
+// (LN_h's bias's gradient). dgates is also the gradient of the input gates.
 template <typename T>
 inline void cell_backward(int64_t H, const T* __restrict__ act, const T* __restrict__ c_prev,
                           const T* __restrict__ dct, T* __restrict__ dgates, T* __restrict__ dc_prev,
@@ -520,8 +521,7 @@ inline void cell_backward(int64_t H, const T* __restrict__ act, const T* __restr
   for (int64_t k = 0; k < 4 * H; ++k) acc_b[k] += dgates[k];
 }
 
-// Through out = x_hat * gain (+ bias) with x_hat = (x - mean) * rstd: dx and the gain grad.
-// (LN_h's: the gradient of the input gates is dgates itself.)
+// Through out = x_hat * gain (+ bias) with x_hat = (x - mean) * rstd (LN_h): dx and the gain grad.
 template <typename T>
 inline void affine_ln_backward(int64_t n, const T* __restrict__ xh, T rstd, const T* __restrict__ gain,
                                const T* __restrict__ dout, T* __restrict__ scratch, T* __restrict__ acc_gain,
