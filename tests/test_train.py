@@ -513,6 +513,8 @@ def test_evaluation_reads_a_folder_in_use_and_a_full_disk_is_one_error(tmp_path,
         out = tmp_path / "full"
         assert evaluate(["--checkpoint", str(exp / "epoch0.pt"), "--data", str(dev), "--out", str(out)]) == 2
         assert _one_error_line(capsys) == f"error: {out / 'alignment.txt'}: No space left on device"
-        assert sorted(p.name for p in out.iterdir()) == ["hyp.txt", "ref.txt"]  # whole files, no partial one
+        # whole files, no partial one: the evaluation's record, then the results written before the failure
+        assert sorted(p.name for p in out.iterdir()) == ["evaluation.json", "hyp.txt", "ref.txt"]
+        json.loads((out / "evaluation.json").read_text())
     finally:
         lock.release()
