@@ -259,12 +259,7 @@ def _forward_specs(directions, batch, time, config: _Config, save: bool) -> dict
         "h_last": ((directions, batch, hidden), torch.float32),
     }
     if config.layer_norm:
-        specs.update(
-            lnh_w=((directions, 4 * hidden), torch.float32),
-            lnh_b=((directions, 4 * hidden), torch.float32),
-            lnc_w=((directions, hidden), torch.float32),
-            lnc_b=((directions, hidden), torch.float32),
-        )
+        specs.update(_norm_gain_bias_specs(directions, hidden))
     return specs
 
 
@@ -371,10 +366,7 @@ def _backward_specs(directions, batch, time, config: _Config) -> dict:
     }
     if config.layer_norm:
         specs.update(
-            lnh_w=((directions, 4 * hidden), torch.float32),
-            lnh_b=((directions, 4 * hidden), torch.float32),
-            lnc_w=((directions, hidden), torch.float32),
-            lnc_b=((directions, hidden), torch.float32),
+            _norm_gain_bias_specs(directions, hidden),
             dlnh_w=((directions, batch, 4 * hidden), torch.float32),
             dlnh_b=((directions, batch, 4 * hidden), torch.float32),
             dlnc_w=((directions, batch, hidden), torch.float32),
@@ -664,3 +656,13 @@ class TritonBackend:
 
 
 BACKEND = TritonBackend()
+
+
+def _norm_gain_bias_specs(directions: int, hidden: int) -> dict:
+    """Buffer specs of the recurrent and cell norms' gains and biases, shared by forward and backward."""
+    return {
+        "lnh_w": ((directions, 4 * hidden), torch.float32),
+        "lnh_b": ((directions, 4 * hidden), torch.float32),
+        "lnc_w": ((directions, hidden), torch.float32),
+        "lnc_b": ((directions, hidden), torch.float32),
+    }
