@@ -162,6 +162,13 @@ def test_replayed_graphs_under_bf16_autocast():
 # --- decoding ----------------------------------------------------------------------------
 
 
+def step_through_recordings(speller) -> None:
+    """Decode with this speller's steps taken through its recordings (:func:`speller_graphs.decoding_step`)
+    although they are on CPU: a recording there holds its padded buffers but no graph, and runs the step
+    eagerly on them, so the bookkeeping is exercised without a GPU."""
+    speller.step = lambda tokens, state: speller_graphs.decoding_step(speller, tokens, state)
+
+
 def decode_all(model, batch, device):
     """Greedy and beam search (with and without CTC) on ``batch``: hypotheses and scores."""
     from asr.decoding import DecodingOptions, beam_search, greedy_search
@@ -200,16 +207,17 @@ def decoding_batch():
 
 
 @pytest.mark.parametrize("kind", ["location", "content", "dot"])
-def test_decoding_recordings_bookkeeping_on_cpu(kind, monkeypatch):
+def test_decoding_recordings_bookkeeping_on_cpu(kind):
     """The recorded decoding step's buffers (padded rows and frames, stale values from an earlier
     call, the listener part copied in only when utterances leave), run on CPU with the step
     re-run eagerly on them: greedy and beam search give the eager decoder's hypotheses and scores."""
     model = small_las(kind)
     batch = decoding_batch()
     expected = decode_all(model, batch, "cpu")
-    monkeypatch.setattr(graphs, "emulate_on_cpu", True)
     with torch.no_grad():
-        assert speller_graphs.decoding_applies(model.speller, model.init_decoder_state(model.encode(*batch)))
+        state = model.init_decoder_state(model.encode(*batch))
+        assert not speller_graphs.decoding_applies(model.speller, state), "off CUDA a step runs eagerly"
+    step_through_recordings(model.speller)
     actual = decode_all(model, batch, "cpu")
     assert len(recorded(model.speller, "step")) >= 2, "15 rows and then fewer use several recordings"
     assert actual == expected
@@ -221,7 +229,7 @@ def test_decoding_runs_eagerly_once_the_recordings_are_full(monkeypatch):
     model = small_las("location")
     batch = decoding_batch()
     expected = decode_all(model, batch, "cpu")
-    monkeypatch.setattr(graphs, "emulate_on_cpu", True)
+    step_through_recordings(model.speller)
     monkeypatch.setattr(speller_graphs, "CAPACITY", 1)
     actual = decode_all(model, batch, "cpu")
     assert len(recorded(model.speller, "step")) == 1 and model.speller.__dict__["_cuda_graphs"].full

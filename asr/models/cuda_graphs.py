@@ -25,11 +25,6 @@ from types import SimpleNamespace
 
 import torch
 
-# Tests set this to run the bookkeeping (padded shapes, shared buffers, copies in and out, reuse
-# across calls) on CPU, with the recorded launches re-run eagerly where a GPU would replay them.
-emulate_on_cpu = False
-
-
 class CapturePolicy:
     """What happens to one kind of recording (``what``) after a failed capture: warn once, and
     run that kind eagerly from then on (:attr:`enabled` False). Counts the recordings made."""

@@ -270,8 +270,7 @@ def decoding_applies(speller, state: dict) -> bool:
     if speller.training or torch.is_grad_enabled() or not _enabled(speller):
         return False
     keys = state[STATIC_STATE_KEY]["keys"]
-    # graphs.emulate_on_cpu (tests): the recordings' bookkeeping on CPU, the step re-run eagerly.
-    if not (keys.is_cuda or graphs.emulate_on_cpu) or (keys.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not keys.is_cuda or torch.cuda.is_current_stream_capturing():
         return False
     return isinstance(speller.attention, Attention) and "focus" not in state and "monotonic" not in state
 
@@ -339,7 +338,7 @@ class _StepRecording:
     def run(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
         """The step for ``tokens`` and ``state`` (N rows, T frames), as fresh tensors."""
         self.copy_in(tokens, state)
-        if self.graph is None:  # CPU (tests): the step, run eagerly on the buffers
+        if self.graph is None:  # off CUDA (nothing recorded): the step, run eagerly on the buffers
             self.outputs = self.speller.eager_step(self.tokens, self.state)
         else:
             self.graph.replay()

@@ -237,7 +237,9 @@ def test_recorded_loops_reuse_padded_shared_buffers(implementation, monkeypatch)
     """The CUDA-graph bookkeeping, run on CPU with the recorded launches re-run where
     a GPU replays the graph: batches padded to one bucket share a recording; a
     result survives the next call; a bigger shape grows the arena and records anew."""
-    monkeypatch.setattr(graphs, "emulate_on_cpu", True)
+    # Off CUDA the backend never takes the recorded path: take it here, where run_recorded runs
+    # each loop eagerly on the shared buffers instead of replaying a graph.
+    monkeypatch.setattr(lnlstm_triton, "_static", lambda device, cuda_graphs: True)
     monkeypatch.setattr(lnlstm_triton, "_FORWARD_LOOPS", graphs.GraphCache())
     monkeypatch.setattr(lnlstm_triton, "_BACKWARD_LOOPS", graphs.GraphCache())
     torch.manual_seed(2)

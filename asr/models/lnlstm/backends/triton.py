@@ -228,11 +228,12 @@ _BACKWARD_LOOPS = graphs.GraphCache()
 
 
 def _static(device: torch.device, cuda_graphs: bool) -> bool:
-    """Whether time loops run as recorded loops on shared, padded buffers (CUDA graphs on a GPU)."""
-    if device.type == "cuda":
-        cuda_graphs = overrides.get("ASR_LNLSTM_CUDA_GRAPHS", cuda_graphs)
-        return cuda_graphs and graphs.LNLSTM_POLICY.enabled and not interpreting()
-    return graphs.emulate_on_cpu
+    """Whether time loops run as recorded loops on shared, padded buffers: CUDA graphs, on a GPU only.
+    (Off CUDA, :func:`asr.models.cuda_graphs.run_recorded` runs a loop eagerly on those buffers.)"""
+    if device.type != "cuda":
+        return False
+    cuda_graphs = overrides.get("ASR_LNLSTM_CUDA_GRAPHS", cuda_graphs)
+    return cuda_graphs and graphs.LNLSTM_POLICY.enabled and not interpreting()
 
 
 def _fresh(specs: dict, device: torch.device, **bound) -> SimpleNamespace:
