@@ -1,6 +1,7 @@
 """What the first start of a LibriSpeech-100 run spends preparing, cold and from the cache.
 
     python benchmarks/preparation.py [--files 2000] [--jobs 0] [--serial] [--manifest-files N] [--keep DIR] [--source DIR]
+    python benchmarks/preparation.py --corpus OUT     # a corpus made by python -m asr.synth_librispeech OUT
 
 Builds a corpus of ``--files`` utterances in LibriSpeech layout
 (``LibriSpeech/train-clean-100/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac``
@@ -35,6 +36,13 @@ the same whatever the length of the audio). The files were just written, so they
 cache: a cold disk reads headers more slowly. The main process runs torch on
 one thread, so one process means one core. The corpus is deleted at the end
 unless ``--keep`` names a folder to build it in.
+
+``--corpus DIR`` times the same steps on an existing corpus instead
+(``DIR/LibriSpeech/train-clean-100``, e.g. the rehearsal corpus of
+``python -m asr.synth_librispeech``), with the utterances the recipe trains on
+(``data.min_duration``-``data.max_duration``) in the statistics and BPE, as
+``asr.train`` does; nothing is built or deleted there, and its files may not be
+in the page cache.
 """
 
 from __future__ import annotations
@@ -154,17 +162,22 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="build the corpus in this folder and keep it (default: a temporary one)")
     parser.add_argument("--source", type=Path, default=SOURCE, help="LibriSpeech-layout folder of real speech to tile")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", type=Path, help="time an existing corpus (DIR/LibriSpeech/train-clean-100) instead")
     args = parser.parse_args()
     jobs = resolve_jobs(args.jobs)
     torch.set_num_threads(1)
     config = load_experiment_config(RECIPE)
 
     work = Path(tempfile.mkdtemp(prefix="lnasr-preparation-"))
-    root = args.keep or work / "corpus"
+    root = args.corpus or args.keep or work / "corpus"
     subset = root / "LibriSpeech" / "train-clean-100"
     try:
-        built, _, hours = timed(lambda: build_corpus(subset, args.source, args.files, jobs, args.seed))
-        print(f"corpus: {args.files} files, {hours:.1f} h of audio, built in {built:.0f} s under {subset}")
+        if args.corpus:
+            args.files = sum(1 for _ in subset.glob("*/*/*.flac"))
+            print(f"corpus: {args.files} files under {subset}")
+        else:
+            built, _, hours = timed(lambda: build_corpus(subset, args.source, args.files, jobs, args.seed))
+            print(f"corpus: {args.files} files, {hours:.1f} h of audio, built in {built:.0f} s under {subset}")
         print(f"{jobs} process(es), {torch.get_num_threads()} torch thread per process")
         rows = []
 
@@ -179,6 +192,13 @@ def main() -> None:
             "manifest", lambda: read_subset(subset, SkipReport(), cache, jobs),
             lambda: read_subset(subset, SkipReport(), cache, jobs), args.files,
         )
+        if args.corpus:
+            data = config.data
+            kept = [u for u in utterances if data.min_duration <= u.duration <= data.max_duration]
+            print(f"{len(utterances)} utterances, {sum(u.duration for u in utterances) / 3600:.1f} h; "
+                  f"{len(kept)} of {data.min_duration}-{data.max_duration} s ({sum(u.duration for u in kept) / 3600:.1f} h)"
+                  " go into BPE and the statistics")
+            utterances = kept
         texts = [u.text for u in utterances]
         vocab = config.data.bpe_vocab_size
         stage(f"BPE ({vocab})", lambda: cached_bpe(texts, vocab, cache, jobs), lambda: cached_bpe(texts, vocab, cache, jobs),
