@@ -10,12 +10,6 @@ Every backend's :meth:`Backend.layer` takes one layer's :class:`~asr.models.lnls
 (per-direction tensors gathered once), x (B, T, I), lengths (B,) or None, h0, c0 (D, B, H) and
 whether CUDA graphs may be recorded, and returns y (B, T, D * H) zero at padding and h_n, c_n
 (D, B, H). Which one runs is decided in :func:`asr.models.lnlstm.selection.select_backend` only.
-
-Both fused backends split a layer in the same place: :func:`input_gates`, the part that does
-not depend on the recurrence, runs first for every frame and direction as ordinary
-autograd-tracked PyTorch ops; their own operator takes its result and computes the recurrence,
-and its hand-written backward returns the gradient of the input gates, which autograd carries
-on to x, ``W_x``, ``LN_x`` and the bias.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ import functools
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 
 class Backend(Protocol):
@@ -52,20 +45,3 @@ def backends() -> dict[str, Backend]:
     from asr.models.lnlstm.backends import cpp, reference, triton
 
     return {"triton": triton.BACKEND, "cpp": cpp.BACKEND, "reference": reference.BACKEND}
-
-
-def input_gates(params, x: torch.Tensor) -> torch.Tensor:
-    """The input gates of a fused layer: ``LN_x(W_x x) + b`` (``W_x x + b`` without layer norm)
-    for every frame and direction, x (B, T, I) -> (B, T, D, 4H), autograd-tracked.
-
-    One GEMM against the directions' stacked ``W_x`` (B * T rows: the BLAS at full speed), then
-    one layer norm over each 4H row. Only the variants with ``fused`` (ba2016 and the plain LSTM)
-    take this path; the bias b comes after LN_x in their equations, so it is added here.
-    """
-    batch, time = x.shape[:2]
-    spec = params.spec
-    gates = F.linear(x, params.weight_x.flatten(0, 1)).view(batch, time, params.directions, 4 * params.hidden_size)
-    if not spec.layer_norm:
-        return gates + params.bias
-    gain, shift = params.ln_x
-    return torch.addcmul(shift + params.bias, F.layer_norm(gates, gates.shape[-1:], eps=spec.eps), gain)

@@ -10,15 +10,11 @@ Where no compiler is available or the build fails, :func:`load` warns once and
 returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
 path instead.
 
-The layer is split as on the Triton path: the input gates ``LN_x(W_x x) + b``
-of every frame and direction come first from
-:func:`asr.models.lnlstm.backends.input_gates` (autograd-tracked PyTorch ops,
-one GEMM); the operator computes the recurrence over them (all directions)
-forward, and backward by hand (no autograd inside), returning the gradient of
-the input gates among the others: :class:`_FusedLayer` connects it to autograd.
-Its inputs, the tensors its forward saves and its gradients are positional in
-the operator's schema; this module names them once (:data:`_INPUTS`,
-:data:`_SAVED`) and packs and unpacks them by those names only.
+The operator computes a whole layer (all directions) forward, and backward by
+hand (no autograd inside): :class:`_FusedLayer` connects it to autograd. Its
+inputs, the tensors its forward saves and its gradients are positional in the
+operator's schema; this module names them once (:data:`_INPUTS`, :data:`_SAVED`)
+and packs and unpacks them by those names only.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from asr.models import overrides
-from asr.models.lnlstm.backends import input_gates
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
 
@@ -171,13 +166,12 @@ def build_flags() -> list[str] | None:
 
 
 # The operator's per-layer inputs, in the order of its schema (csrc/lnlstm.cpp, lnlstm_forward and
-# lnlstm_backward, which takes them less the input gates; its gradients come back in this order,
-# then d_h0, d_c0), and the tensors its forward saves for backward (those of layer norm are empty
-# without it).
-_INPUTS = ("input_gates", "weight_h", "ln_h_gain", "ln_h_bias", "ln_c_gain", "ln_c_bias")
-_PARAMETERS = _INPUTS[1:]
-_LN_INPUTS = _INPUTS[2:]
-_SAVED = ("states_h", "states_c", "activations", "xhat_h", "ln_stats", "xhat_c")
+# lnlstm_backward; its gradients come back in this order too, then d_h0, d_c0), and the tensors its
+# forward saves for backward (those of layer norm are empty without it).
+_INPUTS = ("x", "weight_x", "weight_h", "bias", "ln_x_gain", "ln_x_bias", "ln_h_gain", "ln_h_bias",
+           "ln_c_gain", "ln_c_bias")
+_SAVED = ("gates_x", "states_h", "states_c", "activations", "xhat_h", "ln_stats", "xhat_c")
+_LN_INPUTS = _INPUTS[4:]
 # _FusedLayer.apply's arguments: the settings, the lengths, the state, then _INPUTS.
 _ARGUMENTS = ("config", "lengths", "h0", "c0", *_INPUTS)
 
@@ -193,9 +187,9 @@ class _FusedLayer(torch.autograd.Function):
         y, h_n, c_n, *saved = load(strict=True).forward(
             *inputs.values(), h0, c0, lengths, forget_bias, eps, layer_norm, save
         )
-        if save:  # the input gates themselves are not needed: backward reads what the operator saved
-            ctx.names = (*_PARAMETERS, "lengths", *_SAVED)
-            ctx.save_for_backward(*(inputs[name] for name in _PARAMETERS), lengths, *saved)
+        if save:
+            ctx.names = (*_INPUTS, "lengths", *_SAVED)
+            ctx.save_for_backward(*inputs.values(), lengths, *saved)
         ctx.config = config
         return y, h_n, c_n
 
@@ -204,14 +198,14 @@ class _FusedLayer(torch.autograd.Function):
     def backward(ctx, dy, dh_n, dc_n):
         saved = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
         forget_bias, eps, layer_norm, _ = ctx.config
-        need_input_gates = ctx.needs_input_grad[_ARGUMENTS.index("input_gates")]
+        need_dx = ctx.needs_input_grad[_ARGUMENTS.index("x")]  # not for a first layer reading features
         grads = load(strict=True).backward(
-            dy, dh_n, dc_n, *(saved[name] for name in _PARAMETERS), saved["lengths"],
-            [saved[name] for name in _SAVED], forget_bias, eps, layer_norm, need_input_gates,
+            dy, dh_n, dc_n, *(saved[name] for name in _INPUTS), saved["lengths"],
+            [saved[name] for name in _SAVED], forget_bias, eps, layer_norm, need_dx,
         )
         grads = dict(zip((*_INPUTS, "h0", "c0"), grads, strict=True))
-        if not need_input_gates:
-            grads["input_gates"] = None
+        if not need_dx:
+            grads["x"] = None
         if not layer_norm:  # the LN "parameters" were empty placeholders
             grads.update(dict.fromkeys(_LN_INPUTS))
         return tuple(grads.get(name) for name in _ARGUMENTS)
@@ -229,13 +223,10 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
         lengths_cpu = torch.full((batch,), time, dtype=torch.long)
     else:
         lengths_cpu = lengths.to(device="cpu", dtype=torch.long).contiguous()
-    # In x's dtype: under CPU autocast the projection may come back in bfloat16, and the
-    # operator computes in float32 or float64 only.
-    gates = input_gates(params, x).to(x.dtype).contiguous()
-    inputs = {"input_gates": gates, "weight_h": params.weight_h}
+    inputs = {"x": x.contiguous(), "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": params.bias}
     if spec.layer_norm:
-        inputs["ln_h_gain"], inputs["ln_h_bias"] = params.ln_h
-        inputs["ln_c_gain"], inputs["ln_c_bias"] = params.ln_c
+        for norm in ("ln_x", "ln_h", "ln_c"):
+            inputs[f"{norm}_gain"], inputs[f"{norm}_bias"] = getattr(params, norm)
     else:
         inputs.update(dict.fromkeys(_LN_INPUTS, x.new_empty(0)))
     h0 = h0.contiguous()

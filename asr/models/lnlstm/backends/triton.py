@@ -68,7 +68,6 @@ from torch.autograd.function import once_differentiable
 
 from asr.models import cuda_graphs as graphs
 from asr.models import overrides
-from asr.models.lnlstm.backends import input_gates
 
 _lock = threading.Lock()
 _kernels = None
@@ -515,8 +514,16 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
         return x.new_zeros(batch, time, directions * hidden), h0, c0
     config = _Config(hidden, spec.layer_norm, spec.forget_bias, spec.eps, _autocast_dtype(x.device))
     # LN_x(W_x x) + b for every frame and both directions: one GEMM, one normalisation.
-    gx = input_gates(params, x).float().contiguous()
-    ln_params = (*params.ln_h, *params.ln_c) if spec.layer_norm else (None,) * 4
+    gx = F.linear(x, params.weight_x.flatten(0, 1)).view(batch, time, directions, 4 * hidden)
+    if spec.layer_norm:
+        gx = F.layer_norm(gx, (4 * hidden,), eps=spec.eps)
+        ln_x_gain, ln_x_bias = params.ln_x
+        gx = torch.addcmul(ln_x_bias + params.bias, gx, ln_x_gain)
+        ln_params = (*params.ln_h, *params.ln_c)
+    else:
+        gx = gx + params.bias
+        ln_params = (None,) * 4
+    gx = gx.float().contiguous()
     if lengths is None:
         lengths = torch.full((batch,), time, dtype=torch.int32, device=x.device)
     else:

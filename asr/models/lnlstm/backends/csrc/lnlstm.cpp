@@ -1,13 +1,7 @@
-// Fused CPU forward and backward of the recurrent part of one (layer-normalised)
-// LSTM layer, all directions.
+// Fused CPU forward and backward of one (layer-normalised) LSTM layer, all directions.
 //
-// The layer is split as on the Triton path: the input gates gx = LN_x(W_x x) + b
-// do not depend on the recurrence and are computed for every frame and direction
-// before this operator runs, by autograd-tracked PyTorch ops (one GEMM:
-// input_gates in asr/models/lnlstm/backends/__init__.py), which also take the
-// gradient this operator returns for gx back to x, W_x, LN_x and b. This file
-// computes, per direction d and valid frame t:
-//   gates = gx_t + LN_h(W_h h_{t-1})                      i, j, f, o = split(gates)
+// Computes, per direction d and valid frame (equations as in asr/models/lnlstm.py):
+//   gates = LN_x(W_x x_t) + LN_h(W_h h_{t-1}) + b         i, j, f, o = split(gates)
 //   c_t   = c_{t-1} * sigmoid(f + forget_bias) + sigmoid(i) * tanh(j)
 //   h_t   = tanh(LN_c(c_t)) * sigmoid(o)
 // Without layer norm every LN is the identity. The un-normalised c_t is carried.
@@ -16,14 +10,19 @@
 // * Each direction runs in its own thread (at::parallel_for over directions;
 //   BLAS calls inside run single-threaded, as nested OpenMP regions do), so
 //   two directions use two cores without any per-step synchronisation.
+// * W_x x_t does not depend on the recurrence: it is one product per chunk of
+//   time steps (chunk * B rows, large enough to run at full speed),
+//   computed by the direction's thread just before the chunk is needed, so the
+//   input projections of a whole sequence are never all materialised when
+//   nothing is saved for backward.
 // * Per time step: one small product (W_h h_{t-1} for the batch), then a
-//   pass over each row fusing LN_h, the gates, the cell, LN_c and the
+//   pass over each row fusing LN_x, LN_h, the gates, the cell, LN_c and the
 //   output, in loops the compiler vectorises (a branch-free exp).
-// * The products with W_h run in this file's register-blocked kernel on
-//   weights packed once per call (PackedMatrix), not in BLAS, which repacks
-//   the weights on every call; BLAS computes only the weight gradient.
+// * The products with W_h and W_x run in this file's register-blocked kernel
+//   on weights packed once per call (PackedMatrix), not in BLAS, which repacks
+//   the weights on every call; BLAS computes only the weight gradients.
 // * The backward pass is hand-written from saved normalised values and inverse
-//   standard deviations; dW_h comes from one GEMM per chunk of steps.
+//   standard deviations; dW_h, dW_x and dx come from one GEMM per chunk.
 //
 // Variable lengths: row b has len[b] valid frames. Step s touches row b only
 // if s < len[b]; the forward direction reads frame s, the backward direction
@@ -123,7 +122,8 @@ void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const double* a, in
 // not change during a layer call, so each direction packs them once, in
 // panels of kPanelVectors vectors of columns, and a small kernel keeps a block
 // of rows x one panel of outputs in registers while it walks the inner
-// dimension: each weight vector loaded feeds a whole block of rows.
+// dimension: each weight vector loaded feeds a whole block of rows. The same
+// kernel computes the input projections and dx, where it matches the BLAS.
 // The vector width is that of the ISA the module is compiled for
 // (-march=native where the compiler has it).
 #if defined(__AVX512F__)
@@ -307,21 +307,24 @@ const T* ptr_or_null(const at::Tensor& t) {
 
 template <typename T>
 struct Layer {
-  int64_t B, Tn, D, H, S;
+  int64_t B, Tn, I, D, H, S;
   bool layer_norm, save;
   T forget_bias, eps;
-  int64_t chunk;  // time steps per dW_h GEMM in backward
+  int64_t chunk;  // time steps per input-projection GEMM
   const int64_t* len;
-  const T* gx;    // (B, T, D, 4H) input gates LN_x(W_x x) + b (forward only)
+  const T* x;     // (B, T, I)
+  const T* w_x;   // (D, 4H, I)
   const T* w_h;   // (D, 4H, H)
-  const T *lhg, *lhb;  // (D, 4H) LN_h gain/bias
-  const T *lcg, *lcb;  // (D, H) LN_c gain/bias
+  const T* bias;  // (D, 4H)
+  const T *lxg, *lxb, *lhg, *lhb;  // (D, 4H) LN_x, LN_h gain/bias
+  const T *lcg, *lcb;              // (D, H) LN_c gain/bias
   // saved for backward (save == true), indexed [d][s][b] (step s, not frame):
+  T* gx;        // (D, S, B, 4H) W_x x_t, before LN_x
   T* states_h;  // (D, S+1, B, H): state before step s; [S] is the final one
   T* states_c;  // (D, S+1, B, H)
   T* act;       // (D, S, B, 4H): sigmoid(i), tanh(j), sigmoid(f+fb), sigmoid(o)
   T* xhat_h;    // (D, S, B, 4H) LN_h normalised values
-  T* stats;     // (D, S, B, 2): rstd_h, rstd_c
+  T* stats;     // (D, S, B, 4): mean_x, rstd_x, rstd_h, rstd_c
   T* xhat_c;    // (D, S, B, H) LN_c normalised values
   T* y;         // (B, T, D*H)
   T* h_n;       // (D, B, H)
@@ -334,23 +337,43 @@ struct Layer {
   int64_t frame(int64_t d, int64_t s, int64_t b) const { return d == 1 ? len[b] - 1 - s : s; }
 };
 
+// Gather the input frames of steps [s0, s0 + k) into rows (s - s0) * B + b of
+// xc (k*B x I); rows past their length get zeros.
+template <typename T>
+void gather_frames(const Layer<T>& p, int64_t d, int64_t s0, int64_t k, T* xc) {
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t b = 0; b < p.B; ++b) {
+      T* row = xc + (j * p.B + b) * p.I;
+      const int64_t s = s0 + j;
+      if (p.active(s, b)) {
+        const T* src = p.x + (b * p.Tn + p.frame(d, s, b)) * p.I;
+        std::copy(src, src + p.I, row);
+      } else {
+        std::fill(row, row + p.I, T(0));
+      }
+    }
+}
+
 // The forward row kernels: one row (batch element) of one step. They take
 // __restrict__ pointers: without them the compiler cannot prove the arrays
 // distinct and leaves the loops scalar.
 
-// pre = gx + LN_h(gh), from gh's mean and inverse standard deviation; LN_h's x_hat into xh.
+// pre = LN_x(gx) + LN_h(gh) + bsum (bsum: b and both LN biases), from the
+// rows' means and inverse standard deviations; LN_h's x_hat into xh.
 template <typename T>
-inline void gates_ln(int64_t G, const T* __restrict__ gx, const T* __restrict__ gh, T mh, T rh,
-                     const T* __restrict__ ghg, const T* __restrict__ ghb, T* __restrict__ xh, T* __restrict__ pre) {
+inline void gates_ln(int64_t G, const T* __restrict__ gx, const T* __restrict__ gh, T mx, T rx, T mh, T rh,
+                     const T* __restrict__ gxg, const T* __restrict__ ghg, const T* __restrict__ bsum,
+                     T* __restrict__ xh, T* __restrict__ pre) {
   for (int64_t k = 0; k < G; ++k) {
     xh[k] = (gh[k] - mh) * rh;
-    pre[k] = gx[k] + xh[k] * ghg[k] + ghb[k];
+    pre[k] = (gx[k] - mx) * rx * gxg[k] + xh[k] * ghg[k] + bsum[k];
   }
 }
 
 template <typename T>
-inline void gates_plain(int64_t G, const T* __restrict__ gx, const T* __restrict__ gh, T* __restrict__ pre) {
-  for (int64_t k = 0; k < G; ++k) pre[k] = gx[k] + gh[k];
+inline void gates_plain(int64_t G, const T* __restrict__ gx, const T* __restrict__ gh, const T* __restrict__ bsum,
+                        T* __restrict__ pre) {
+  for (int64_t k = 0; k < G; ++k) pre[k] = gx[k] + gh[k] + bsum[k];
 }
 
 // act = sigmoid(i), tanh(j), sigmoid(f + forget_bias), sigmoid(o).
@@ -391,17 +414,23 @@ inline void cell_and_output_plain(int64_t H, const T* __restrict__ act, const T*
 
 template <typename T>
 void forward_direction(const Layer<T>& p, int64_t d) {
-  const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S;
-  // gates_h = h W_h^T: W(k, n) = w[n][k].
+  const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
+  // gx = x W_x^T and gates_h = h W_h^T: W(k, n) = w[n][k].
+  const PackedMatrix<T> Wx_t(p.w_x + d * G * I, I, G, 1, I);
   const PackedMatrix<T> Wh_t(p.w_h + d * G * H, H, G, 1, H);
+  std::vector<T> bsum(G);
+  for (int64_t k = 0; k < G; ++k)
+    bsum[k] = p.bias[d * G + k] + (p.layer_norm ? p.lxb[d * G + k] + p.lhb[d * G + k] : T(0));
+  const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
   const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
-  const T* ghb = p.layer_norm ? p.lhb + d * G : nullptr;
   const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
   const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
 
   // Per-row scratch where nothing is saved.
   std::vector<T> gates_h(B * G), pre(G), act_row(G), xh_row(G), xc_row(H);
-  T stats_row[2];
+  T stats_row[4];
+  std::vector<T> x_chunk(p.chunk * B * I);
+  std::vector<T> gx_chunk(p.save ? 0 : p.chunk * B * G);  // saved runs write into p.gx
   // Saved runs write every state into states_h/c[s]; inference ping-pongs
   // between two buffers.
   std::vector<T> ping(p.save ? 0 : 4 * B * H);
@@ -412,8 +441,18 @@ void forward_direction(const Layer<T>& p, int64_t d) {
   std::copy(p.c0 + d * B * H, p.c0 + (d + 1) * B * H, c_base);
   T* h_prev = h_base;
   T* c_prev = c_base;
+  T* gx = nullptr;
+  int64_t chunk_start = 0;
 
   for (int64_t s = 0; s < S; ++s) {
+    if (s % p.chunk == 0) {
+      // gx (k*B x 4H) = x_chunk (k*B x I) W_x^T.
+      chunk_start = s;
+      const int64_t k = std::min(p.chunk, S - s);
+      gather_frames(p, d, s, k, x_chunk.data());
+      gx = p.save ? p.gx + (d * S + s) * B * G : gx_chunk.data();
+      Wx_t.multiply(x_chunk.data(), I, k * B, gx, G);
+    }
     T* h_next = slot(h_base, s + 1);
     T* c_next = slot(c_base, s + 1);
     // gates_h (B x 4H) = h_prev (B x H) W_h^T.
@@ -429,22 +468,23 @@ void forward_direction(const Layer<T>& p, int64_t d) {
         continue;
       }
       const int64_t t = p.frame(d, s, b);
-      const T* xr = p.gx + ((b * p.Tn + t) * D + d) * G;
+      const T* xr = gx + ((s - chunk_start) * B + b) * G;
       const T* gh = gates_h.data() + b * G;
       const int64_t saved = (d * S + s) * B + b;
       T* act = p.save ? p.act + saved * G : act_row.data();
       T* xc = p.save ? p.xhat_c + saved * H : xc_row.data();
       T* yr = p.y + (b * p.Tn + t) * D * H + d * H;
       if (p.layer_norm) {
-        T* st = p.save ? p.stats + saved * 2 : stats_row;
+        T* st = p.save ? p.stats + saved * 4 : stats_row;
         T* xh = p.save ? p.xhat_h + saved * G : xh_row.data();
+        moments(xr, G, p.eps, st[0], st[1]);
         T mh;
-        moments(gh, G, p.eps, mh, st[0]);
-        gates_ln(G, xr, gh, mh, st[0], ghg, ghb, xh, pre.data());
+        moments(gh, G, p.eps, mh, st[2]);
+        gates_ln(G, xr, gh, st[0], st[1], mh, st[2], gxg, ghg, bsum.data(), xh, pre.data());
         activations(H, pre.data(), p.forget_bias, act);
-        st[1] = cell_and_output_ln(H, act, cp, gcg, gcb, p.eps, cn, xc, hn, yr);
+        st[3] = cell_and_output_ln(H, act, cp, gcg, gcb, p.eps, cn, xc, hn, yr);
       } else {
-        gates_plain(G, xr, gh, pre.data());
+        gates_plain(G, xr, gh, bsum.data(), pre.data());
         activations(H, pre.data(), p.forget_bias, act);
         cell_and_output_plain(H, act, cp, cn, hn, yr);
       }
@@ -461,9 +501,11 @@ struct Grads {
   const T* dy;   // (B, T, D*H)
   const T* dhn;  // (D, B, H)
   const T* dcn;  // (D, B, H)
-  T* dgx;        // (B, T, D, 4H); null if not needed
+  T* dx;         // (D, B, T, I): per direction, summed by the caller; null if not needed
+  T* dw_x;       // (D, 4H, I)
   T* dw_h;       // (D, 4H, H)
-  T *dlhg, *dlhb;  // (D, 4H)
+  T* dbias;      // (D, 4H)
+  T *dlxg, *dlxb, *dlhg, *dlhb;  // (D, 4H)
   T *dlcg, *dlcb;                // (D, H)
   T* dh0;        // (D, B, H)
   T* dc0;        // (D, B, H)
@@ -505,8 +547,7 @@ inline void output_backward_plain(int64_t H, const T* __restrict__ act, const T*
 }
 
 // Through c = c_prev * sigmoid(f + fb) + sigmoid(i) * tanh(j): d(i, j, f
-// pre-activations) into dgates[0..3H), d c_prev into dc_prev; sums the gate grads
-// (LN_h's bias's gradient). dgates is also the gradient of the input gates.
+// pre-activations) into dgates[0..3H), d c_prev into dc_prev; sums all gate grads.
 template <typename T>
 inline void cell_backward(int64_t H, const T* __restrict__ act, const T* __restrict__ c_prev,
                           const T* __restrict__ dct, T* __restrict__ dgates, T* __restrict__ dc_prev,
@@ -521,7 +562,7 @@ inline void cell_backward(int64_t H, const T* __restrict__ act, const T* __restr
   for (int64_t k = 0; k < 4 * H; ++k) acc_b[k] += dgates[k];
 }
 
-// Through out = x_hat * gain (+ bias) with x_hat = (x - mean) * rstd (LN_h): dx and the gain grad.
+// Through out = x_hat * gain (+ bias) with x_hat = (x - mean) * rstd: dx and the gain grad.
 template <typename T>
 inline void affine_ln_backward(int64_t n, const T* __restrict__ xh, T rstd, const T* __restrict__ gain,
                                const T* __restrict__ dout, T* __restrict__ scratch, T* __restrict__ acc_gain,
@@ -535,24 +576,31 @@ inline void affine_ln_backward(int64_t n, const T* __restrict__ xh, T rstd, cons
 
 template <typename T>
 void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
-  const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S;
-  // dh_{t-1} = dG_h W_h, the weight read as stored (4H x H).
+  const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
+  // dh_{t-1} = dG_h W_h and dx = dG_x W_x, both weights read as stored (4H x H), (4H x I).
   const PackedMatrix<T> Wh(p.w_h + d * G * H, G, H, H, 1);
+  const PackedMatrix<T> Wx(p.w_x + d * G * I, G, I, I, 1);
+  const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
   const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
   const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
   const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
   const T* h_states = p.states_h + d * (S + 1) * B * H;
   const T* c_states = p.states_c + d * (S + 1) * B * H;
+  T* dx = g.dx ? g.dx + d * B * p.Tn * I : nullptr;
+  T* dw_x = g.dw_x + d * G * I;
   T* dw_h = g.dw_h + d * G * H;
 
   std::vector<T> dh(g.dhn + d * B * H, g.dhn + (d + 1) * B * H);
   std::vector<T> dc(g.dcn + d * B * H, g.dcn + (d + 1) * B * H);
   std::vector<T> dh_prev(B * H);
-  std::vector<T> acc_gh(G, T(0)), acc_b(G, T(0)), acc_gc(H, T(0)), acc_bc(H, T(0));
-  std::vector<T> dgates(G), scratch(G), dct(H);
-  // Gradients w.r.t. W_h h_{t-1} (dGh) are kept for one chunk of steps; at the
-  // chunk's first step one GEMM gives its share of dW_h.
-  std::vector<T> dGh_chunk(p.chunk * B * G);
+  std::vector<T> acc_gx(G, T(0)), acc_gh(G, T(0)), acc_b(G, T(0)), acc_gc(H, T(0)), acc_bc(H, T(0));
+  std::vector<T> dgates(G), scratch(G), xx(G), dct(H);
+  // Gradients w.r.t. W_h h_{t-1} (dGh) and W_x x_t (dGx) are kept for one
+  // chunk of steps; at the chunk's first step one GEMM each gives its share of
+  // dW_h, dW_x and dx.
+  std::vector<T> dGh_chunk(p.chunk * B * G), dGx_chunk(p.chunk * B * G);
+  std::vector<T> x_chunk(p.chunk * B * I), dx_chunk(p.chunk * B * I);
+  std::fill(dw_x, dw_x + G * I, T(0));
   std::fill(dw_h, dw_h + G * H, T(0));
 
   for (int64_t s = S - 1; s >= 0; --s) {
@@ -562,8 +610,10 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
     bool all_active = true;
     for (int64_t b = 0; b < B; ++b) {
       T* dGhb = dGh + b * G;
+      T* dGxb = dGx_chunk.data() + (row0 + b) * G;
       if (!p.active(s, b)) {  // frozen row: gradient passes through untouched
         std::fill(dGhb, dGhb + G, T(0));
+        std::fill(dGxb, dGxb + G, T(0));
         all_active = false;
         continue;
       }
@@ -575,17 +625,21 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
       T* dcb = dc.data() + b * H;
       for (int64_t k = 0; k < H; ++k) dhb[k] += dyr[k];
       if (p.layer_norm) {
-        output_backward_ln(H, act, p.xhat_c + saved * H, p.stats[saved * 2 + 1], gcg, gcb, dhb, dcb,
+        output_backward_ln(H, act, p.xhat_c + saved * H, p.stats[saved * 4 + 3], gcg, gcb, dhb, dcb,
                            dgates.data(), scratch.data(), dct.data(), acc_gc.data(), acc_bc.data());
       } else {
         output_backward_plain(H, act, c_states + (s + 1) * B * H + b * H, dhb, dcb, dgates.data(), dct.data());
       }
       cell_backward(H, act, c_states + s * B * H + b * H, dct.data(), dgates.data(), dcb, acc_b.data());
-      if (g.dgx) std::copy(dgates.begin(), dgates.end(), g.dgx + ((b * p.Tn + t) * D + d) * G);
       if (p.layer_norm) {
-        const T rh = p.stats[saved * 2];
+        const T* st = p.stats + saved * 4;
+        const T mx = st[0], rx = st[1], rh = st[2];
+        const T* xr = p.gx + saved * G;
+        for (int64_t k = 0; k < G; ++k) xx[k] = (xr[k] - mx) * rx;  // LN_x's x_hat, recomputed
+        affine_ln_backward(G, xx.data(), rx, gxg, dgates.data(), scratch.data(), acc_gx.data(), dGxb);
         affine_ln_backward(G, p.xhat_h + saved * G, rh, ghg, dgates.data(), scratch.data(), acc_gh.data(), dGhb);
       } else {
+        std::copy(dgates.begin(), dgates.end(), dGxb);
         std::copy(dgates.begin(), dgates.end(), dGhb);
       }
     }
@@ -602,12 +656,28 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
       const int64_t rows = std::min(p.chunk, S - chunk_start) * B;
       // dW_h^T (H x 4H) += H_prev^T dGh over the chunk's rows.
       gemm('n', 't', H, G, rows, h_states + chunk_start * B * H, H, dGh_chunk.data(), G, true, dw_h, H);
+      // dW_x^T (I x 4H) += X^T dGx; dX (rows x I) = dGx W_x, scattered to frames.
+      gather_frames(p, d, chunk_start, rows / B, x_chunk.data());
+      gemm('n', 't', I, G, rows, x_chunk.data(), I, dGx_chunk.data(), G, true, dw_x, I);
+      if (dx) {
+        Wx.multiply(dGx_chunk.data(), G, rows, dx_chunk.data(), I);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t sr = chunk_start + r / B, b = r % B;
+          if (!p.active(sr, b)) continue;
+          const T* src = dx_chunk.data() + r * I;
+          std::copy(src, src + I, dx + (b * p.Tn + p.frame(d, sr, b)) * I);
+        }
+      }
     }
   }
   std::copy(dh.begin(), dh.end(), g.dh0 + d * B * H);
   std::copy(dc.begin(), dc.end(), g.dc0 + d * B * H);
+  std::copy(acc_b.begin(), acc_b.end(), g.dbias + d * G);
   if (p.layer_norm) {
-    std::copy(acc_b.begin(), acc_b.end(), g.dlhb + d * G);  // LN_h's bias adds to the gates
+    // b, LN_x's bias and LN_h's bias all add to the gates: same gradient.
+    std::copy(acc_b.begin(), acc_b.end(), g.dlxb + d * G);
+    std::copy(acc_b.begin(), acc_b.end(), g.dlhb + d * G);
+    std::copy(acc_gx.begin(), acc_gx.end(), g.dlxg + d * G);
     std::copy(acc_gh.begin(), acc_gh.end(), g.dlhg + d * G);
     std::copy(acc_gc.begin(), acc_gc.end(), g.dlcg + d * H);
     std::copy(acc_bc.begin(), acc_bc.end(), g.dlcb + d * H);
@@ -724,29 +794,35 @@ void check_input(const at::Tensor& t, const char* name, at::ScalarType dtype) {
   TORCH_CHECK(t.is_contiguous(), "lnlstm: ", name, " must be contiguous");
 }
 
-// The sizes, lengths and parameters common to forward and backward; B and T
-// from the input gates (forward) or the gradient of y (backward).
 template <typename T>
-Layer<T> make_layer(int64_t B, int64_t Tn, const at::Tensor& w_h, const at::Tensor& lhg, const at::Tensor& lhb,
+Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h, const at::Tensor& bias,
+                    const at::Tensor& lxg, const at::Tensor& lxb, const at::Tensor& lhg, const at::Tensor& lhb,
                     const at::Tensor& lcg, const at::Tensor& lcb, const at::Tensor& lengths, double forget_bias,
                     double eps, bool layer_norm) {
-  const auto dtype = w_h.scalar_type();
-  TORCH_CHECK(w_h.dim() == 3, "lnlstm: w_h must be (D, 4H, H)");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(x.dim() == 3 && w_x.dim() == 3 && w_h.dim() == 3,
+              "lnlstm: x must be (B, T, I), w_x (D, 4H, I), w_h (D, 4H, H)");
   Layer<T> p{};
-  p.B = B;
-  p.Tn = Tn;
+  p.B = x.size(0);
+  p.Tn = x.size(1);
+  p.I = x.size(2);
   p.D = w_h.size(0);
   p.H = w_h.size(2);
   TORCH_CHECK(p.D == 1 || p.D == 2, "lnlstm: one or two directions");
   TORCH_CHECK(w_h.size(1) == 4 * p.H, "lnlstm: w_h must be (D, 4H, H)");
+  TORCH_CHECK(w_x.size(0) == p.D && w_x.size(1) == 4 * p.H && w_x.size(2) == p.I, "lnlstm: w_x must be (D, 4H, I)");
   TORCH_CHECK(lengths.device().is_cpu() && lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
                   lengths.size(0) == p.B && lengths.is_contiguous(),
               "lnlstm: lengths must be a contiguous (B,) int64 CPU tensor");
+  check_input(x, "x", dtype);
+  check_input(w_x, "w_x", dtype);
   check_input(w_h, "w_h", dtype);
+  check_input(bias, "bias", dtype);
+  TORCH_CHECK(bias.numel() == p.D * 4 * p.H, "lnlstm: bias must be (D, 4H)");
   if (layer_norm) {
-    for (auto* t : {&lhg, &lhb}) {
+    for (auto* t : {&lxg, &lxb, &lhg, &lhb}) {
       check_input(*t, "layer-norm parameter", dtype);
-      TORCH_CHECK(t->numel() == p.D * 4 * p.H, "lnlstm: LN_h parameters must be (D, 4H)");
+      TORCH_CHECK(t->numel() == p.D * 4 * p.H, "lnlstm: LN_x/LN_h parameters must be (D, 4H)");
     }
     for (auto* t : {&lcg, &lcb}) {
       check_input(*t, "layer-norm parameter", dtype);
@@ -760,13 +836,19 @@ Layer<T> make_layer(int64_t B, int64_t Tn, const at::Tensor& w_h, const at::Tens
     max_len = std::max(max_len, p.len[b]);
   }
   p.S = max_len;
-  // About 128 rows per dW_h product in backward: enough rows for the BLAS to
-  // run at full speed, few enough that the chunk's gradients stay in cache.
+  // About 128 rows per input projection: the packed kernel needs only a few
+  // blocks of rows for full speed, and the chunk's projections then stay in
+  // the core's L2 cache until the steps read them (512 rows were slower).
   p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (128 + p.B - 1) / std::max<int64_t>(p.B, 1)));
   p.layer_norm = layer_norm;
   p.forget_bias = static_cast<T>(forget_bias);
   p.eps = static_cast<T>(eps);
+  p.x = x.const_data_ptr<T>();
+  p.w_x = w_x.const_data_ptr<T>();
   p.w_h = w_h.const_data_ptr<T>();
+  p.bias = bias.const_data_ptr<T>();
+  p.lxg = ptr_or_null<T>(lxg);
+  p.lxb = ptr_or_null<T>(lxb);
   p.lhg = ptr_or_null<T>(lhg);
   p.lhb = ptr_or_null<T>(lhb);
   p.lcg = ptr_or_null<T>(lcg);
@@ -789,41 +871,40 @@ void zero_padding(T* x, const int64_t* len, int64_t B, int64_t Tn, int64_t width
 
 }  // namespace
 
-// Takes the input gates gx (B, T, D, 4H) = LN_x(W_x x) + b, computed outside.
 // Returns [y, h_n, c_n] and, when save is true, the tensors backward needs:
-// [states_h, states_c, act, xhat_h, stats, xhat_c] (the LN ones empty without
-// layer norm).
-std::vector<at::Tensor> lnlstm_forward(const at::Tensor& gx, const at::Tensor& w_h, const at::Tensor& lhg,
-                                       const at::Tensor& lhb, const at::Tensor& lcg, const at::Tensor& lcb,
-                                       const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& lengths,
-                                       double forget_bias, double eps, bool layer_norm, bool save) {
+// [gx, states_h, states_c, act, xhat_h, stats, xhat_c] (the LN ones empty
+// without layer norm).
+std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h,
+                                       const at::Tensor& bias, const at::Tensor& lxg, const at::Tensor& lxb,
+                                       const at::Tensor& lhg, const at::Tensor& lhb, const at::Tensor& lcg,
+                                       const at::Tensor& lcb, const at::Tensor& h0, const at::Tensor& c0,
+                                       const at::Tensor& lengths, double forget_bias, double eps, bool layer_norm,
+                                       bool save) {
   std::vector<at::Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(w_h.scalar_type(), "lnlstm_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lnlstm_forward", [&] {
     using T = scalar_t;
-    TORCH_CHECK(gx.dim() == 4, "lnlstm: the input gates must be (B, T, D, 4H)");
-    auto p = make_layer<T>(gx.size(0), gx.size(1), w_h, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
-    check_input(gx, "input gates", w_h.scalar_type());
-    TORCH_CHECK(gx.size(2) == p.D && gx.size(3) == 4 * p.H, "lnlstm: the input gates must be (B, T, D, 4H)");
+    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
     check_state(h0, "h0", p);
     check_state(c0, "c0", p);
-    p.gx = gx.const_data_ptr<T>();
     p.h0 = h0.const_data_ptr<T>();
     p.c0 = c0.const_data_ptr<T>();
     const int64_t B = p.B, D = p.D, H = p.H, S = p.S;
-    auto opts = gx.options();
+    auto opts = x.options();
     at::Tensor y = at::empty({B, p.Tn, D * H}, opts);
     at::Tensor h_n = at::empty({D, B, H}, opts), c_n = at::empty({D, B, H}, opts);
-    at::Tensor states_h, states_c, act, xhat_h, stats, xhat_c;
+    at::Tensor gx, states_h, states_c, act, xhat_h, stats, xhat_c;
     if (save) {
+      gx = empty_saved({D, S, B, 4 * H}, opts);
       states_h = empty_saved({D, S + 1, B, H}, opts);
       states_c = empty_saved({D, S + 1, B, H}, opts);
       act = empty_saved({D, S, B, 4 * H}, opts);
+      p.gx = gx.mutable_data_ptr<T>();
       p.states_h = states_h.mutable_data_ptr<T>();
       p.states_c = states_c.mutable_data_ptr<T>();
       p.act = act.mutable_data_ptr<T>();
       if (layer_norm) {
         xhat_h = empty_saved({D, S, B, 4 * H}, opts);
-        stats = empty_saved({D, S, B, 2}, opts);
+        stats = empty_saved({D, S, B, 4}, opts);
         xhat_c = empty_saved({D, S, B, H}, opts);
         p.xhat_h = xhat_h.mutable_data_ptr<T>();
         p.stats = stats.mutable_data_ptr<T>();
@@ -838,7 +919,7 @@ std::vector<at::Tensor> lnlstm_forward(const at::Tensor& gx, const at::Tensor& w
     for_each_direction(D, [&](int64_t d) { forward_direction<T>(p, d); });
     out = {y, h_n, c_n};
     if (save) {
-      for (auto& t : {states_h, states_c, act, xhat_h, stats, xhat_c}) out.push_back(t);
+      for (auto& t : {gx, states_h, states_c, act, xhat_h, stats, xhat_c}) out.push_back(t);
     }
     for (auto& t : out)  // the op schema returns Tensor[]: absent entries are empty
       if (!t.defined()) t = at::empty({0}, opts);
@@ -846,44 +927,47 @@ std::vector<at::Tensor> lnlstm_forward(const at::Tensor& gx, const at::Tensor& w
   return out;
 }
 
-// Takes the gradients of the forward's three outputs, the forward's parameters
-// and lengths, and the tensors it saved.
-// Returns [d_gx, d_w_h, d_lhg, d_lhb, d_lcg, d_lcb, d_h0, d_c0] (d_gx
-// (B, T, D, 4H), zero at padding, is empty unless need_dgx; the LN gradients
-// are empty without layer norm).
+// Takes the gradients of the forward's three outputs, the forward's inputs
+// (less h0, c0) and the tensors it saved.
+// Returns [d_x, d_w_x, d_w_h, d_bias, d_lxg, d_lxb, d_lhg, d_lhb, d_lcg, d_lcb, d_h0, d_c0]
+// (d_x is empty unless need_dx, the LN gradients are empty without layer norm).
 std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& dhn, const at::Tensor& dcn,
-                                        const at::Tensor& w_h, const at::Tensor& lhg, const at::Tensor& lhb,
-                                        const at::Tensor& lcg, const at::Tensor& lcb, const at::Tensor& lengths,
-                                        at::TensorList saved, double forget_bias, double eps, bool layer_norm,
-                                        bool need_dgx) {
-  TORCH_CHECK(saved.size() == 6, "lnlstm_backward: expected the 6 tensors saved by lnlstm_forward");
+                                        const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h,
+                                        const at::Tensor& bias, const at::Tensor& lxg, const at::Tensor& lxb,
+                                        const at::Tensor& lhg, const at::Tensor& lhb, const at::Tensor& lcg,
+                                        const at::Tensor& lcb, const at::Tensor& lengths, at::TensorList saved,
+                                        double forget_bias, double eps, bool layer_norm, bool need_dx) {
+  TORCH_CHECK(saved.size() == 7, "lnlstm_backward: expected the 7 tensors saved by lnlstm_forward");
   std::vector<at::Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(w_h.scalar_type(), "lnlstm_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lnlstm_backward", [&] {
     using T = scalar_t;
-    TORCH_CHECK(dy.dim() == 3, "lnlstm_backward: grad of y must be (B, T, D * H)");
-    auto p = make_layer<T>(dy.size(0), dy.size(1), w_h, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
-    const int64_t B = p.B, D = p.D, H = p.H;
-    auto opts = w_h.options();
+    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
+    const int64_t B = p.B, D = p.D, H = p.H, I = p.I;
+    auto opts = x.options();
     p.save = true;
-    p.states_h = saved[0].data_ptr<T>();
-    p.states_c = saved[1].data_ptr<T>();
-    p.act = saved[2].data_ptr<T>();
+    p.gx = saved[0].data_ptr<T>();
+    p.states_h = saved[1].data_ptr<T>();
+    p.states_c = saved[2].data_ptr<T>();
+    p.act = saved[3].data_ptr<T>();
     if (layer_norm) {
-      p.xhat_h = saved[3].data_ptr<T>();
-      p.stats = saved[4].data_ptr<T>();
-      p.xhat_c = saved[5].data_ptr<T>();
+      p.xhat_h = saved[4].data_ptr<T>();
+      p.stats = saved[5].data_ptr<T>();
+      p.xhat_c = saved[6].data_ptr<T>();
     }
     at::Tensor dy_c = dy.contiguous(), dhn_c = dhn.contiguous(), dcn_c = dcn.contiguous();
-    TORCH_CHECK(dy_c.scalar_type() == w_h.scalar_type() && dy_c.size(2) == D * H,
-                "lnlstm_backward: grad of y has the wrong size or dtype");
+    TORCH_CHECK(dy_c.numel() == B * p.Tn * D * H, "lnlstm_backward: grad of y has the wrong size");
     check_state(dhn_c, "grad of h_n", p);
     check_state(dcn_c, "grad of c_n", p);
 
-    at::Tensor dgx;
-    if (need_dgx) dgx = at::empty({B, p.Tn, D, 4 * H}, opts);
+    at::Tensor dx;  // one slice per direction, summed below
+    if (need_dx) dx = at::empty({D, B, p.Tn, I}, opts);
+    at::Tensor dw_x = at::empty({D, 4 * H, I}, opts);
     at::Tensor dw_h = at::empty({D, 4 * H, H}, opts);
-    at::Tensor dlhg, dlhb, dlcg, dlcb;
+    at::Tensor dbias = at::empty({D, 4 * H}, opts);
+    at::Tensor dlxg, dlxb, dlhg, dlhb, dlcg, dlcb;
     if (layer_norm) {
+      dlxg = at::empty({D, 4 * H}, opts);
+      dlxb = at::empty({D, 4 * H}, opts);
       dlhg = at::empty({D, 4 * H}, opts);
       dlhb = at::empty({D, 4 * H}, opts);
       dlcg = at::empty({D, H}, opts);
@@ -894,9 +978,13 @@ std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& 
     g.dy = dy_c.const_data_ptr<T>();
     g.dhn = dhn_c.const_data_ptr<T>();
     g.dcn = dcn_c.const_data_ptr<T>();
-    g.dgx = need_dgx ? dgx.mutable_data_ptr<T>() : nullptr;
+    g.dx = need_dx ? dx.mutable_data_ptr<T>() : nullptr;
+    g.dw_x = dw_x.mutable_data_ptr<T>();
     g.dw_h = dw_h.mutable_data_ptr<T>();
+    g.dbias = dbias.mutable_data_ptr<T>();
     if (layer_norm) {
+      g.dlxg = dlxg.mutable_data_ptr<T>();
+      g.dlxb = dlxb.mutable_data_ptr<T>();
       g.dlhg = dlhg.mutable_data_ptr<T>();
       g.dlhb = dlhb.mutable_data_ptr<T>();
       g.dlcg = dlcg.mutable_data_ptr<T>();
@@ -904,10 +992,12 @@ std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& 
     }
     g.dh0 = dh0.mutable_data_ptr<T>();
     g.dc0 = dc0.mutable_data_ptr<T>();
-    // Every direction writes its valid frames; the padded ones are zero for all.
-    if (need_dgx) zero_padding(g.dgx, p.len, B, p.Tn, D * 4 * H);
+    if (need_dx)
+      for (int64_t d = 0; d < D; ++d) zero_padding(g.dx + d * B * p.Tn * I, p.len, B, p.Tn, I);
     for_each_direction(D, [&](int64_t d) { backward_direction<T>(p, g, d); });
-    out = {dgx, dw_h, dlhg, dlhb, dlcg, dlcb, dh0, dc0};
+    at::Tensor dx_total;
+    if (need_dx) dx_total = D == 1 ? dx[0] : dx[0].add_(dx[1]);
+    out = {dx_total, dw_x, dw_h, dbias, dlxg, dlxb, dlhg, dlhb, dlcg, dlcb, dh0, dc0};
     for (auto& t : out)
       if (!t.defined()) t = at::empty({0}, opts);
   });
