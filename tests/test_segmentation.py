@@ -97,7 +97,23 @@ def test_speech_without_a_pause_longer_than_a_piece_is_cut_at_its_quietest_frame
     pieces = plan_pieces(levels, max_seconds=5.0)
     assert len(pieces) == 2
     assert 470 <= pieces[0].end <= 500 and pieces[0].end == pieces[1].start  # within the 0.2 s smoothing of the dip
-    assert pieces[0].start == 90 and pieces[1].end == 910  # PAD_SECONDS of the pause on the outer sides
+    assert pieces[0].start == 100 and pieces[1].end == 900  # the pause is all floor: no padding outside
+
+
+def test_a_piece_keeps_the_margin_around_its_speech_but_not_the_floor_of_the_pause():
+    """Outside a piece's speech, PAD_SECONDS of the pause at most, and of that only what is louder than the
+    recording's floor (a take's own margin); between two stretches of one piece the padding stays, floor or
+    not (the gap between words)."""
+    levels = torch.full((1000,), -60.0)
+    levels[300:400] = -20.0  # speech
+    levels[450:550] = -20.0  # speech again after a 0.5 s pause at the floor
+    levels[295:300] = -50.0  # a margin: below the speech threshold (about -47 dB), above the floor's 6 dB
+    levels[550:553] = -50.0
+    (piece,) = plan_pieces(levels, max_seconds=5.0)
+    assert piece.spans == ((295, 410), (440, 553))
+    levels[295:300] = levels[550:553] = -58.0  # within EDGE_FLOOR_DB of the floor: not a margin
+    (piece,) = plan_pieces(levels, max_seconds=5.0)
+    assert piece.spans == ((300, 410), (440, 550))
 
 
 def test_a_recording_without_speech_has_no_pieces():

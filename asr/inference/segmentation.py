@@ -18,7 +18,9 @@ is, loudness, read from the audio itself:
    rest of every pause is left out. The stretches are packed, in order, into
    pieces of at most ``max_seconds`` of audio. A piece is never cut inside a
    word unless the speech goes on for longer than that without a pause; then
-   it is cut at its quietest frame (:func:`cut_points`).
+   it is cut at its quietest frame (:func:`cut_points`). At the piece's two
+   outer edges, the padding stops where the pause is at the recording's floor
+   (within ``EDGE_FLOOR_DB`` of its 5th percentile level).
 3. The recogniser reads each piece's stretches alone (:func:`read_piece`), joins
    them, computes the features (a per-utterance MVN is the piece's own, as it
    was each training utterance's) and decodes the pieces ``batch_size`` at a
@@ -32,6 +34,12 @@ the rest from long pauses inside pieces: a decoder trained on gaps of at most
 piece as long as the longest training utterance, once its pauses are short,
 holds more words than any training utterance, and the decoder drops the
 last ones; so the recogniser's default piece is the mean training utterance.
+A piece that begins or ends with a tenth of a second of the pause's floor
+looks like no training utterance (those begin and end with the recording's own
+margin): a small LAS trained on FSDD takes wrote words into it, and trimming
+the floor at the edges took its long-recording WER from 34% to 19%
+(docs/performance.md, "Long recordings"). Between a piece's stretches the
+padding stays: it is the gap between words that training utterances have.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ FRAME_SECONDS = 0.01     # one level per 10 ms, the feature frame shift
 MIN_PAUSE_SECONDS = 0.15  # a quieter stretch this long is a pause; shorter ones are inside a word (a stop's closure)
 MIN_SPEECH_SECONDS = 0.05  # louder stretches shorter than this are clicks, not speech
 PAD_SECONDS = 0.1        # of a pause kept before and after a piece's speech (FSDD takes start and end about so)
+EDGE_FLOOR_DB = 6.0      # at a piece's outer edges, pause frames within this of the recording's floor are left out
 SMOOTH_SECONDS = 0.2     # the stretch loudness is averaged over when a word-long cut must be made without a pause
 FLOOR_DB = -80.0         # levels below this are this (digital silence would be -inf)
 BLOCK_SECONDS = 30.0     # audio read at a time while measuring levels
@@ -168,7 +177,20 @@ def plan_pieces(levels: torch.Tensor, max_seconds: float, threshold: float | Non
                 pieces[-1].append((start, end))
         else:
             pieces.append([(start, end)])
-    return [Piece(tuple(spans)) for spans in pieces]
+    floor = float(torch.quantile(levels.float(), 0.05)) + EDGE_FLOOR_DB
+    return [Piece(tuple(_trim_edges(spans, levels, floor))) for spans in pieces]
+
+
+def _trim_edges(spans: list[tuple[int, int]], levels: torch.Tensor, floor: float) -> list[tuple[int, int]]:
+    """``spans`` without the frames at or below ``floor`` at their start and their end (never emptied)."""
+    (start, first_end), (last_start, end) = spans[0], spans[-1]
+    while start < first_end - 1 and levels[start] <= floor:
+        start += 1
+    while end > last_start + 1 and (end > levels.numel() or levels[end - 1] <= floor):
+        end -= 1
+    if len(spans) == 1:
+        return [(start, end)]
+    return [(start, first_end), *spans[1:-1], (last_start, end)]
 
 
 def _speech_stretches(loud: torch.Tensor) -> list[tuple[int, int]]:
