@@ -10,6 +10,12 @@ Every backend's :meth:`Backend.layer` takes one layer's :class:`~asr.models.lnls
 (per-direction tensors gathered once), x (B, T, I), lengths (B,) or None, h0, c0 (D, B, H) and
 whether CUDA graphs may be recorded, and returns y (B, T, D * H) zero at padding and h_n, c_n
 (D, B, H). Which one runs is decided in :func:`asr.models.lnlstm.selection.select_backend` only.
+
+Both fused backends split a layer in the same place: their autograd Function takes the whole layer,
+:data:`LAYER_INPUTS` gathered by :func:`layer_inputs` (x and W_x, not precomputed input gates), and
+returns a gradient for each. Inside, the C++ operator computes the input products in chunks of frames
+and LN_x per row in cache; the Triton backend computes them for all frames at once with PyTorch ops
+(docs/architecture.md, "Where the fused backends split a layer").
 """
 
 from __future__ import annotations
@@ -36,6 +42,25 @@ class Backend(Protocol):
     def layer(self, params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor,
               cuda_graphs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer, all directions (see the module docstring)."""
+
+
+# What each fused backend's autograd Function takes of a layer, in this order, and gives gradients for:
+# the whole layer, input side included (x and W_x, not precomputed input gates), so that both fused
+# backends split a layer in the same place. The LN entries are absent without layer norm.
+LAYER_INPUTS = ("x", "weight_x", "weight_h", "bias", "ln_x_gain", "ln_x_bias", "ln_h_gain", "ln_h_bias",
+                "ln_c_gain", "ln_c_bias")
+LN_INPUTS = LAYER_INPUTS[4:]
+
+
+def layer_inputs(params, x: torch.Tensor, absent=None) -> dict:
+    """:data:`LAYER_INPUTS` of one layer by name, from its
+    :class:`~asr.models.lnlstm.parameters.LayerParameters` and x (B, T, I); ``absent`` stands for the
+    layer-norm parameters of a layer without layer norm."""
+    inputs = {"x": x, "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": params.bias}
+    for norm in ("ln_x", "ln_h", "ln_c"):
+        gain, bias = getattr(params, norm) if params.spec.layer_norm else (absent, absent)
+        inputs[f"{norm}_gain"], inputs[f"{norm}_bias"] = gain, bias
+    return inputs
 
 
 @functools.cache

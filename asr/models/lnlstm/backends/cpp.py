@@ -32,6 +32,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from asr.models import overrides
+from asr.models.lnlstm.backends import LAYER_INPUTS, LN_INPUTS, layer_inputs
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
 
@@ -168,10 +169,10 @@ def build_flags() -> list[str] | None:
 # The operator's per-layer inputs, in the order of its schema (csrc/lnlstm.cpp, lnlstm_forward and
 # lnlstm_backward; its gradients come back in this order too, then d_h0, d_c0), and the tensors its
 # forward saves for backward (those of layer norm are empty without it).
-_INPUTS = ("x", "weight_x", "weight_h", "bias", "ln_x_gain", "ln_x_bias", "ln_h_gain", "ln_h_bias",
-           "ln_c_gain", "ln_c_bias")
+# (The inputs are every fused backend's, asr.models.lnlstm.backends.LAYER_INPUTS.)
+_INPUTS = LAYER_INPUTS
 _SAVED = ("gates_x", "states_h", "states_c", "activations", "xhat_h", "ln_stats", "xhat_c")
-_LN_INPUTS = _INPUTS[4:]
+_LN_INPUTS = LN_INPUTS
 # _FusedLayer.apply's arguments: the settings, the lengths, the state, then _INPUTS.
 _ARGUMENTS = ("config", "lengths", "h0", "c0", *_INPUTS)
 
@@ -223,12 +224,7 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
         lengths_cpu = torch.full((batch,), time, dtype=torch.long)
     else:
         lengths_cpu = lengths.to(device="cpu", dtype=torch.long).contiguous()
-    inputs = {"x": x.contiguous(), "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": params.bias}
-    if spec.layer_norm:
-        for norm in ("ln_x", "ln_h", "ln_c"):
-            inputs[f"{norm}_gain"], inputs[f"{norm}_bias"] = getattr(params, norm)
-    else:
-        inputs.update(dict.fromkeys(_LN_INPUTS, x.new_empty(0)))
+    inputs = layer_inputs(params, x.contiguous(), absent=x.new_empty(0))  # the operator wants tensors
     h0 = h0.contiguous()
     c0 = c0.contiguous()
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs.values(), h0, c0))

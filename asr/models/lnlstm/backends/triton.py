@@ -9,9 +9,11 @@ same code runs on CPU tensors, which is how the tests check it without a GPU.
 One layer (all directions), forward:
 
 * Everything that does not depend on the recurrence is done for all frames
-  and both directions at once, by ordinary autograd-tracked PyTorch ops:
-  ``LN_x(W_x x) + b`` is one GEMM against the directions' stacked ``W_x`` and
-  one layer norm, giving the input gates ``gx`` (B, T, D, 4H) in float32.
+  and both directions at once, with PyTorch ops inside the layer's autograd
+  Function (:func:`_input_gates`): ``LN_x(W_x x) + b`` is one GEMM against the
+  directions' stacked ``W_x`` and one layer norm, giving the input gates ``gx``
+  (B, T, D, 4H) in float32. The Function takes the layer as the C++ operator
+  does (:data:`~asr.models.lnlstm.backends.LAYER_INPUTS`: x and W_x, not ``gx``).
 * Per time step, two launches: one batched GEMM ``W_h h_{t-1}`` for all
   directions (``torch.bmm``, cuBLAS), then one Triton kernel
   (:func:`asr.models.lnlstm.backends.triton_kernels.lstm_forward_step`) that does LN_h over
@@ -30,7 +32,8 @@ Backward, written by hand (:class:`_Layer`):
   gates and LN_h, accumulating the LN parameters' gradients per row; and one
   batched GEMM carries ``dL/dh`` through ``W_h`` to the step before.
 * ``dL/dW_h`` is one GEMM over all steps at the end; ``dL/dgx`` goes back
-  through LN_x and ``W_x`` by autograd, as GEMMs over all frames.
+  through LN_x (ATen's layer-norm backward) and ``W_x`` as GEMMs over all
+  frames (:func:`_input_gates_backward`).
 
 No Python per time step on CUDA: the whole time loop of a forward or backward
 pass is captured once in a CUDA graph per padded shape and replayed. Batch
@@ -68,6 +71,7 @@ from torch.autograd.function import once_differentiable
 
 from asr.models import cuda_graphs as graphs
 from asr.models import overrides
+from asr.models.lnlstm.backends import LAYER_INPUTS, layer_inputs
 
 _lock = threading.Lock()
 _kernels = None
@@ -456,17 +460,66 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
     return take(buffers.dgx[:batch, :time]), grads, dh0, dc0
 
 
+def _input_gates(x, w_x, bias, ln_x_gain, ln_x_bias, config: _Config):
+    """The input gates LN_x(W_x x) + b (W_x x + b without layer norm) for every frame and direction,
+    x (B, T, I) -> float32 (B, T, D, 4H), and what their backward needs: the projections W_x x and
+    LN_x's means and inverse standard deviations (None without layer norm). The projections are one
+    GEMM over all frames, in the autocast type where autocast is on (as F.linear would run)."""
+    batch, time = x.shape[:2]
+    directions, gates = w_x.shape[:2]
+    projection = torch.matmul(x.to(config.gemm_dtype), w_x.flatten(0, 1).to(config.gemm_dtype).t())
+    projection = projection.float().view(batch, time, directions, gates)
+    if not config.layer_norm:
+        return projection + bias, (projection, None, None)
+    normalised, mean, rstd = torch.native_layer_norm(projection, (gates,), None, None, config.eps)
+    return torch.addcmul(ln_x_bias + bias, normalised, ln_x_gain, out=normalised), (projection, mean, rstd)
+
+
+def _input_gates_backward(dgx, x, w_x, ln_x_gain, saved, config: _Config, need_dx: bool, need_dw: bool):
+    """Gradients of :func:`_input_gates` given dgx (B, T, D, 4H): dx, dW_x, db and, with layer norm,
+    LN_x's gain and bias."""
+    projection, mean, rstd = saved
+    batch, time, directions, gates = dgx.shape
+    dbias = dgx.sum((0, 1))
+    ln_grads = ()
+    if config.layer_norm:
+        normalised = (projection - mean) * rstd
+        ln_grads = ((dgx * normalised).sum((0, 1)), dbias)
+        dprojection = torch.ops.aten.native_layer_norm_backward(
+            dgx * ln_x_gain, projection, (gates,), mean, rstd, None, None, [True, False, False]
+        )[0]
+    else:
+        dprojection = dgx
+    dprojection = dprojection.reshape(batch * time, directions * gates).to(config.gemm_dtype)
+    dx = dw_x = None
+    if need_dx:
+        dx = (dprojection @ w_x.flatten(0, 1).to(config.gemm_dtype)).view(batch, time, -1).to(x.dtype)
+    if need_dw:
+        flat_x = x.reshape(batch * time, -1).to(config.gemm_dtype)
+        dw_x = (dprojection.t() @ flat_x).view(w_x.shape).to(w_x.dtype)
+    return dx, dw_x, dbias, ln_grads
+
+
 class _Layer(torch.autograd.Function):
-    """(gx, w_h, LN_h and LN_c parameters, h0, c0) -> (y, h_n, c_n) with the hand-written backward."""
+    """The whole layer with the hand-written backward: (lengths, h0, c0, config, save, static, then
+    :data:`~asr.models.lnlstm.backends.LAYER_INPUTS`: x, W_x, W_h, b and the LN_x, LN_h and LN_c gains
+    and biases) -> (y, h_n, c_n). It takes what the C++ operator takes: the input side (the input gates
+    of every frame, :func:`_input_gates`) is computed and differentiated here, the recurrence in the
+    kernels."""
 
     @staticmethod
-    def forward(ctx, gx, w_h, lnh_w, lnh_b, lnc_w, lnc_b, h0, c0, lengths, config: _Config, save: bool,
-                static: bool):
+    def forward(ctx, lengths, h0, c0, config: _Config, save: bool, static: bool, x, w_x, w_h, bias,
+                lnx_w, lnx_b, lnh_w, lnh_b, lnc_w, lnc_b):
         params = (w_h, lnh_w, lnh_b, lnc_w, lnc_b) if config.layer_norm else (w_h,)
-        with torch.autocast(gx.device.type, enabled=False):
+        with torch.autocast(x.device.type, enabled=False):
+            gx, input_saved = _input_gates(x, w_x, bias, lnx_w, lnx_b, config)
+            gx = gx.contiguous()
             out = _forward(gx, params, h0, c0, lengths, config, save, static)
         if save:
-            ctx.save_for_backward(gx, lengths, out.h_saved, out.c_saved, *params)
+            projection, mean, rstd = input_saved
+            ctx.input_stats = mean is not None
+            stats = (mean, rstd) if ctx.input_stats else ()
+            ctx.save_for_backward(gx, lengths, out.h_saved, out.c_saved, x, w_x, lnx_w, projection, *stats, *params)
         ctx.config = config
         ctx.static = static
         ctx.h0_dtype = h0.dtype
@@ -475,14 +528,20 @@ class _Layer(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dh_n, dc_n):
-        gx, lengths, h_saved, c_saved, *params = ctx.saved_tensors
+        gx, lengths, h_saved, c_saved, x, w_x, lnx_w, projection, *rest = ctx.saved_tensors
+        stats, params = (rest[:2], rest[2:]) if ctx.input_stats else ((None, None), rest)
+        config = ctx.config
         with torch.autocast(gx.device.type, enabled=False):
             dgx, param_grads, dh0, dc0 = _backward(
-                gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, ctx.config, ctx.h0_dtype, ctx.static
+                gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config, ctx.h0_dtype, ctx.static
             )
-        if not ctx.config.layer_norm:
-            param_grads += [None] * 4
-        return (dgx, *param_grads, dh0, dc0, None, None, None, None)
+            dx, dw_x, dbias, ln_x_grads = _input_gates_backward(
+                dgx, x, w_x, lnx_w, (projection, *stats), config, ctx.needs_input_grad[6], ctx.needs_input_grad[7]
+            )
+        dw_h, *ln_hc_grads = param_grads
+        if not config.layer_norm:
+            ln_x_grads, ln_hc_grads = (None, None), [None] * 4
+        return (None, dh0, dc0, None, None, None, dx, dw_x, dw_h, dbias, *ln_x_grads, *ln_hc_grads)
 
 
 def _copy_inputs(buffers, gx: torch.Tensor, lengths: torch.Tensor, params, layer_norm: bool) -> None:
@@ -513,27 +572,16 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
     if batch == 0 or time == 0:
         return x.new_zeros(batch, time, directions * hidden), h0, c0
     config = _Config(hidden, spec.layer_norm, spec.forget_bias, spec.eps, _autocast_dtype(x.device))
-    # LN_x(W_x x) + b for every frame and both directions: one GEMM, one normalisation.
-    gx = F.linear(x, params.weight_x.flatten(0, 1)).view(batch, time, directions, 4 * hidden)
-    if spec.layer_norm:
-        gx = F.layer_norm(gx, (4 * hidden,), eps=spec.eps)
-        ln_x_gain, ln_x_bias = params.ln_x
-        gx = torch.addcmul(ln_x_bias + params.bias, gx, ln_x_gain)
-        ln_params = (*params.ln_h, *params.ln_c)
-    else:
-        gx = gx + params.bias
-        ln_params = (None,) * 4
-    gx = gx.float().contiguous()
     if lengths is None:
         lengths = torch.full((batch,), time, dtype=torch.int32, device=x.device)
     else:
         lengths = lengths.to(device=x.device, dtype=torch.int32)
-    layer_params = (params.weight_h, *ln_params)
+    inputs = layer_inputs(params, x)
     save = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (gx, *layer_params, h0, c0)
+        t is not None and t.requires_grad for t in (*inputs.values(), h0, c0)
     )
     static = _static(x.device, cuda_graphs)
-    y, h_n, c_n = _Layer.apply(gx, *layer_params, h0, c0, lengths, config, save, static)
+    y, h_n, c_n = _Layer.apply(lengths, h0, c0, config, save, static, *(inputs[name] for name in LAYER_INPUTS))
     return y.view(batch, time, directions * hidden), h_n, c_n
 
 
