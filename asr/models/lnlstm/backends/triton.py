@@ -514,6 +514,8 @@ class _Layer(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             gx, input_saved = _input_gates(x, w_x, bias, lnx_w, lnx_b, config)
             gx = gx.contiguous()
+            if not save:
+                input_saved = None  # the projections are not needed: free them before the recurrence
             out = _forward(gx, params, h0, c0, lengths, config, save, static)
         if save:
             projection, mean, rstd = input_saved
