@@ -136,11 +136,16 @@ def read_piece(audio: Path | AudioSegment | InMemoryAudio, piece: Piece) -> tupl
     return torch.cat([waveform for waveform, _ in parts], dim=1), parts[0][1]
 
 
-def speech_threshold(levels: torch.Tensor) -> float:
-    """The level (dB) above which a frame counts as speech: a third of the way from the recording's
-    floor (its 5th percentile: the pauses) up to its speech (95th percentile). Relative, so it holds
-    for quiet and loud recordings alike; a third leaves the weak consonants (the /s/ of SIX) above it."""
+def floor_and_peak(levels: torch.Tensor) -> tuple[float, float]:
+    """A recording's floor (the 5th percentile of its frame levels: the pauses) and its speech (the 95th), dB."""
     floor, peak = torch.quantile(levels.float(), torch.tensor([0.05, 0.95])).tolist()
+    return floor, peak
+
+
+def speech_threshold(floor: float, peak: float) -> float:
+    """The level (dB) above which a frame counts as speech: a third of the way from the recording's
+    floor up to its speech (:func:`floor_and_peak`). Relative, so it holds for quiet and loud
+    recordings alike; a third leaves the weak consonants (the /s/ of SIX) above it."""
     return floor + (peak - floor) / 3
 
 
@@ -151,7 +156,8 @@ def plan_pieces(levels: torch.Tensor, max_seconds: float, threshold: float | Non
     pad = round(PAD_SECONDS / FRAME_SECONDS)
     if max_frames < 2 * pad + 4:
         raise ValueError(f"pieces of {max_seconds} s are too short to hold a word")
-    threshold = speech_threshold(levels) if threshold is None else threshold
+    floor, peak = floor_and_peak(levels)
+    threshold = speech_threshold(floor, peak) if threshold is None else threshold
     speech = _speech_stretches(levels > threshold)
     # A stretch with no pause for longer than a piece may hold (padding included) is cut at its quietest frames.
     longest = max_frames - 2 * pad
@@ -177,8 +183,7 @@ def plan_pieces(levels: torch.Tensor, max_seconds: float, threshold: float | Non
                 pieces[-1].append((start, end))
         else:
             pieces.append([(start, end)])
-    floor = float(torch.quantile(levels.float(), 0.05)) + EDGE_FLOOR_DB
-    return [Piece(tuple(_trim_edges(spans, levels, floor))) for spans in pieces]
+    return [Piece(tuple(_trim_edges(spans, levels, floor + EDGE_FLOOR_DB))) for spans in pieces]
 
 
 def _trim_edges(spans: list[tuple[int, int]], levels: torch.Tensor, floor: float) -> list[tuple[int, int]]:
