@@ -13,8 +13,8 @@ path instead.
 The operator computes a whole layer (all directions) forward, and backward by
 hand (no autograd inside): :class:`_FusedLayer` connects it to autograd. Its
 inputs, the tensors its forward saves and its gradients are positional in the
-operator's schema; this module names them once (:data:`_INPUTS`, :data:`_SAVED`)
-and packs and unpacks them by those names only.
+operator's schema; they are named once (:data:`~asr.models.lnlstm.backends.LAYER_INPUTS`, :data:`_SAVED`)
+and this module packs and unpacks them by those names only.
 """
 
 from __future__ import annotations
@@ -169,27 +169,25 @@ def build_flags() -> list[str] | None:
 # The operator's per-layer inputs, in the order of its schema (csrc/lnlstm.cpp, lnlstm_forward and
 # lnlstm_backward; its gradients come back in this order too, then d_h0, d_c0), and the tensors its
 # forward saves for backward (those of layer norm are empty without it).
-# (The inputs are every fused backend's, asr.models.lnlstm.backends.LAYER_INPUTS.)
-_INPUTS = LAYER_INPUTS
+# (The inputs are every fused backend's: LAYER_INPUTS.)
 _SAVED = ("gates_x", "states_h", "states_c", "activations", "xhat_h", "ln_stats", "xhat_c")
-_LN_INPUTS = LN_INPUTS
-# _FusedLayer.apply's arguments: the settings, the lengths, the state, then _INPUTS.
-_ARGUMENTS = ("config", "lengths", "h0", "c0", *_INPUTS)
+# _FusedLayer.apply's arguments: the settings, the lengths, the state, then LAYER_INPUTS.
+_ARGUMENTS = ("config", "lengths", "h0", "c0", *LAYER_INPUTS)
 
 
 class _FusedLayer(torch.autograd.Function):
-    """Autograd wrapper: (config, lengths, h0, c0, *inputs by :data:`_INPUTS`) -> (y, h_n, c_n).
+    """Autograd wrapper: (config, lengths, h0, c0, *inputs by :data:`LAYER_INPUTS`) -> (y, h_n, c_n).
     config: (forget_bias, eps, layer_norm, save)."""
 
     @staticmethod
     def forward(ctx, config, lengths, h0, c0, *tensors):
         forget_bias, eps, layer_norm, save = config
-        inputs = dict(zip(_INPUTS, tensors, strict=True))
+        inputs = dict(zip(LAYER_INPUTS, tensors, strict=True))
         y, h_n, c_n, *saved = load(strict=True).forward(
             *inputs.values(), h0, c0, lengths, forget_bias, eps, layer_norm, save
         )
         if save:
-            ctx.names = (*_INPUTS, "lengths", *_SAVED)
+            ctx.names = (*LAYER_INPUTS, "lengths", *_SAVED)
             ctx.save_for_backward(*inputs.values(), lengths, *saved)
         ctx.config = config
         return y, h_n, c_n
@@ -201,14 +199,14 @@ class _FusedLayer(torch.autograd.Function):
         forget_bias, eps, layer_norm, _ = ctx.config
         need_dx = ctx.needs_input_grad[_ARGUMENTS.index("x")]  # not for a first layer reading features
         grads = load(strict=True).backward(
-            dy, dh_n, dc_n, *(saved[name] for name in _INPUTS), saved["lengths"],
+            dy, dh_n, dc_n, *(saved[name] for name in LAYER_INPUTS), saved["lengths"],
             [saved[name] for name in _SAVED], forget_bias, eps, layer_norm, need_dx,
         )
-        grads = dict(zip((*_INPUTS, "h0", "c0"), grads, strict=True))
+        grads = dict(zip((*LAYER_INPUTS, "h0", "c0"), grads, strict=True))
         if not need_dx:
             grads["x"] = None
         if not layer_norm:  # the LN "parameters" were empty placeholders
-            grads.update(dict.fromkeys(_LN_INPUTS))
+            grads.update(dict.fromkeys(LN_INPUTS))
         return tuple(grads.get(name) for name in _ARGUMENTS)
 
 
@@ -229,7 +227,7 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
     c0 = c0.contiguous()
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs.values(), h0, c0))
     config = (spec.forget_bias, spec.eps, spec.layer_norm, save)
-    return _FusedLayer.apply(config, lengths_cpu, h0, c0, *(inputs[name] for name in _INPUTS))
+    return _FusedLayer.apply(config, lengths_cpu, h0, c0, *(inputs[name] for name in LAYER_INPUTS))
 
 
 class CppBackend:

@@ -249,6 +249,16 @@ def _fresh(specs: dict, device: torch.device, **bound) -> SimpleNamespace:
 # --- one layer: forward -------------------------------------------------------------
 
 
+def _norm_gain_bias_specs(directions: int, hidden: int) -> dict:
+    """Buffer specs of the recurrent and cell norms' gains and biases, shared by forward and backward."""
+    return {
+        "lnh_w": ((directions, 4 * hidden), torch.float32),
+        "lnh_b": ((directions, 4 * hidden), torch.float32),
+        "lnc_w": ((directions, hidden), torch.float32),
+        "lnc_b": ((directions, hidden), torch.float32),
+    }
+
+
 def _forward_specs(directions, batch, time, config: _Config, save: bool) -> dict:
     hidden, gemm = config.hidden, config.gemm_dtype
     slots = time + 1 if save else 2  # all states for the backward pass, else two alternating
@@ -463,14 +473,14 @@ def _backward(gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config: _Co
 def _input_gates(x, w_x, bias, ln_x_gain, ln_x_bias, config: _Config):
     """The input gates LN_x(W_x x) + b (W_x x + b without layer norm) for every frame and direction,
     x (B, T, I) -> float32 (B, T, D, 4H), and what their backward needs: the projections W_x x and
-    LN_x's means and inverse standard deviations (None without layer norm). The projections are one
+    LN_x's means and inverse standard deviations (all None without layer norm). The projections are one
     GEMM over all frames, in the autocast type where autocast is on (as F.linear would run)."""
     batch, time = x.shape[:2]
     directions, gates = w_x.shape[:2]
     projection = torch.matmul(x.to(config.gemm_dtype), w_x.flatten(0, 1).to(config.gemm_dtype).t())
     projection = projection.float().view(batch, time, directions, gates)
     if not config.layer_norm:
-        return projection + bias, (projection, None, None)
+        return projection + bias, (None, None, None)
     normalised, mean, rstd = torch.native_layer_norm(projection, (gates,), None, None, config.eps)
     return torch.addcmul(ln_x_bias + bias, normalised, ln_x_gain, out=normalised), (projection, mean, rstd)
 
@@ -500,6 +510,10 @@ def _input_gates_backward(dgx, x, w_x, ln_x_gain, saved, config: _Config, need_d
     return dx, dw_x, dbias, ln_grads
 
 
+# _Layer.apply's arguments: the lengths, the state, the settings, then LAYER_INPUTS.
+_ARGUMENTS = ("lengths", "h0", "c0", "config", "save", "static", *LAYER_INPUTS)
+
+
 class _Layer(torch.autograd.Function):
     """The whole layer with the hand-written backward: (lengths, h0, c0, config, save, static, then
     :data:`~asr.models.lnlstm.backends.LAYER_INPUTS`: x, W_x, W_h, b and the LN_x, LN_h and LN_c gains
@@ -518,10 +532,7 @@ class _Layer(torch.autograd.Function):
                 input_saved = None  # the projections are not needed: free them before the recurrence
             out = _forward(gx, params, h0, c0, lengths, config, save, static)
         if save:
-            projection, mean, rstd = input_saved
-            ctx.input_stats = mean is not None
-            stats = (mean, rstd) if ctx.input_stats else ()
-            ctx.save_for_backward(gx, lengths, out.h_saved, out.c_saved, x, w_x, lnx_w, projection, *stats, *params)
+            ctx.save_for_backward(gx, lengths, out.h_saved, out.c_saved, x, w_x, lnx_w, *input_saved, *params)
         ctx.config = config
         ctx.static = static
         ctx.h0_dtype = h0.dtype
@@ -530,15 +541,15 @@ class _Layer(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, dh_n, dc_n):
-        gx, lengths, h_saved, c_saved, x, w_x, lnx_w, projection, *rest = ctx.saved_tensors
-        stats, params = (rest[:2], rest[2:]) if ctx.input_stats else ((None, None), rest)
+        gx, lengths, h_saved, c_saved, x, w_x, lnx_w, projection, mean, rstd, *params = ctx.saved_tensors
         config = ctx.config
+        need_dx, need_dw_x = (ctx.needs_input_grad[_ARGUMENTS.index(name)] for name in ("x", "weight_x"))
         with torch.autocast(gx.device.type, enabled=False):
             dgx, param_grads, dh0, dc0 = _backward(
                 gx, params, lengths, h_saved, c_saved, dy, dh_n, dc_n, config, ctx.h0_dtype, ctx.static
             )
             dx, dw_x, dbias, ln_x_grads = _input_gates_backward(
-                dgx, x, w_x, lnx_w, (projection, *stats), config, ctx.needs_input_grad[6], ctx.needs_input_grad[7]
+                dgx, x, w_x, lnx_w, (projection, mean, rstd), config, need_dx, need_dw_x
             )
         dw_h, *ln_hc_grads = param_grads
         if not config.layer_norm:
@@ -714,13 +725,3 @@ class TritonBackend:
 
 
 BACKEND = TritonBackend()
-
-
-def _norm_gain_bias_specs(directions: int, hidden: int) -> dict:
-    """Buffer specs of the recurrent and cell norms' gains and biases, shared by forward and backward."""
-    return {
-        "lnh_w": ((directions, 4 * hidden), torch.float32),
-        "lnh_b": ((directions, 4 * hidden), torch.float32),
-        "lnc_w": ((directions, hidden), torch.float32),
-        "lnc_b": ((directions, hidden), torch.float32),
-    }
