@@ -115,20 +115,56 @@ class GlobalStats:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> GlobalStats:
+        """The statistics of :meth:`state_dict`; ValueError (never another type) for anything else, so that
+        a caller reading a file it cannot trust (a cache entry, a checkpoint) has one error to catch."""
+        if not isinstance(state, dict):
+            raise ValueError(f"GlobalStats state is a {type(state).__name__}, not a dict")
         missing = {"dim", "count", "sum", "sum_squares", "std_floor"} - set(state)
         if missing:
             raise ValueError(f"GlobalStats state is missing {sorted(missing)}")
-        stats = cls(int(state["dim"]), float(state["std_floor"]))
-        total, squares = torch.as_tensor(state["sum"]), torch.as_tensor(state["sum_squares"])
+        try:
+            dim, count, std_floor = int(state["dim"]), int(state["count"]), float(state["std_floor"])
+            total = torch.as_tensor(state["sum"], dtype=torch.float64)
+            squares = torch.as_tensor(state["sum_squares"], dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as err:  # a string, None, a nested list
+            raise ValueError(f"GlobalStats state of the wrong types: {err}") from err
+        try:
+            stats = cls(dim, std_floor)
+        except ValueError as err:
+            raise ValueError(f"GlobalStats state: {err}") from err
         if total.shape != (stats.dim,) or squares.shape != (stats.dim,):
             raise ValueError(
                 f"GlobalStats state: sum {tuple(total.shape)} / sum_squares {tuple(squares.shape)} "
                 f"do not match dim {stats.dim}"
             )
-        stats.count = int(state["count"])
-        stats.sum = total.to(torch.float64).clone()
-        stats.sum_squares = squares.to(torch.float64).clone()
+        stats.count = count
+        stats.sum = total.clone()
+        stats.sum_squares = squares.clone()
         return stats
+
+    def check(self) -> None:
+        """ValueError unless these are statistics that can be right: frames counted, finite sums and
+        floor, and no variance below zero beyond float64 rounding.
+
+        Loading cannot tell damaged statistics from real ones by their types (a flipped bit or a
+        sum of squares too small still loads), and :attr:`std` would floor a negative variance to
+        ``std_floor`` and scale every feature by 1e5 without a word. The preparation cache calls
+        this on every entry it loads (:func:`asr.data.dataset.cached_global_stats`).
+        """
+        if self.count <= 0:
+            raise ValueError(f"statistics over {self.count} frames: no frames")
+        if not (torch.isfinite(self.sum).all() and torch.isfinite(self.sum_squares).all()):
+            raise ValueError("the statistics hold NaN or infinite values")
+        if not (0.0 < self.std_floor < float("inf")):
+            raise ValueError(f"std_floor {self.std_floor} is not a positive number")
+        mean_square = self.sum_squares / self.count
+        variance = mean_square - self.mean * self.mean
+        # E[x^2] - E[x]^2 of a constant dimension comes out a few ulps of E[x^2] below zero; far
+        # more than float64 summation over 10^9 frames loses is a sum that is wrong.
+        negative = variance < -1e-6 * mean_square.abs()
+        if negative.any():
+            raise ValueError(f"negative variance in {int(negative.sum())} of {self.dim} dimensions "
+                             f"(the first: dimension {int(negative.nonzero()[0])}, {float(variance[negative][0]):.3g})")
 
     def save(self, path: str | Path) -> None:
         torch.save(self.state_dict(), Path(path))

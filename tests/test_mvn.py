@@ -151,3 +151,28 @@ def test_loading_missing_or_corrupt_stats_names_the_file(tmp_path):
     corrupt.write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match=str(corrupt)):
         GlobalStats.load(corrupt)
+
+
+_STATE = {"dim": 1, "count": 1, "sum": [0.0], "sum_squares": [0.0], "std_floor": 1e-5}
+
+
+@pytest.mark.parametrize("state", [5, [1, 2], {**_STATE, "dim": "x"}, {**_STATE, "count": None}, {**_STATE, "sum": "text"}],
+                         ids=["int", "list", "dim-text", "count-none", "sum-text"])
+def test_a_state_that_is_not_statistics_is_a_value_error_saying_so(state):
+    # Callers (a cache entry, a checkpoint) catch ValueError: any other type would end in a traceback.
+    with pytest.raises(ValueError, match="GlobalStats state"):
+        GlobalStats.from_state_dict(state)
+
+
+def test_statistics_that_load_but_cannot_be_right_are_named_by_check():
+    stats = GlobalStats(3)
+    stats.update(torch.tensor([[3.0, 1.0, 5.0], [3.0, -1.0, 5.0], [3.0, 0.5, 5.0]]))
+    stats.check()  # constant dimensions: a variance of 0 (or a rounding error below it) is right
+    negative = GlobalStats.from_state_dict({**stats.state_dict(), "sum_squares": stats.sum_squares * 0.5})
+    with pytest.raises(ValueError, match="negative variance in 2 of 3 dimensions"):
+        negative.check()
+    infinite = GlobalStats.from_state_dict({**stats.state_dict(), "sum": stats.sum + float("inf")})
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        infinite.check()
+    with pytest.raises(ValueError, match="no frames"):
+        GlobalStats(3).check()
