@@ -1,9 +1,11 @@
 """Preparation at scale: the duration manifest, BPE and global MVN statistics computed in parallel
 (the same results as in one process, bad files skipped and counted the same) and cached by the
 corpus' content (a second start computes nothing; a changed file or option computes again; a
-damaged cache entry is ignored with a warning and never runs code)."""
+damaged cache entry, or one that still loads but is wrong, is ignored with one warning and never
+runs code)."""
 
 import dataclasses
+import io
 import logging
 import os
 import shutil
@@ -19,11 +21,14 @@ from asr.config import ConfigError, from_dict
 from asr.data.config import DataConfig
 import asr.data.librispeech as librispeech_module
 from asr.data import report as reasons
-from asr.data.dataset import cached_global_stats, compute_global_stats, global_stats_path, utterance_features
-from asr.data.librispeech import manifest_path, read_subset
+from asr.data.cache import read_entry, write_entry
+from asr.data.dataset import (
+    cached_global_stats, compute_global_stats, global_stats_key, global_stats_path, utterance_features,
+)
+from asr.data.librispeech import manifest_key, manifest_path, read_subset
 from asr.data.parallel import map_chunks
 from asr.data.report import DataError, SkipReport
-from asr.data.tokenizer import BPETokenizer, bpe_cache_path, cached_bpe
+from asr.data.tokenizer import BPETokenizer, bpe_cache_key, bpe_cache_path, cached_bpe
 from asr.data.utterance import InMemoryAudio, Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.training.data import build_training_data
@@ -162,16 +167,17 @@ def test_a_damaged_manifest_is_ignored_with_a_warning_and_rebuilt(dev_copy, tmp_
     cache = tmp_path / "cache"
     first = read_subset(dev_copy, cache_dir=cache)
     path = manifest_path(dev_copy, cache)
-    if content is None:  # a valid manifest but for one duration that makes no sense
-        lines = path.read_text().splitlines()
+    if content is None:  # a whole entry with its checksum, but for one duration that makes no sense
+        lines = read_entry(path, "manifests", manifest_key(dev_copy)).content.decode().splitlines()
         key, size, mtime, _ = lines[1].split("\t")
         lines[1] = "\t".join([key, size, mtime, "nan"])
-        content = ("\n".join(lines) + "\n").encode()
-    path.write_bytes(content)
+        write_entry(path, "manifests", manifest_key(dev_copy), ("\n".join(lines) + "\n").encode(), "manifest")
+    else:
+        path.write_bytes(content)
     info = Counting(monkeypatch, soundfile, "info")
     with caplog.at_level(logging.WARNING):
         assert read_subset(dev_copy, cache_dir=cache) == first
-    assert "ignoring unreadable duration manifest" in caplog.text and str(path) in caplog.text
+    assert "ignoring cached duration manifest" in caplog.text and str(path) in caplog.text
     assert info.calls == 200
     assert read_subset(dev_copy, cache_dir=cache) == first  # rebuilt: nothing read this time
     assert info.calls == 200
@@ -219,12 +225,12 @@ def test_a_damaged_bpe_model_is_ignored_with_a_warning_and_trained_again(transcr
     cache = tmp_path / "cache"
     first = cached_bpe(transcripts, 120, cache)
     path = bpe_cache_path(transcripts, 120, cache)
-    path.write_bytes(first.model[: len(first.model) // 2] if content == "half" else content)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if content == "half" else content)
     with caplog.at_level(logging.WARNING):
         again = cached_bpe(transcripts, 120, cache)
-    assert "ignoring unreadable BPE model" in caplog.text and str(path) in caplog.text
+    assert "ignoring cached BPE model" in caplog.text and str(path) in caplog.text
     assert pieces(again) == pieces(first)
-    assert path.read_bytes() == again.model  # written again, whole
+    assert read_entry(path, "bpe", bpe_cache_key(transcripts, 120)).content == again.model  # written again, whole
 
 
 def test_a_cache_that_cannot_be_written_still_gives_the_tokenizer(transcripts, tmp_path, monkeypatch, caplog):
@@ -377,7 +383,14 @@ def test_a_damaged_statistics_entry_is_ignored_with_a_warning_and_never_runs_cod
     config = FeatureConfig(mvn="global", num_mel_bins=23)
     first = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
     path = global_stats_path(bad_utterances, config, cache)
+    key = global_stats_key(bad_utterances, config)
     marker = tmp_path / "marker"
+
+    def checksummed(entry) -> None:  # a whole entry with its checksum and key: only its content is wrong
+        content = io.BytesIO()
+        torch.save(entry, content)
+        write_entry(path, "mvn", key, content.getvalue(), "MVN statistics")
+
     if damaged == "garbage":
         path.write_bytes(b"\x00" * 100)
     elif damaged == "truncated":
@@ -385,16 +398,145 @@ def test_a_damaged_statistics_entry_is_ignored_with_a_warning_and_never_runs_cod
     elif damaged == "other-dimension":
         other = GlobalStats(5)
         other.update(torch.ones(3, 5))
-        torch.save({"stats": other.state_dict(), "skips": []}, path)
+        checksummed({"stats": other.state_dict(), "skips": []})
     else:
-        torch.save({"stats": _Payload(marker), "skips": []}, path)
+        checksummed({"stats": _Payload(marker), "skips": []})
     compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
     with caplog.at_level(logging.WARNING):
         again = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
-    assert "ignoring unreadable MVN statistics" in caplog.text and str(path) in caplog.text
+    assert "ignoring cached MVN statistics" in caplog.text and str(path) in caplog.text
     assert compute.calls == 1 and not marker.exists()
     assert torch.equal(again.sum, first.sum) and again.count == first.count
-    assert torch.equal(torch.load(path, weights_only=True)["stats"]["sum"], first.sum)  # written again
+    content = read_entry(path, "mvn", key).content  # written again
+    assert torch.equal(torch.load(io.BytesIO(content), weights_only=True)["stats"]["sum"], first.sum)
+
+
+# ---------------------------------------------------------------- entries that load but are wrong (issue 49)
+
+
+def one_warning_naming(caplog, path: Path) -> str:
+    """The one warning logged, on one line, naming ``path``."""
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert str(path) in warnings[0] and "\n" not in warnings[0], warnings[0]
+    return warnings[0]
+
+
+def replace_once(path: Path, old: bytes, new: bytes) -> None:
+    """Replace the one place where ``path`` holds ``old`` (whatever else the entry holds around it)."""
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+
+
+def test_a_duration_manifest_edited_where_it_still_reads_is_read_again(dev_copy, tmp_path, monkeypatch, caplog):
+    cache = tmp_path / "cache"
+    first = read_subset(dev_copy, cache_dir=cache)
+    path = manifest_path(dev_copy, cache)
+    line = next(line for line in path.read_text().splitlines() if line.startswith("9000/1/9000-1-0000.flac\t"))
+    key, size, mtime, seconds = line.split("\t")
+    edited = "\t".join([key, size, mtime, repr(float(seconds) * 2)])
+    replace_once(path, line.encode(), edited.encode())  # a valid line: only the duration is wrong
+    info = Counting(monkeypatch, soundfile, "info")
+    with caplog.at_level(logging.WARNING):
+        assert read_subset(dev_copy, cache_dir=cache) == first
+    one_warning_naming(caplog, path)
+    assert info.calls == 200
+    assert read_subset(dev_copy, cache_dir=cache) == first  # written again, whole
+    assert info.calls == 200
+
+
+def cut_after(model: bytes, count: int) -> bytes:
+    """A sentencepiece model of its first ``count`` pieces: still a valid model."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    del proto.pieces[count:]
+    return proto.SerializeToString()
+
+
+@pytest.mark.parametrize("wrong", ["cut-after-30", "another-vocabulary"])
+def test_a_bpe_model_that_loads_but_is_not_the_key_s_is_trained_again(
+    transcripts, tmp_path, monkeypatch, caplog, wrong
+):
+    cache = tmp_path / "cache"
+    first = cached_bpe(transcripts, 60, cache)
+    path = bpe_cache_path(transcripts, 60, cache)
+    assert first.vocab_size == 60
+    if wrong == "cut-after-30":  # the model cut after its 30th piece, where the file holds it
+        cut = cut_after(first.model, 30)
+        assert BPETokenizer(cut).vocab_size == 30  # it loads
+        data = path.read_bytes()
+        assert data.count(first.model) == 1
+        path.write_bytes(data.replace(first.model, cut))
+    else:  # the entry trained for another vocabulary size, under this one's name
+        cached_bpe(transcripts, 120, cache)
+        shutil.copyfile(bpe_cache_path(transcripts, 120, cache), path)
+    train = Counting(monkeypatch, BPETokenizer, "train")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = cached_bpe(transcripts, 60, cache)
+    one_warning_naming(caplog, path)
+    assert train.calls == 1 and pieces(again) == pieces(first)
+    assert pieces(cached_bpe(transcripts, 60, cache)) == pieces(first) and train.calls == 1  # written again
+
+
+class _NotStatistics:
+    """What a cache entry of the wrong shape holds instead of statistics: ``"stats": 5``."""
+
+    def state_dict(self):
+        return 5
+
+
+@pytest.mark.parametrize("wrong", [
+    "flipped-bit", "negative-variance", "another-key", "stats-5",
+    "negative-variance-written-by-the-cache", "stats-5-written-by-the-cache",
+])
+def test_a_statistics_entry_that_loads_but_is_wrong_is_computed_again(
+    bad_utterances, tmp_path, monkeypatch, caplog, wrong
+):
+    cache = tmp_path / "cache"
+    config = FeatureConfig(mvn="global", num_mel_bins=23)
+    first = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
+    path = global_stats_path(bad_utterances, config, cache)
+    if wrong == "flipped-bit":  # one bit of one dimension's sum, where the file holds it (torch checks no CRC)
+        value = first.sum[7].numpy().tobytes()
+        flipped = (int.from_bytes(value, "little") ^ (1 << 48)).to_bytes(8, "little")  # a 6% larger sum
+        replace_once(path, value, flipped)
+    elif wrong == "negative-variance":  # sums of squares of 0: every variance is -mean^2
+        squares = first.sum_squares.numpy().tobytes()
+        replace_once(path, squares, bytes(len(squares)))
+    elif wrong == "another-key":  # the statistics of other utterances (the same dimension) under this key's name
+        cached_global_stats(bad_utterances[:6], FeaturePipeline(config), 1, SkipReport(), cache)
+        shutil.copyfile(global_stats_path(bad_utterances[:6], config, cache), path)
+    elif wrong == "stats-5":
+        torch.save({"stats": 5, "skips": []}, path)
+    else:  # written by the cache itself, so that whatever it checks of a file holds and only the content is wrong
+        real = dataset_module.compute_global_stats
+
+        def wrong_statistics(utterances, pipeline, jobs=1, report=None):
+            stats = real(utterances, pipeline, jobs, report)
+            if wrong.startswith("stats-5"):
+                return _NotStatistics()
+            stats.sum_squares = torch.zeros_like(stats.sum_squares)
+            return stats
+
+        path.unlink()
+        with monkeypatch.context() as patch:
+            patch.setattr(dataset_module, "compute_global_stats", wrong_statistics)
+            cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
+        assert path.is_file()
+    compute = Counting(monkeypatch, dataset_module, "compute_global_stats")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
+    one_warning_naming(caplog, path)
+    assert compute.calls == 1
+    assert again.count == first.count and torch.equal(again.sum, first.sum)
+    assert torch.equal(again.sum_squares, first.sum_squares)
+    third = cached_global_stats(bad_utterances, FeaturePipeline(config), 1, SkipReport(), cache)
+    assert compute.calls == 1 and torch.equal(third.sum, first.sum)  # written again, whole
 
 
 # ---------------------------------------------------------------- a run's start

@@ -10,24 +10,48 @@ from, in the cache folder (``data.cache_dir``, default
 - ``mvn/``: global MVN statistics, keyed by the training utterances' files and
   the feature options that change raw features (:mod:`asr.data.dataset`).
 
+**An entry verifies itself.** Its first line is a JSON header: the kind of
+entry, the key it was made for, a few facts its writer knows about the
+content (a BPE model's piece count) and the SHA-256 and length of the
+content, which follows as written (tab-separated text, sentencepiece model
+bytes, or a file of ``torch.save``). :func:`load_entry` trusts an entry only
+when all of that holds: the header reads, the kind and the key are this
+one's, the content has its checksum, and the reader's own checks of the
+content pass (shapes, the piece count, finite statistics with no negative
+variance). Anything else, one bit flipped included, is one warning line
+naming the entry file, and the thing is computed again and the entry written
+anew: nothing wrong is ever used, and no damaged entry ends a run. A file
+name alone proves nothing: the key inside is compared in full, so an entry
+copied under another entry's name is refused too. Entries written before
+entries carried a checksum (by an older version of the toolkit) cannot be
+verified; they are treated as damaged (computed again once, with the
+warning), not trusted.
+
 Every entry is written to a temporary file in its folder and renamed into
 place, so a reader (another run starting at the same moment) never sees half
-an entry. An entry that cannot be read back is ignored with a warning and
-computed again; one that cannot be written costs only the computation next
-time. Reading an entry never runs code: entries are tab-separated text,
-sentencepiece model bytes, or tensors and plain containers read with
+an entry. One that cannot be written costs only the computation next time.
+Reading an entry never runs code: the header is JSON, and the content is
+text, sentencepiece model bytes, or tensors and plain containers read with
 ``torch.load(weights_only=True)``; never pickles.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
+
+ENTRY_FORMAT = "lnasr cache entry"  # the header's first field, with the format's version as its value
+ENTRY_VERSION = 2  # 1: the content alone, no header (before entries carried a checksum)
+T = TypeVar("T")
 
 
 def default_cache_dir() -> Path:
@@ -88,3 +112,89 @@ def write_atomic(path: Path, write, what: str = "cache entry") -> bool:
             except OSError:
                 pass
         return False
+
+
+class CacheEntryError(ValueError):
+    """A cache entry that must not be used; the message says why, on one line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The verified content of a cache entry, and the facts its writer recorded about it."""
+
+    content: bytes
+    facts: dict
+
+
+def write_entry(path: Path, kind: str, key: dict, content: bytes, what: str, facts: dict | None = None) -> bool:
+    """Write ``content`` as the cache entry of ``kind`` made for ``key`` (atomically, see :func:`write_atomic`).
+
+    ``key`` and ``facts`` hold plain JSON values (strings, numbers, lists). ``facts`` are what
+    the reader cannot know before it reads the content but can check after (a BPE model's piece
+    count). Returns False, with a warning, when it cannot be written.
+    """
+    header = {
+        ENTRY_FORMAT: ENTRY_VERSION, "kind": kind, "key": key, "facts": facts or {},
+        "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest(),
+    }
+    line = json.dumps(header, sort_keys=True, ensure_ascii=True).encode("ascii") + b"\n"
+
+    def write(f) -> None:
+        f.write(line)
+        f.write(content)
+
+    return write_atomic(path, write, what)
+
+
+def read_entry(path: Path, kind: str, key: dict) -> Entry:
+    """The content of the entry at ``path`` if it is a whole entry of ``kind`` made for ``key``;
+    :class:`CacheEntryError` saying what is wrong otherwise (module docstring)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CacheEntryError(f"cannot read it: {err.strerror or err}") from err
+    first_line, _, content = data.partition(b"\n")
+    try:
+        header = json.loads(first_line)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict) or ENTRY_FORMAT not in header:
+        raise CacheEntryError("no checksum header: written by an older version, or not a cache entry; unverifiable")
+    if header[ENTRY_FORMAT] != ENTRY_VERSION or header.get("kind") != kind:
+        raise CacheEntryError(f"a {header.get('kind')!r} entry of format {header[ENTRY_FORMAT]!r}, "
+                              f"expected {kind!r} of format {ENTRY_VERSION}")
+    expected = json.loads(json.dumps(key))  # as JSON gives it back: tuples are lists
+    stored = header.get("key")
+    if stored != expected:
+        if not isinstance(stored, dict):
+            raise CacheEntryError("its header holds no key")
+        field = next(f for f in sorted(set(stored) | set(expected)) if stored.get(f) != expected.get(f))
+        raise CacheEntryError(f"made for another key ({field} {stored.get(field)!r}, expected {expected.get(field)!r})")
+    if header.get("bytes") != len(content) or header.get("sha256") != hashlib.sha256(content).hexdigest():
+        raise CacheEntryError(f"its content ({len(content)} bytes) does not match its checksum "
+                              f"({header.get('bytes')} bytes); damaged or cut short")
+    facts = header.get("facts")
+    if not isinstance(facts, dict):
+        raise CacheEntryError("its header's facts are not a mapping")
+    return Entry(content, facts)
+
+
+def load_entry(path: Path, kind: str, key: dict, parse: Callable[[Entry], T], what: str, redo: str) -> T | None:
+    """``parse(entry)`` of the verified entry at ``path``; None when there is none, or, with one warning
+    line naming ``path`` (``"ignoring cached <what> <path> (<why>); <redo>"``), when it fails a check.
+
+    ``parse`` turns the content into the thing kept and raises (ValueError, preferably) for content
+    that cannot be right; it must have no other effect, as its result may still be thrown away.
+    """
+    if not path.is_file():
+        return None
+    try:
+        return parse(read_entry(path, kind, key))
+    except Exception as err:
+        # Whatever parsing a checksummed entry raises (torch and sentencepiece raise several
+        # unrelated types for a file they cannot use), computing the thing again is right, and
+        # cheaper than a run ended by a cache that is only there to save time.
+        why = " ".join(str(err).split())
+        why = why if len(why) <= 300 else why[:297] + "..."
+        logger.warning("ignoring cached %s %s (%s); %s", what, path, why or type(err).__name__, redo)
+        return None

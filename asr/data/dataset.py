@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from torch.utils.data import Dataset
 
 import features
 from asr.data import report as reasons
-from asr.data.cache import Fingerprint, cache_folder, write_atomic
+from asr.data.cache import Entry, Fingerprint, cache_folder, load_entry, write_entry
 from asr.data.config import DataConfig
 from asr.data.parallel import map_chunks, processes_used
 from asr.data.report import DataError, Skip, SkipReport
@@ -321,9 +322,19 @@ _NOT_IN_RAW_FEATURES = frozenset(
 def global_stats_path(
     utterances: Sequence[Utterance], config: FeatureConfig, cache_dir: str | Path | None = None
 ) -> Path:
-    """Where :func:`cached_global_stats` keeps the statistics of ``utterances`` under ``config``.
+    """Where :func:`cached_global_stats` keeps the statistics of ``utterances`` under ``config``
+    (named by the fingerprint of :func:`global_stats_key`)."""
+    return _stats_entry_path(global_stats_key(utterances, config), cache_dir)
 
-    The key is a SHA-256 over:
+
+def _stats_entry_path(key: dict, cache_dir: str | Path | None) -> Path:
+    return cache_folder(cache_dir, "mvn") / f"{key['fingerprint'][:32]}.pt"
+
+
+def global_stats_key(utterances: Sequence[Utterance], config: FeatureConfig) -> dict:
+    """The key the statistics of ``utterances`` under ``config`` are kept and checked under.
+
+    ``fingerprint`` is a SHA-256 over:
 
     - each utterance in order: its id, its file's absolute path, size and
       mtime in nanoseconds (and the span, for a segment of a file; for audio
@@ -337,6 +348,9 @@ def global_stats_path(
       :data:`_NOT_IN_RAW_FEATURES`);
     - the source of the ``features`` package and the torch version, so a
       new feature implementation never meets statistics of the old one.
+
+    The feature dimension and the number of utterances are in the key in plain
+    words too, so that a refused entry says what it was made for.
     """
     fingerprint = Fingerprint("global mvn v1").add(torch.__version__)
     options = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_IN_RAW_FEATURES}
@@ -358,7 +372,7 @@ def global_stats_path(
             fingerprint.add(st.st_size, st.st_mtime_ns)
         except OSError as err:  # reported as a skip when the statistics are computed; keyed as it is now
             fingerprint.add("cannot stat", err.errno)
-    return cache_folder(cache_dir, "mvn") / f"{fingerprint.hexdigest()}.pt"
+    return {"feature_dim": config.feature_dim, "utterances": len(utterances), "fingerprint": fingerprint.hexdigest(64)}
 
 
 def cached_global_stats(
@@ -369,27 +383,30 @@ def cached_global_stats(
     cache_dir: str | Path | None = None,
 ) -> GlobalStats:
     """:func:`compute_global_stats`, or the statistics it computed before for the same utterance files
-    and feature options (see :func:`global_stats_path`), set on ``pipeline`` either way.
+    and feature options (see :func:`global_stats_key`), set on ``pipeline`` either way.
 
     The cache entry keeps the skips found while computing, and they go into
     ``report`` again, so the log says the same whether or not the statistics
-    were computed. It is read with ``torch.load(weights_only=True)``; one that
-    does not read back as statistics of this feature dimension is ignored with
-    a warning and computed again.
+    were computed. Its content is read with ``torch.load(weights_only=True)``,
+    and it is used only when it verifies (:mod:`asr.data.cache`: its checksum
+    and its key) and holds statistics of this feature dimension that can be
+    right (:meth:`GlobalStats.check`: frames, finite sums, no negative
+    variance); any other is ignored with one warning and computed again.
     """
     report = SkipReport() if report is None else report
-    path = global_stats_path(utterances, pipeline.config, cache_dir)
-    if path.is_file():
-        try:
-            stats, skips = _load_stats_entry(path, pipeline.feature_dim)
-        except ValueError as err:
-            logger.warning("ignoring unreadable MVN statistics %s (%s); computing them again", path, err)
-        else:
-            logger.info("global MVN statistics of these %d utterances from %s", len(utterances), path)
-            for skip in skips:
-                report.add(skip)
-            pipeline.stats = stats
-            return stats
+    key = global_stats_key(utterances, pipeline.config)
+    path = _stats_entry_path(key, cache_dir)
+    cached = load_entry(
+        path, "mvn", key, lambda entry: _parse_stats_entry(entry, pipeline.feature_dim), "MVN statistics",
+        "computing them again",
+    )
+    if cached is not None:
+        stats, skips = cached
+        logger.info("global MVN statistics of these %d utterances from %s", len(utterances), path)
+        for skip in skips:
+            report.add(skip)
+        pipeline.stats = stats
+        return stats
     processes = processes_used(jobs, len(utterances), _UTTERANCES_PER_CHUNK)
     logger.info("accumulating global MVN statistics over %d utterances in %d process(es)", len(utterances), processes)
     start = time.perf_counter()
@@ -397,7 +414,9 @@ def cached_global_stats(
     stats = compute_global_stats(utterances, pipeline, jobs, report)
     elapsed = time.perf_counter() - start
     entry = {"stats": stats.state_dict(), "skips": [[s.reason, s.message] for s in report.skips[before:]]}
-    write_atomic(path, lambda f: torch.save(entry, f), "MVN statistics")
+    content = io.BytesIO()
+    torch.save(entry, content)
+    write_entry(path, "mvn", key, content.getvalue(), "MVN statistics")
     logger.info(
         "global MVN statistics: %d utterances (%.1f h) in %.1f s, %.0f utterances/s; kept in %s",
         len(utterances), sum(u.duration for u in utterances) / 3600, elapsed, len(utterances) / max(elapsed, 1e-9), path,
@@ -405,20 +424,19 @@ def cached_global_stats(
     return stats
 
 
-def _load_stats_entry(path: Path, dim: int) -> tuple[GlobalStats, list[Skip]]:
-    """The statistics and skips in a cache entry; ValueError naming what is wrong with it."""
+def _parse_stats_entry(entry: Entry, dim: int) -> tuple[GlobalStats, list[Skip]]:
+    """The statistics and skips of a verified cache entry; ValueError naming what is wrong with them."""
     try:
-        entry = torch.load(path, map_location="cpu", weights_only=True)
+        content = torch.load(io.BytesIO(entry.content), map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several unrelated types for a damaged file
         raise ValueError(f"cannot read it: {err}") from err
-    if not isinstance(entry, dict) or not {"stats", "skips"} <= set(entry):
+    if not isinstance(content, dict) or not {"stats", "skips"} <= set(content):
         raise ValueError("not a statistics entry")
-    stats = GlobalStats.from_state_dict(entry["stats"])
-    if stats.dim != dim or stats.count <= 0:
-        raise ValueError(f"statistics of dimension {stats.dim} over {stats.count} frames, expected dimension {dim}")
-    if not (torch.isfinite(stats.sum).all() and torch.isfinite(stats.sum_squares).all()):
-        raise ValueError("the statistics hold NaN or infinite values")
-    skips = entry["skips"]
+    stats = GlobalStats.from_state_dict(content["stats"])
+    if stats.dim != dim:
+        raise ValueError(f"statistics of dimension {stats.dim}, expected dimension {dim}")
+    stats.check()
+    skips = content["skips"]
     if not isinstance(skips, list) or not all(
         isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s) for s in skips
     ):

@@ -15,8 +15,11 @@ again. The manifest lives in the cache folder (``data.cache_dir``, default
 subset's absolute path: the toolkit never writes into a corpus folder, which
 is often shared or read-only. Each entry keeps the file's size and
 modification time; a file whose size or mtime changed is read again, so the
-cache never serves a stale duration. A cache that cannot be written costs
-only a rescan next time. The headers that must be read are read in ``jobs``
+cache never serves a stale duration. The manifest carries a checksum and the
+subset it was made for (:mod:`asr.data.cache`): one that does not verify, or
+holds a duration that is not a positive number, is ignored with a warning
+and every header is read again. A cache that cannot be written costs only a
+rescan next time. The headers that must be read are read in ``jobs``
 processes (``data.prepare_jobs``) with a progress bar.
 
 Transcript files are decoded line by line, so one line that is not UTF-8
@@ -36,7 +39,7 @@ from pathlib import Path
 import soundfile
 
 from asr.data import report as reasons
-from asr.data.cache import cache_folder, write_atomic
+from asr.data.cache import Entry, cache_folder, load_entry, write_entry
 from asr.data.cache import default_cache_dir  # noqa: F401  (imported from here by asr.data.corpus)
 from asr.data.parallel import map_chunks, processes_used
 from asr.data.report import DataError, SkipReport
@@ -200,6 +203,12 @@ def manifest_path(subset: str | Path, cache_dir: str | Path | None = None) -> Pa
     return cache_folder(cache_dir, "manifests") / f"{subset.name}-{key}.tsv"
 
 
+def manifest_key(subset: str | Path) -> dict:
+    """The key a duration manifest is made for and checked against (:mod:`asr.data.cache`): the
+    subset's absolute path, in full (the file name holds 16 hex digits of its hash)."""
+    return {"subset": str(Path(subset).expanduser().resolve())}
+
+
 class DurationManifest:
     """Durations of a subset's audio files, cached by (size, mtime) so unchanged files are not reopened.
 
@@ -275,14 +284,11 @@ class DurationManifest:
         """Write the manifest if anything changed; a failure only costs a rescan next time, so it is logged."""
         if self.current == self.cached:
             return
-
-        def write(f) -> None:
-            lines = [_MANIFEST_HEADER] + [
-                f"{key}\t{size}\t{mtime}\t{seconds!r}" for key, (size, mtime, seconds) in sorted(self.current.items())
-            ]
-            f.write(("\n".join(lines) + "\n").encode("utf-8"))
-
-        write_atomic(self.path, write, "duration manifest")
+        lines = [_MANIFEST_HEADER] + [
+            f"{key}\t{size}\t{mtime}\t{seconds!r}" for key, (size, mtime, seconds) in sorted(self.current.items())
+        ]
+        content = ("\n".join(lines) + "\n").encode("utf-8")
+        write_entry(self.path, "manifests", manifest_key(self.subset), content, "duration manifest")
 
     def _key(self, audio: Path) -> str:
         return audio.relative_to(self.subset).as_posix()
@@ -302,24 +308,27 @@ class DurationManifest:
         return st.st_size, st.st_mtime_ns, None
 
     def _load(self) -> dict[str, tuple[int, int, float]]:
-        if not self.path.is_file():
-            return {}
-        entries: dict[str, tuple[int, int, float]] = {}
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                if f.readline().rstrip("\n") != _MANIFEST_HEADER:
-                    raise ValueError("not a duration manifest of this version (first line differs)")
-                for line_no, line in enumerate(f, start=2):
-                    if not line.strip():
-                        continue
-                    key, size, mtime, seconds = line.rstrip("\n").rsplit("\t", 3)
-                    entries[key] = (int(size), int(mtime), float(seconds))
-                    if not (math.isfinite(entries[key][2]) and entries[key][2] > 0):
-                        raise ValueError(f"line {line_no}: duration {seconds} is not a positive number")
-        except (OSError, ValueError, UnicodeDecodeError) as err:
-            logger.warning("ignoring unreadable duration manifest %s (%s); reading durations again", self.path, err)
-            return {}
-        return entries
+        entries = load_entry(
+            self.path, "manifests", manifest_key(self.subset), _parse_manifest, "duration manifest",
+            "reading the durations again",
+        )
+        return {} if entries is None else entries
+
+
+def _parse_manifest(entry: Entry) -> dict[str, tuple[int, int, float]]:
+    """``key -> (size, mtime_ns, seconds)`` of a verified manifest entry; ValueError where a line makes no sense."""
+    lines = entry.content.decode("utf-8").split("\n")
+    if lines[0] != _MANIFEST_HEADER:
+        raise ValueError("not a duration manifest of this version (first line differs)")
+    entries: dict[str, tuple[int, int, float]] = {}
+    for line_no, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        key, size, mtime, seconds = line.rsplit("\t", 3)
+        entries[key] = (int(size), int(mtime), float(seconds))
+        if not (math.isfinite(entries[key][2]) and entries[key][2] > 0):
+            raise ValueError(f"line {line_no}: duration {seconds} is not a positive number")
+    return entries
 
 
 def _read_headers(audios: list[Path]) -> list[float | tuple[str, str]]:

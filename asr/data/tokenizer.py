@@ -20,7 +20,10 @@ model as bytes), stored inside checkpoints so a model file is self-contained.
 Training BPE on a large corpus takes a while, so :func:`cached_bpe` keeps the
 model in the cache folder under a key made from everything that decides it
 (the transcripts, the vocabulary size, the training options and the
-sentencepiece version): a new run on the same transcripts loads it.
+sentencepiece version): a new run on the same transcripts loads it. The entry
+carries that key, the model's piece count and a checksum
+(:mod:`asr.data.cache`), so a model cut short, damaged, or trained for
+another vocabulary size is trained again, with a warning, never used.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from pathlib import Path
 
 import sentencepiece
 
-from asr.data.cache import Fingerprint, cache_folder, write_atomic
+from asr.data.cache import Entry, Fingerprint, cache_folder, load_entry, write_entry
 from asr.data.parallel import resolve_jobs
 
 logger = logging.getLogger(__name__)
@@ -251,41 +254,54 @@ class BPETokenizer(Tokenizer):
         return {"type": "bpe", "model": self.model}
 
 
-def bpe_cache_path(texts: Sequence[str], vocab_size: int, cache_dir: str | Path | None = None) -> Path:
-    """Where :func:`cached_bpe` keeps the model trained on ``texts`` (empty ones left out) with ``vocab_size``.
+def bpe_cache_key(texts: Sequence[str], vocab_size: int) -> dict:
+    """The key of the model :func:`cached_bpe` trains on ``texts`` (empty ones left out) with ``vocab_size``.
 
-    The key is a SHA-256 over every transcript in order (sentencepiece's
+    ``fingerprint`` is a SHA-256 over every transcript in order (sentencepiece's
     result may depend on the order), the vocabulary size, :data:`BPE_OPTIONS`
     and the sentencepiece version: all that decides the model. Hashing the
     transcripts costs a few milliseconds per thousand (docs/performance.md, "Preparation").
+    The vocabulary size and the version are in the key in plain words too, so
+    that a refused entry says what it was made for.
     """
     fingerprint = Fingerprint("bpe v1").add(sentencepiece.__version__, vocab_size)
     fingerprint.add(json.dumps(BPE_OPTIONS, sort_keys=True))
     for text in texts:
         if text:
             fingerprint.add(text)
-    return cache_folder(cache_dir, "bpe") / f"bpe{vocab_size}-{fingerprint.hexdigest()}.model"
+    return {"vocab_size": vocab_size, "sentencepiece": sentencepiece.__version__,
+            "fingerprint": fingerprint.hexdigest(64)}
+
+
+def bpe_cache_path(texts: Sequence[str], vocab_size: int, cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`cached_bpe` keeps the model trained on ``texts`` with ``vocab_size`` (see :func:`bpe_cache_key`)."""
+    return _bpe_entry_path(bpe_cache_key(texts, vocab_size), cache_dir)
+
+
+def _bpe_entry_path(key: dict, cache_dir: str | Path | None) -> Path:
+    return cache_folder(cache_dir, "bpe") / f"bpe{key['vocab_size']}-{key['fingerprint'][:32]}.model"
 
 
 def cached_bpe(
     texts: Iterable[str], vocab_size: int, cache_dir: str | Path | None = None, threads: int = 0
 ) -> BPETokenizer:
-    """:meth:`BPETokenizer.train`, or the model it trained before on the same transcripts (see :func:`bpe_cache_path`).
+    """:meth:`BPETokenizer.train`, or the model it trained before on the same transcripts (see :func:`bpe_cache_key`).
 
-    An entry that does not load as a sentencepiece model with our special
-    pieces is ignored with a warning and trained again; the model is written
-    atomically, and a cache that cannot be written only costs training next time.
+    The entry is used only when it verifies (:mod:`asr.data.cache`: its checksum, and the key,
+    the vocabulary size among it) and loads as a sentencepiece model with our special pieces
+    and the piece count it was written with, no more than ``vocab_size``; any other is ignored
+    with one warning and trained again. The model is written atomically, and a cache that
+    cannot be written only costs training next time.
     """
     texts = [t for t in texts if t]
-    path = bpe_cache_path(texts, vocab_size, cache_dir)
-    if path.is_file():
-        try:
-            tokenizer = BPETokenizer(path.read_bytes())
-        except (OSError, RuntimeError, ValueError) as err:  # sentencepiece raises RuntimeError for a bad proto
-            logger.warning("ignoring unreadable BPE model %s (%s); training it again", path, err)
-        else:
-            logger.info("BPE model (vocabulary %d) of these %d transcripts from %s", tokenizer.vocab_size, len(texts), path)
-            return tokenizer
+    key = bpe_cache_key(texts, vocab_size)
+    path = _bpe_entry_path(key, cache_dir)
+    tokenizer = load_entry(
+        path, "bpe", key, lambda entry: _parse_bpe_entry(entry, vocab_size), "BPE model", "training it again"
+    )
+    if tokenizer is not None:
+        logger.info("BPE model (vocabulary %d) of these %d transcripts from %s", tokenizer.vocab_size, len(texts), path)
+        return tokenizer
     logger.info(
         "training a BPE model (vocabulary up to %d) on %d transcripts with %d threads",
         vocab_size, len(texts), resolve_jobs(threads),
@@ -293,8 +309,19 @@ def cached_bpe(
     start = time.perf_counter()
     tokenizer = BPETokenizer.train(texts, vocab_size, threads)
     elapsed = time.perf_counter() - start
-    kept = write_atomic(path, lambda f: f.write(tokenizer.model), "BPE model")
+    kept = write_entry(path, "bpe", key, tokenizer.model, "BPE model", facts={"pieces": tokenizer.vocab_size})
     logger.info("BPE model trained in %.1f s%s", elapsed, f", kept in {path}" if kept else "")
+    return tokenizer
+
+
+def _parse_bpe_entry(entry: Entry, vocab_size: int) -> BPETokenizer:
+    """The tokenizer of a verified BPE entry; ValueError when it is not the model the entry says it is."""
+    tokenizer = BPETokenizer(entry.content)  # RuntimeError from sentencepiece for a bad proto
+    # A vocabulary can come out smaller than asked for (hard_vocab_limit=False on a small corpus),
+    # never larger; and it must be the size it had when it was written.
+    if tokenizer.vocab_size != entry.facts.get("pieces") or tokenizer.vocab_size > vocab_size:
+        raise ValueError(f"a model of {tokenizer.vocab_size} pieces, written with {entry.facts.get('pieces')} "
+                         f"for a vocabulary of at most {vocab_size}")
     return tokenizer
 
 
