@@ -4,6 +4,7 @@ by hand, one by lhotse's Kaldi export, which decodes through ffmpeg pipelines) g
 transcripts, durations, features and WER; a Kaldi directory and a manifest train and evaluate from
 the command line as the LibriSpeech folder does."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from lhotse import CutSet, load_manifest
 from lhotse.kaldi import export_to_kaldi
 from lhotse.recipes import prepare_librispeech
 
-from asr.cli import evaluate
+from asr.cli import check, evaluate, train
 from asr.data.dataset import utterance_features
 from asr.data.report import SkipReport
 from asr.data.sources import read_source, source_form
@@ -116,3 +117,56 @@ def test_a_kaldi_dir_and_a_manifest_train_and_evaluate_from_the_command_line(doo
         assert summary["utterances"] == 5 and summary["skipped"] == 0, name
         results[name] = (summary["wer"], summary["cer"], (tmp_path / f"eval_{name}" / "hyp.txt").read_text())
     assert len(set(results.values())) == 1, results
+
+
+def empty_source(form: str, folder: Path) -> Path:
+    """A source of ``form`` that lists no utterance at all."""
+    folder.mkdir()
+    if form == "lhotse":
+        with gzip.open(folder / "cuts.jsonl.gz", "wb"):  # what lhotse writes for an empty CutSet
+            pass
+        return folder / "cuts.jsonl.gz"
+    if form == "lhotse-plain":
+        (folder / "cuts.jsonl").write_bytes(b"")
+        return folder / "cuts.jsonl"
+    if form == "kaldi":
+        (folder / "wav.scp").write_text("")
+        (folder / "text").write_text("")
+        return folder
+    if form == "librispeech":  # the layout, with a transcript file and no line in it
+        (folder / "9999" / "1").mkdir(parents=True)
+        (folder / "9999" / "1" / "9999-1.trans.txt").write_text("")
+        return folder
+    return folder  # an empty folder
+
+
+def error_of(stderr: str) -> str:
+    """An entry point's error, from its "error: " to the end of what it printed (all of it without one)."""
+    return stderr[stderr.find("error: "):].strip() if "error: " in stderr else stderr
+
+
+@pytest.mark.parametrize("form", ["lhotse", "lhotse-plain", "kaldi", "librispeech", "empty-folder"])
+def test_an_empty_source_is_one_error_naming_it_in_train_evaluate_and_check(form, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))  # asr.check on folders caches durations there
+    source = empty_source(form, tmp_path / "empty")
+    recipe = [str(LAS_RECIPE), *TINY, f"exp_dir={tmp_path / 'exp'}", "data.fsdd=", "data.demo.enabled=false",
+              "data.tokenizer=char", f"data.cache_dir={tmp_path / 'cache'}"]
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"the data is read before the model is loaded")
+    errors = {}
+
+    def run_entry_point(name: str, main, args: list[str]) -> None:
+        try:
+            status = main(args)
+        except SystemExit as stop:  # argparse's error: the usage line, then the error
+            status = stop.code
+        errors[name] = (status, error_of(capsys.readouterr().err))
+
+    run_entry_point("train", train.main, [*recipe, f"data.train=[{source}]", f"data.dev=[{source}]"])
+    run_entry_point("evaluate", evaluate.main, ["--checkpoint", str(checkpoint), "--data", str(source)])
+    run_entry_point("check", check.main, [str(source), "--out", str(tmp_path / "check.json")])
+    run_entry_point("check recipe", check.main, [*recipe, f"data.train=[{source}]", "--out", str(tmp_path / "c.json")])
+    for name, (status, error) in errors.items():
+        assert status == 2, (name, error)
+        assert "\n" not in error and str(source) in error, (name, error)  # one line, naming it
+        assert "skipped" not in error, (name, error)  # nothing was skipped: it lists nothing

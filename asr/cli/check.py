@@ -13,8 +13,9 @@ Decoding runs in ``--jobs`` worker processes with a progress bar. The report
 printed and written as JSON to ``--out`` (default: ``data_check.json`` in the
 recipe's ``exp_dir``, or in the current folder for folders). The corpus itself
 is never written to. Exit status: 0 when nothing would be skipped, 1 when
-something would, 2 for a usage error (or, with ``data.strict=true``, the first
-problem, named).
+something would, 2 for a usage error, a folder or manifest that is missing or
+lists no utterance (named, as training and evaluation name it), or, with
+``data.strict=true``, the first problem, named.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def load_split(
     In a leave-one-speaker-out fold (``data.digits.held_out_speaker``) the dev
     split is the built one alone: ``data.dev`` is not read, because a shared dev
     set may contain the held-out speaker. A split with no sources gives no
-    utterances; one whose every utterance is skipped is an error.
+    utterances; a source that lists none (:func:`asr.data.sources.read_source`), or a split whose
+    every utterance is skipped, is an error naming them.
 
     Pass the returned report on to :func:`asr.data.dataset.prepare_utterances`,
     which adds its own skips and logs the whole report once.
@@ -57,7 +58,8 @@ def load_split(
     digits = connected_digits(config, split, report)
     utterances.extend(digits)
     if not utterances and subsets:
-        raise DataError(f"data.{split}: every utterance was skipped\n{report.summary()}")
+        named = ", ".join(str(subset) for subset in subsets)
+        raise DataError(f"data.{split}: every utterance of {named} was skipped\n{report.summary()}")
     return utterances, report
 
 

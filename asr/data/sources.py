@@ -8,6 +8,12 @@ Every entry point that takes data (a recipe's ``data.train``/``dev``/``test``,
 - a ``*.jsonl`` or ``*.jsonl.gz`` file: a lhotse manifest, a CutSet or either
   file of a recordings/supervisions pair (:mod:`asr.data.manifests`);
 - anything else: a LibriSpeech-layout subset folder (:mod:`asr.data.librispeech`).
+
+A source that lists no utterance at all (an empty manifest, a Kaldi directory
+with empty files, a folder with no transcript line) is a :class:`DataError`
+naming it, the same for every entry point: a recipe or command pointing at it
+has most likely named the wrong file. One whose utterances are all skipped is
+not: its skips say what is wrong with them.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Literal
 from asr.data.kaldi import is_kaldi_dir, read_kaldi_dir
 from asr.data.librispeech import read_subset
 from asr.data.manifests import is_manifest, read_manifest
-from asr.data.report import SkipReport
+from asr.data.report import DataError, SkipReport
 from asr.data.utterance import Utterance
 
 SourceForm = Literal["kaldi", "lhotse", "librispeech"]
@@ -46,11 +52,20 @@ def read_source(
     """
     report = SkipReport() if report is None else report
     form = source_form(path)
+    skipped_before = len(report)
     if form == "kaldi":
-        return read_kaldi_dir(path, report)
-    if form == "lhotse":
-        return read_manifest(path, report)
-    return read_subset(path, report, cache_dir, jobs)
+        utterances = read_kaldi_dir(path, report)
+    elif form == "lhotse":
+        utterances = read_manifest(path, report)
+    else:
+        utterances = read_subset(path, report, cache_dir, jobs)
+    if not utterances and len(report) == skipped_before:
+        raise DataError(f"{path}: {_FORM_NAMES[form]} lists no utterances (it is empty)")
+    return utterances
+
+
+_FORM_NAMES = {"kaldi": "this Kaldi data directory", "lhotse": "this lhotse manifest",
+               "librispeech": "this LibriSpeech-layout folder"}
 
 
 def read_sources(
