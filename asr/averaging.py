@@ -3,7 +3,8 @@
 ``--last N`` takes the N newest epoch checkpoints (``epoch{E}.pt``; the trainer
 keeps ``train.keep_last`` of them), ``--best N`` the N best-scoring
 ``best_epoch{E}.pt`` (ranked by ``payload["training"]["metric"]``, the
-validation metric named by ``train.best_metric``; lower is better; the trainer
+validation metric named by ``train.best_metric``, in the direction its checkpoint records
+(``training.higher_is_better``; lower is better for checkpoints of older versions); the trainer
 keeps ``train.keep_best`` of them).
 
 Floating-point weights are averaged (in float64, then cast back). Integer
@@ -57,11 +58,13 @@ def select_checkpoints(exp_dir: str | Path, last: int | None = None, best: int |
         return [p for _, p in epochs[-last:]]
     ranked = []
     for epoch, path in _numbered(exp_dir, BEST_PREFIX):
-        metric = (load_checkpoint(path).get("training") or {}).get("metric")
+        training = load_checkpoint(path).get("training") or {}
+        metric = training.get("metric")
         if not isinstance(metric, (int, float)):
             raise CheckpointError(f"{path} has no validation metric (training.metric) to rank it by")
+        sign = -1.0 if training.get("higher_is_better") else 1.0
         # A non-finite metric ranks last; ties go to the earlier epoch, as in the trainer's own ranking.
-        ranked.append((not math.isfinite(metric), metric, epoch, path))
+        ranked.append((not math.isfinite(metric), sign * metric, epoch, path))
     if len(ranked) < best:
         raise CheckpointError(
             f"{exp_dir}: asked for the best {best} checkpoints but found {len(ranked)} {BEST_PREFIX}{{E}}.pt"

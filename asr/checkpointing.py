@@ -98,7 +98,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         # The weights-only unpickler stopped at an object it does not build: nothing in the file ran.
-        first_line = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = [line for line in lines if "GLOBAL" in line or line.startswith("Unsupported")]
+        first_line = (detail or lines or [type(err).__name__])[-1]
+        if not any("GLOBAL" in line for line in detail):
+            # Not an object the safe reader refused but bytes it could not parse: a damaged file, which
+            # converting would not mend (the converter is for readable files of the old format only).
+            raise CheckpointError(f"cannot read checkpoint {path}: it is damaged ({first_line})") from None
         raise CheckpointError(
             f"refused to load {path}: it holds objects other than tensors and plain data, and loading "
             f"those could run code ({first_line}). A last.pt written by lnasr before checkpoint format "

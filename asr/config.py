@@ -99,6 +99,9 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is not Any:
+            return {key: _convert(args[1], item, _join(path, str(key))) for key, item in value.items()}
         return dict(value)
     if hint is Any:
         return value

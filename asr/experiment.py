@@ -17,6 +17,8 @@ from asr.data.config import DataConfig
 from asr.models.interface import ModelConfig
 from asr.models.registry import model_config_from_dict
 from asr.schedulers import SchedulerConfig
+from asr.training.metrics import check_metric_name
+from asr.training.schedules import ScheduleConfig, check_schedule_values
 from features.config import FeatureConfig
 
 
@@ -32,27 +34,47 @@ class TrainConfig:
     lr: float = 1e-3                    # peak rate for inverse_sqrt/linear_warmup; for noam the constant k (peak = k / sqrt(d_model * warmup))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
-    # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | cosine | constant.
+    # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | cosine | constant | plateau.
     # Post-norm Transformers need warmup; see docs/normalization.md.
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
+    # Everything else that moves over the updates, by target: ctc_weight, label_smoothing,
+    # sampling_probability, attention_prior, spec_augment, max_duration (asr.training.schedules),
+    # each {points: [[update, value], ...], interpolation: hold | linear}
+    schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
     accum_grad: int = 1                 # batches per optimizer step
     curriculum_epochs: int = 0          # first N epochs present batches shortest first (SortaGrad); 0 = off
     amp: bool = False                   # mixed precision; used on CUDA only
     early_stopping_patience: int | None = None  # epochs without improvement before stopping
-    best_metric: Literal["valid_loss", "valid_wer", "valid_cer"] = "valid_loss"
+    best_metric: str = "valid_loss"     # any validation metric (asr.training.metrics); each says which way is better
     keep_best: int = 3                  # best_epoch{E}.pt checkpoints kept by best_metric
     keep_last: int = 5                  # epoch{E}.pt checkpoints kept (for asr.average --last N)
     save_every_steps: int = 0           # also write last.pt every N steps (0: only at epoch ends)
     log_every_steps: int = 10
     max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
     max_oom_batches_in_a_row: int = 3   # batches in a row skipped for CUDA out of memory before the run stops
-    valid_beam_size: int = 1            # decoding for the per-epoch validation WER (1 = greedy)
-    valid_max_utterances: int | None = None  # decode about N validation utterances for WER, spread over the lengths
+    # Decoding for the per-validation WER and CER: beam size (1 and no CTC weight = greedy), the CTC
+    # prefix score's weight (beam 1 with it is greedy with CTC's help), and the step limit per encoder
+    # frame. A greedy attention decode that loops until the limit reads as 150% WER where the same model
+    # decoded with CTC reads 59% (docs/usage.md, "My LAS does not converge").
+    valid_beam_size: int = 1
+    valid_ctc_weight: float = 0.0
+    valid_max_len_ratio: float = 1.0
+    valid_max_utterances: int | None = None  # decode exactly N validation utterances for WER, spread over the lengths
 
     def __post_init__(self) -> None:
         if self.curriculum_epochs < 0:
             raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
+        if self.valid_max_utterances is not None and self.valid_max_utterances < 1:
+            raise ValueError(f"valid_max_utterances must be >= 1 or null, got {self.valid_max_utterances}")
+        if not 0.0 <= self.valid_ctc_weight <= 1.0:
+            raise ValueError(f"valid_ctc_weight must be in [0, 1], got {self.valid_ctc_weight}")
+        if self.valid_max_len_ratio <= 0:
+            raise ValueError(f"valid_max_len_ratio must be positive, got {self.valid_max_len_ratio}")
+        check_metric_name(self.best_metric, "train.best_metric")
+        check_metric_name(self.scheduler.plateau_metric, "train.scheduler.plateau_metric")
+        for name, schedule in self.schedules.items():
+            check_schedule_values(name, schedule)
 
 
 @dataclass

@@ -25,6 +25,12 @@ Formulas (``s = step + 1``, ``w = warmup_steps``, ``d = d_model``):
                   (``max_epochs`` epochs, or ``max_steps``), where it stays.
                   Loshchilov & Hutter (2017), without restarts.
 ``constant``      factor = 1.
+``plateau``       factor = s / w while s <= w, then 1, times ``decay_factor`` for each plateau of
+                  ``plateau_metric`` (no relative improvement above ``plateau_threshold`` for
+                  ``plateau_patience`` validations), never below ``min_factor``: warmup, a flat rate,
+                  then decay on a plateau (RETURNN's LibriSpeech attention setups, SpeechBrain's
+                  NewBob, ESPnet's RNN recipes). The decay needs the validations, so it lives in
+                  :class:`asr.training.schedules.LearningRateSchedule`; here it is the warmup alone.
 
 Post-norm Transformers need one of the warmup schedules (the gradients near
 the output are large at initialisation, see docs/normalization.md); pre-norm
@@ -49,19 +55,27 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from asr.config import ConfigError
 
-SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant")
+SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau")
 
 
 @dataclass
 class SchedulerConfig:
     """How the learning rate moves over updates (the ``optimizer.lr`` is scaled by it)."""
 
-    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "cosine", "constant"] = "noam"
+    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau"] = "noam"
     # Where the peak falls as a share of the run matters, not the count: 25k updates put it at
     # ~80% of recipes/librispeech100_transformer.yaml's 100 epochs (see the recipe); on small data
     # sets use a few hundred to a few thousand so the peak is reached at all.
     warmup_steps: int = 25000
     final_factor: float = 0.0  # cosine only: the share of the peak rate left at the last update
+    # plateau only: the validation metric watched (any registered name, asr.training.metrics), how many
+    # validations without a relative improvement above the threshold make a plateau, what each plateau
+    # multiplies the rate by, and the lowest share of the peak rate it may reach
+    plateau_metric: str = "valid_loss"
+    plateau_patience: int = 1
+    plateau_threshold: float = 0.0
+    decay_factor: float = 0.5
+    min_factor: float = 0.01
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULE_KINDS:
@@ -70,6 +84,14 @@ class SchedulerConfig:
             raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
         if not 0.0 <= self.final_factor <= 1.0:
             raise ValueError(f"final_factor must be within [0, 1], got {self.final_factor}")
+        if self.plateau_patience < 1:
+            raise ValueError(f"plateau_patience must be >= 1, got {self.plateau_patience}")
+        if self.plateau_threshold < 0:
+            raise ValueError(f"plateau_threshold must be >= 0, got {self.plateau_threshold}")
+        if not 0.0 < self.decay_factor < 1.0:
+            raise ValueError(f"decay_factor must be in (0, 1), got {self.decay_factor}")
+        if not 0.0 < self.min_factor <= 1.0:
+            raise ValueError(f"min_factor must be in (0, 1], got {self.min_factor}")
 
 
 def warmup_updates(config: SchedulerConfig) -> int:
@@ -135,29 +157,34 @@ def cosine_lambda(warmup_steps: int, total_updates: int, final_factor: float = 0
     return factor
 
 
+def lr_factor(config: SchedulerConfig, d_model: int | None = None, total_updates: int | None = None) -> Callable[[int], float]:
+    """The factor ``f(step)`` of ``config`` (the ``plateau`` kind's warmup only; its decays need the
+    validations, :class:`asr.training.schedules.LearningRateSchedule`). ``d_model`` is required by (and
+    only used by) ``noam``, ``total_updates`` (the run's planned updates) by ``cosine``."""
+    if config.kind == "noam":
+        if d_model is None:
+            raise ValueError("scheduler.kind 'noam' needs the model's d_model (a Transformer setting)")
+        return noam_lambda(d_model, config.warmup_steps)
+    if config.kind == "inverse_sqrt":
+        return inverse_sqrt_lambda(config.warmup_steps)
+    if config.kind in ("linear_warmup", "plateau"):
+        return linear_warmup_lambda(config.warmup_steps)
+    if config.kind == "cosine":
+        if total_updates is None:
+            raise ValueError("scheduler.kind 'cosine' needs the run's planned number of updates")
+        return cosine_lambda(config.warmup_steps, total_updates, config.final_factor)
+    if config.kind == "constant":
+        return _constant
+    raise ValueError(f"scheduler.kind must be one of {SCHEDULE_KINDS}, got {config.kind!r}")
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, config: SchedulerConfig, d_model: int | None = None,
     total_updates: int | None = None,
 ) -> LambdaLR:
-    """The LambdaLR for ``config``; ``d_model`` is required by (and only used by) ``noam``,
-    ``total_updates`` (the run's planned updates) by ``cosine``."""
-    if config.kind == "noam":
-        if d_model is None:
-            raise ValueError("scheduler.kind 'noam' needs the model's d_model (a Transformer setting)")
-        factor = noam_lambda(d_model, config.warmup_steps)
-    elif config.kind == "inverse_sqrt":
-        factor = inverse_sqrt_lambda(config.warmup_steps)
-    elif config.kind == "linear_warmup":
-        factor = linear_warmup_lambda(config.warmup_steps)
-    elif config.kind == "cosine":
-        if total_updates is None:
-            raise ValueError("scheduler.kind 'cosine' needs the run's planned number of updates")
-        factor = cosine_lambda(config.warmup_steps, total_updates, config.final_factor)
-    elif config.kind == "constant":
-        factor = _constant
-    else:
-        raise ValueError(f"scheduler.kind must be one of {SCHEDULE_KINDS}, got {config.kind!r}")
-    return LambdaLR(optimizer, factor)
+    """A LambdaLR of :func:`lr_factor` (for loops of their own, such as tests; the trainer asks
+    :class:`asr.training.schedules.LearningRateSchedule` instead)."""
+    return LambdaLR(optimizer, lr_factor(config, d_model, total_updates))
 
 
 def _constant(step: int) -> float:

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 
 from asr.cli.evaluate import main as evaluate
 from asr.data.batching import collate, with_features
 from asr.data.dataset import SpeechDataset
 from asr.data.sources import read_source
 from asr.inference.recogniser import load_recogniser
+from asr.training.metrics import monotonicity as measure
 from asr.training.validation import alignment_figures
 
 LONG_SECONDS = 12.0
@@ -56,16 +56,12 @@ def test_rates(exp: Path, data: str, out: Path, epochs: set[int] | None) -> list
 
 
 def monotonicity(weights: np.ndarray) -> dict:
-    """How the most attended encoder frame moves over the output steps: the Spearman correlation of
-    step index and that frame (ties ranked on average: attention stuck on one frame gives no
-    correlation), the share of steps that move it forward, and the share of steps whose peak lies in
-    the last 5% of the frames (attention collapsed onto the end)."""
+    """How the most attended encoder frame moves over the output steps of ``weights`` (steps, frames):
+    the training's own measure (:func:`asr.training.metrics.monotonicity`, ``valid/attention_*``)."""
     peaks = weights.argmax(axis=1)
-    spearman = float(spearmanr(np.arange(len(peaks)), peaks).statistic) if np.ptp(peaks) > 0 else 0.0
-    forward = float(np.mean(np.diff(peaks) > 0)) if len(peaks) > 1 else 0.0
-    at_end = float(np.mean(peaks >= 0.95 * (weights.shape[1] - 1)))
-    return {"spearman": spearman, "steps_moving_forward": forward, "steps_at_the_last_5pct": at_end,
-            "tokens": int(len(peaks))}
+    measures = measure(peaks, weights.shape[1])
+    return {"spearman": measures["spearman"], "steps_moving_forward": measures["forward"],
+            "steps_at_the_last_5pct": measures["at_end"], "tokens": int(len(peaks))}
 
 
 def attention(checkpoint: Path, data: str, out: Path) -> dict:

@@ -146,6 +146,7 @@ class FeaturePipeline:
         train: bool = False,
         generator: torch.Generator | None = None,
         warp: float | None = None,
+        spec_augment: float = 1.0,
     ) -> Tensor:
         """``waveform (C, N)`` or ``(N,)``, float in [-1, 1] -> features ``(T, D)`` float32.
 
@@ -160,7 +161,8 @@ class FeaturePipeline:
         :meth:`asr.inference.Recogniser.transcribe_utterances`); ``None`` means VTLP's draw
         in training and no warp (1.0) otherwise.
         """
-        prepared = self.prepare(waveform, sample_rate, train=train, generator=generator, warp=warp)
+        prepared = self.prepare(waveform, sample_rate, train=train, generator=generator, warp=warp,
+                                spec_augment=spec_augment)
         return self.features(AudioBatch.pad([prepared]))[0][0]
 
     def from_file(
@@ -197,11 +199,14 @@ class FeaturePipeline:
         generator: torch.Generator | None = None,
         warp: float | None = None,
         inference_dither: bool = True,
+        spec_augment: float = 1.0,
     ) -> PreparedAudio:
         """The first stage of :meth:`from_waveform` (same arguments): downmix -> resample -> (speed
         perturbation, augmentation, VTLP's draw, dither) -> samples in int16 units, and SpecAugment's
         draws for the frames they will give. Outside training, dither only if ``inference_dither`` and
         the config asks. Everything random about the utterance is drawn here, from ``generator``.
+        ``spec_augment``: the chance that SpecAugment (when enabled) masks this utterance, as the
+        ``spec_augment`` schedule sets it (:mod:`asr.training.schedules`); below 1 it costs one draw.
         """
         if not torch.is_floating_point(waveform):
             raise AudioError(f"expected a float waveform in [-1, 1], got dtype {waveform.dtype}")
@@ -221,8 +226,9 @@ class FeaturePipeline:
         samples = add_dither(mono.float() * INT16_SCALE, dither, generator)
         frames = num_frames(samples.shape[0], self.config)
         draws = None
-        if train and self.config.spec_augment.enabled:
-            draws = draw(frames, self.feature_dim, self.config.spec_augment, generator)
+        if train and self.config.spec_augment.enabled and spec_augment > 0.0:
+            if spec_augment >= 1.0 or float(torch.rand((), generator=generator)) < spec_augment:
+                draws = draw(frames, self.feature_dim, self.config.spec_augment, generator)
         return PreparedAudio(samples, frames, warp, draws)
 
     def features(self, batch: AudioBatch, raw: bool = False) -> tuple[Tensor, Tensor]:

@@ -6,7 +6,7 @@ from torch import nn
 
 from asr.averaging import average_checkpoints, select_checkpoints
 from asr.cli.average import main
-from asr.checkpointing import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from asr.checkpointing import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
@@ -21,7 +21,8 @@ def _model_state(seed: int, batches_seen: int) -> dict:
     return model.state_dict()
 
 
-def _write(path, epoch: int, metric: float | None = None, model: dict | None = None, hidden: int = 4):
+def _write(path, epoch: int, metric: float | None = None, model: dict | None = None, hidden: int = 4,
+           higher_is_better: bool | None = None):
     """A checkpoint in the trainer's layout; the tokenizer names the epoch so we can tell whose it is."""
     payload = {
         "config": {"exp_dir": str(path.parent), "model": {"type": "las", "speller": {"hidden_size": hidden}}},
@@ -30,6 +31,8 @@ def _write(path, epoch: int, metric: float | None = None, model: dict | None = N
         "features": FeaturePipeline(FeatureConfig(num_mel_bins=10 + epoch)).state_dict(),
         "training": {"metric": metric, "metric_name": "valid_loss", "epoch": epoch, "optimizer": {"state": "big"}},
     }
+    if higher_is_better is not None:  # older checkpoints do not say; their metric was lower-is-better
+        payload["training"]["higher_is_better"] = higher_is_better
     save_checkpoint(path, payload)
     return payload
 
@@ -67,6 +70,12 @@ def test_average_of_three_matches_stack_mean(tmp_path):
     torch.testing.assert_close(averaged["1.running_var"], torch.stack([s["1.running_var"] for s in states]).mean(0))
     # Averaging is not a no-op: the result differs from every input.
     assert all(not torch.equal(averaged["0.weight"], s["0.weight"]) for s in states)
+
+
+def test_best_n_follows_the_direction_the_checkpoints_record(tmp_path):
+    for epoch, spearman in {0: 0.2, 1: 0.9, 2: 0.5}.items():
+        _write(tmp_path / f"best_epoch{epoch}.pt", epoch, metric=spearman, higher_is_better=True)
+    assert select_checkpoints(tmp_path, best=2) == [tmp_path / "best_epoch1.pt", tmp_path / "best_epoch2.pt"]
 
 
 def test_best_n_ranks_by_the_stored_metric_not_the_epoch(tmp_path):
@@ -130,3 +139,14 @@ def test_checkpoints_of_different_models_are_not_averaged(tmp_path, capsys):
         main([str(tmp_path), "--last", "2"])
     err = capsys.readouterr().err
     assert "0.weight has shape (5, 3)" in err and str(tmp_path / "epoch0.pt") in err
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_checkpoint_is_named_as_damaged_and_never_sent_to_the_unsafe_converter(tmp_path, damage):
+    path = tmp_path / "epoch0.pt"
+    _write(path, 0, metric=1.0)
+    data = path.read_bytes()
+    path.write_bytes(b"\x80\x02garbage" * 10 if damage == "garbage" else data[: len(data) // 2])
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(path) in str(err.value) and "--trust-this-file" not in str(err.value)

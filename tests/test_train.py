@@ -238,10 +238,25 @@ def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, ref
     subprocess.run(_train_command(common + [f"exp_dir={exp}", "--resume"]), check=True, env=subprocess_env(),
                    capture_output=True)
     log = (exp / "train.log").read_text()
-    assert f"--resume: {last} cannot be read (cannot read checkpoint {last}" in log
+    assert f"--resume: {last}: it cannot be read (cannot read checkpoint {last}" in log
     assert f"resuming from {exp / 'epoch0.pt'} instead" in log
+    assert "--trust-this-file" not in log  # a damaged file is not one of the old format: converting it would not help
     _assert_same_weights(expected, load_checkpoint(last))
     assert "optimizer" not in load_checkpoint(next(exp.glob("best_epoch*.pt")))["training"]  # weights only
+
+
+def test_resume_without_last_pt_falls_back_to_the_newest_epoch_checkpoint(tmp_path, reference):
+    """Issue 49: a full disk before last.pt was first written left epoch0.pt whole; --resume refused."""
+    common, expected, _ = reference
+    exp = tmp_path / "exp"
+    subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.max_epochs=1"]), check=True, env=subprocess_env(),
+                   capture_output=True)
+    (exp / "last.pt").unlink()
+    subprocess.run(_train_command(common + [f"exp_dir={exp}", "--resume"]), check=True, env=subprocess_env(),
+                   capture_output=True)
+    log = (exp / "train.log").read_text()
+    assert f"--resume: {exp / 'last.pt'}: it is missing; resuming from {exp / 'epoch0.pt'} instead" in log
+    _assert_same_weights(expected, load_checkpoint(exp / "last.pt"))
 
 
 def _descendants(pid: int) -> list[int]:
@@ -358,9 +373,9 @@ def test_the_cosine_schedule_ends_at_its_floor_on_the_runs_last_update(tmp_path)
     total = max(logged)  # the updates the run planned: epochs of accumulated batches
     assert sorted(logged) == list(range(1, total + 1)) and total > 2 * warmup
     factor = cosine_lambda(warmup, total, final)
-    # Logged after update s: the rate of the next update.
-    assert [logged[s] for s in sorted(logged)] == pytest.approx([lr * factor(s) for s in sorted(logged)])
-    assert logged[total - 1] == pytest.approx(lr * final)
+    # Logged at update s: the rate update s was made with (LambdaLR's factor at its counter s - 1).
+    assert [logged[s] for s in sorted(logged)] == pytest.approx([lr * factor(s - 1) for s in sorted(logged)])
+    assert logged[total] == pytest.approx(lr * final) and logged[warmup] == pytest.approx(lr)
 
 
 # ---------------------------------------------------------------- CUDA out of memory (simulated on CPU)

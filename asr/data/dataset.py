@@ -162,13 +162,17 @@ class SpeechDataset(Dataset):
         return torch.Generator().manual_seed(int(state))
 
     def __getitem__(self, index: int) -> dict:
+        """Item ``index``; an index planned by the trainer (:class:`asr.training.plan.PlannedIndex`) also
+        says how likely SpecAugment is to mask it at the update it serves."""
         utt = self.utterances[index]
         generator = self.generator(index) if self.train else None
+        spec_augment = getattr(index, "spec_augment", 1.0)
         try:
             if self.compute_on == "device":
-                content = {"audio": utterance_audio(utt, self.pipeline, self.train, generator, self.warp)}
+                content = {"audio": utterance_audio(utt, self.pipeline, self.train, generator, self.warp, spec_augment)}
             else:
-                features = utterance_features(utt, self.pipeline, train=self.train, generator=generator, warp=self.warp)
+                features = utterance_features(utt, self.pipeline, train=self.train, generator=generator, warp=self.warp,
+                                              spec_augment=spec_augment)
                 content = {"features": features}
         except AudioError as err:
             skip = audio_skip(err)
@@ -206,6 +210,7 @@ def utterance_features(
     generator: torch.Generator | None = None,
     warp: float | None = None,
     raw: bool = False,
+    spec_augment: float = 1.0,
 ) -> torch.Tensor:
     """Features ``(T, D)`` of one utterance (``raw``: before MVN and SpecAugment, for statistics).
 
@@ -218,7 +223,8 @@ def utterance_features(
         if raw:
             features = pipeline.raw_features(waveform, sample_rate)
         else:
-            features = pipeline.from_waveform(waveform, sample_rate, train=train, generator=generator, warp=warp)
+            features = pipeline.from_waveform(waveform, sample_rate, train=train, generator=generator, warp=warp,
+                                              spec_augment=spec_augment)
     except AudioError as err:
         raise type(err)(_naming(utt, err)) from err
     if not bool(torch.isfinite(features).all()):
@@ -232,6 +238,7 @@ def utterance_audio(
     train: bool = False,
     generator: torch.Generator | None = None,
     warp: float | None = None,
+    spec_augment: float = 1.0,
 ) -> PreparedAudio:
     """The first stage of :func:`utterance_features` (:meth:`FeaturePipeline.prepare`): the utterance's
     samples and random draws, for features computed later, batched, on the model's device.
@@ -241,7 +248,8 @@ def utterance_audio(
     """
     waveform, sample_rate = load_utterance_audio(utt)
     try:
-        return pipeline.prepare(waveform, sample_rate, train=train, generator=generator, warp=warp)
+        return pipeline.prepare(waveform, sample_rate, train=train, generator=generator, warp=warp,
+                                spec_augment=spec_augment)
     except AudioError as err:
         raise type(err)(_naming(utt, err)) from err
 

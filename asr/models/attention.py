@@ -49,7 +49,16 @@ class AttentionConfig:
     dim: int = 256            # size of the projected query/keys the energies are computed in
     heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
     conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
-    conv_kernel: int = 31     # odd width in encoder frames; ESPnet's 201 is meant for little or no time reduction
+    # Odd width of the location filters in encoder frames. ESPnet's default (aconv-filts 100, a
+    # 201-frame filter) is used by its RNN recipes after 4x reduction too (WSJ: subsample 1_2_2_1_1),
+    # so 201 frames is not only for unreduced encoders; 31 reaches +-15 frames (0.6 s at 40 ms).
+    conv_kernel: int = 31
+    # The softmax's inverse temperature: weights = softmax(scaling * energies). ESPnet's AttLoc uses 2.0
+    # by default (its `scaling`); 1.0 is Chorowski et al.'s. Larger values sharpen the attention.
+    scaling: float = 1.0
+    # Width of the soft diagonal prior (asr/models/speller.py, "Attention prior") in encoder frames per
+    # output step; the prior acts only while the attention_prior schedule is above 0.
+    prior_width: float = 3.0
     # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
     # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
     # restrict it to keep attention from jumping ahead; [] attends everywhere. On utterances longer than
@@ -66,6 +75,10 @@ class AttentionConfig:
             raise ValueError(f"type must be one of 'content', 'dot', 'location', 'mocha', got {self.type!r}")
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+        if self.scaling <= 0:
+            raise ValueError(f"scaling must be positive, got {self.scaling}")
+        if self.prior_width <= 0:
+            raise ValueError(f"prior_width must be positive, got {self.prior_width}")
         if self.sigmoid_noise < 0:
             raise ValueError(f"sigmoid_noise must be >= 0, got {self.sigmoid_noise}")
         if self.type == "mocha" and self.heads != 1:
@@ -174,6 +187,7 @@ class Attention(nn.Module):
         prev_weights: torch.Tensor | None = None,
         projected_keys: torch.Tensor | None = None,
         attend: torch.Tensor | None = None,
+        energy_bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One attention step.
 
@@ -182,7 +196,8 @@ class Attention(nn.Module):
         previous step (location-aware only; None = :meth:`initial_weights`);
         projected_keys: :meth:`project_keys` of ``keys``, or None to compute it;
         attend: (B, T) bool, the frames this step may attend to (a window, :meth:`window_mask`),
-        None = every valid frame.
+        None = every valid frame; energy_bias: (B, T) added to every head's energies after the
+        scaling (a prior), None = none.
 
         Returns context (B, H) and weights (B, heads, T), each head's weights
         summing to 1 over the valid frames and exactly 0 on padded frames.
@@ -226,6 +241,10 @@ class Attention(nn.Module):
             per_head = gates.transpose(0, 1).reshape(heads, batch * time, dim)
             energies = torch.bmm(per_head, 2.0 * self.energy.unsqueeze(-1)).view(heads, batch, time).transpose(0, 1)
             energies = energies - self.energy.sum(-1).view(1, heads, 1)
+        if self.config.scaling != 1.0:
+            energies = energies * self.config.scaling
+        if energy_bias is not None:
+            energies = energies + energy_bias.unsqueeze(1)
         allowed = mask if attend is None else attend
         energies = energies.masked_fill(~allowed.unsqueeze(1), float("-inf"))
         weights = torch.softmax(energies, dim=-1)  # (B, heads, T)

@@ -116,6 +116,20 @@ class SpeechModel(Protocol):
 
 
 @runtime_checkable
+class Scheduled(Protocol):
+    """Settings a schedule may move during training (:mod:`asr.training.schedules`): ``ctc_weight``,
+    ``label_smoothing``, and whatever else the model names."""
+
+    def scheduled(self) -> dict[str, float]:
+        """The names this model lets a schedule set, each with its value from the config."""
+        ...
+
+    def set_scheduled(self, name: str, value: float) -> None:
+        """Set ``name`` (one of :meth:`scheduled`'s) for the coming update."""
+        ...
+
+
+@runtime_checkable
 class ScheduledRegularisation(Protocol):
     """Regularisers whose strength follows training progress (the Transformer's scheduled DropHead).
 
@@ -187,6 +201,7 @@ class ModelOutput:
     ctc_loss: torch.Tensor | None
     num_tokens: int
     attention_weights: torch.Tensor | None = None  # (B, L, T') for plots, optional
+    encoder: "EncoderOutput | None" = None          # what the forward pass encoded, for validation metrics
 
 
 def reorder_nested(state, index: torch.Tensor):

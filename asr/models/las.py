@@ -160,19 +160,60 @@ class LAS(nn.Module):
         encoder = self.encode(features, feature_lengths)
         token_lengths = token_lengths.to(tokens.device)
         decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
-        log_probs, weights = self.speller(decoder_input, encoder.out, encoder.mask)
+        log_probs, weights = self.speller(decoder_input, encoder.out, encoder.mask, target_lengths=token_lengths + 1)
+        attention_loss, num_tokens = self._attention_loss(log_probs, target, token_lengths, self.label_smoothing)
+        if self.ctc is None:
+            return ModelOutput(attention_loss, attention_loss, None, num_tokens, weights, encoder)
+        ctc_loss = self.ctc.loss(encoder.ctc_log_probs, encoder.lengths, tokens, token_lengths) / max(num_tokens, 1)
+        loss = (1.0 - self.ctc_weight) * attention_loss + self.ctc_weight * ctc_loss
+        return ModelOutput(loss, attention_loss, ctc_loss, num_tokens, weights, encoder)
+
+    @staticmethod
+    def _attention_loss(log_probs, target, token_lengths, label_smoothing: float) -> tuple[torch.Tensor, int]:
+        """Label-smoothed cross-entropy per target token (``<eos>`` included), and the token count."""
         valid = lengths_to_mask(token_lengths + 1, target.size(1))
         num_tokens = int(valid.sum())
         nll = -log_probs.gather(2, target.unsqueeze(-1)).squeeze(-1)
         # Label smoothing as in torch's cross_entropy: (1 - e) * NLL + e * mean over V of -log p.
         smooth = -log_probs.mean(-1)
-        per_token = (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
-        attention_loss = per_token.masked_fill(~valid, 0.0).sum() / max(num_tokens, 1)
-        if self.ctc is None:
-            return ModelOutput(attention_loss, attention_loss, None, num_tokens, weights)
-        ctc_loss = self.ctc.loss(encoder.ctc_log_probs, encoder.lengths, tokens, token_lengths) / max(num_tokens, 1)
-        loss = (1.0 - self.ctc_weight) * attention_loss + self.ctc_weight * ctc_loss
-        return ModelOutput(loss, attention_loss, ctc_loss, num_tokens, weights)
+        per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth
+        return per_token.masked_fill(~valid, 0.0).sum() / max(num_tokens, 1), num_tokens
+
+    def loss_without_context(
+        self, encoder: EncoderOutput, tokens: torch.Tensor, token_lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, int]:
+        """The attention loss (per token, without label smoothing) of the speller with every attention
+        context replaced by zeros, and the token count: how well it predicts from its own history alone.
+        Beside the real attention loss it shows a speller that has become a language model."""
+        token_lengths = token_lengths.to(tokens.device)
+        decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
+        log_probs, _ = self.speller(decoder_input, encoder.out, encoder.mask, without_context=True)
+        return self._attention_loss(log_probs, target, token_lengths, 0.0)
+
+    # Settings a schedule may move (asr.training.schedules); the CTC weight only with a CTC head.
+
+    def scheduled(self) -> dict[str, float]:
+        offered = {"label_smoothing": self.config.label_smoothing,
+                   "sampling_probability": self.config.speller.sampling_probability,
+                   "attention_prior": 0.0,
+                   "listener_layers": float(self.config.listener.num_layers)}
+        if self.ctc is not None:
+            offered["ctc_weight"] = self.config.ctc_weight
+        return offered
+
+    def set_scheduled(self, name: str, value: float) -> None:
+        if name == "ctc_weight" and self.ctc is not None:
+            self.ctc_weight = value
+        elif name == "label_smoothing":
+            self.label_smoothing = value
+        elif name == "sampling_probability":
+            self.speller.sampling_probability = value
+        elif name == "attention_prior":
+            self.speller.attention_prior = value
+        elif name == "listener_layers":
+            self.listener.set_active_layers(min(max(int(round(value)), 1), self.config.listener.num_layers))
+        else:
+            raise KeyError(f"LAS has no scheduled setting {name!r}")
 
     def init_decoder_state(self, encoder: EncoderOutput) -> dict:
         """Speller state for ``encoder``'s N rows (see :class:`Speller` for its fields)."""

@@ -9,6 +9,15 @@ layer's output are concatenated, halving the time resolution, before the first
 Either way ``frame_stacking: k`` first concatenates k adjacent input frames
 (k x time reduction; the common cheap alternative to a pyramid).
 
+Growing layer by layer (Zeyer et al. 2018, "Improved training of end-to-end attention models for
+speech recognition", sec. 3: their LibriSpeech encoder starts with 2 layers and gains one at a time,
+and configurations without it are recorded as failures). ``active_layers`` (a buffer, so checkpoints
+carry it; set by the ``listener_layers`` schedule, :mod:`asr.training.schedules`) runs only the first k
+BLSTM layers; each later one is bypassed, keeping the sequence's rate and size: a layer after a
+reduction averages the frame pair instead (4H -> 2H), any other passes its input on. So the
+attention and the CTC head see the same frame rate whatever k is, and a layer that becomes active
+starts from its initial weights, as a layer added in Zeyer et al.'s pretraining does.
+
 Odd lengths. A sequence whose length is not a multiple of the factor is
 **padded with zero frames** (never truncated): the last output frame covers the
 remaining 1..k-1 real frames, and lengths become ``ceil(T / k)``. The padding
@@ -135,6 +144,18 @@ class Listener(nn.Module):
                 )
             )
         self.dropout = nn.Dropout(config.dropout)
+        self.register_buffer("active_layers", torch.tensor(config.num_layers, dtype=torch.long))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints written before the listener could grow: every layer active
+        state_dict.setdefault(prefix + "active_layers", torch.tensor(self.config.num_layers, dtype=torch.long))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def set_active_layers(self, count: int) -> None:
+        """Run the first ``count`` (1..num_layers) layers and bypass the rest (module docstring)."""
+        if not 1 <= count <= self.config.num_layers:
+            raise ValueError(f"active listener layers must be in [1, {self.config.num_layers}], got {count}")
+        self.active_layers.fill_(count)
 
     @property
     def output_dim(self) -> int:
@@ -172,7 +193,13 @@ class Listener(nn.Module):
         # frames onto real ones, and zeros make that equal to the unpadded case.
         x = x.masked_fill(~lengths_to_mask(lengths, x.size(1)).unsqueeze(-1), 0.0)
         x, lengths = stack_frames(x, lengths, self.config.frame_stacking)
+        active = int(self.active_layers)
         for layer, lstm in enumerate(self.layers):
+            if layer >= active:  # not grown yet: keep the rate and size (module docstring)
+                if self.reduce_before[layer]:
+                    x, lengths = stack_frames(x, lengths, 2)
+                    x = 0.5 * (x[..., : x.size(-1) // 2] + x[..., x.size(-1) // 2 :])
+                continue
             if layer > 0:
                 x = self.dropout(x)
             if self.reduce_before[layer]:

@@ -15,8 +15,21 @@ zero LSTM states.
 Training is teacher forcing with optional scheduled sampling (Bengio et al.
 2015; LAS samples 10%): in training mode, each input token after ``<sos>`` is
 replaced with probability ``sampling_probability`` by a token sampled from the
-model's own previous output distribution. The trainer may change
-``speller.sampling_probability`` between epochs for a schedule.
+model's own previous output distribution. A schedule (``train.schedules``,
+:mod:`asr.training.schedules`) may change ``speller.sampling_probability`` at any update.
+
+Attention prior. While ``attention_prior`` is above 0 (only ever set by a schedule), teacher
+forcing in training adds a soft diagonal prior to the attention energies, as wav2letter's
+SoftPretrainWindow does for its first epochs: at output step i of the U + 1 steps (tokens and
+``<eos>``) of an utterance of T' encoder frames, frame t gets ``-s (t - c_i)^2 / (2 w^2)`` with
+``c_i = (i + 1/2) T' / (U + 1)`` the diagonal, ``w = prior_width * T' / (U + 1)`` (the attention
+config's width, in frames per output step) and ``s`` the strength. It pulls a fresh attention towards
+the diagonal until the listener and speller can find it themselves; decoding never uses it (U is
+unknown there), so the schedule should take it to 0.
+
+Context-free loss. :meth:`Speller.forward` with ``without_context=True`` replaces every attention
+context with zeros (the LSTM input and the output layer see none): the loss of the speller as a pure
+language model of its own history, a diagnostic (``valid_loss_without_context``).
 
 The teacher-forced :meth:`Speller.forward` runs the very :meth:`Speller.step`
 that decoding uses, so the two cannot drift apart.
@@ -106,6 +119,8 @@ class Speller(nn.Module):
         self.cuda_graphs_memory = float(cuda_graphs_memory)
         self.vocab_size = vocab_size
         self.sampling_probability = config.sampling_probability
+        self.attention_prior = 0.0  # strength of the soft diagonal prior in training (module docstring)
+        self.prior_width = attention.prior_width
         self.embedding = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=pad_id)
         self.cells = nn.ModuleList(
             LNLSTMCell(
@@ -153,9 +168,15 @@ class Speller(nn.Module):
             return speller_graphs.decoding_step(self, tokens, state)
         return self.eager_step(tokens, state)
 
-    def eager_step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
-        """:meth:`step`, run op by op."""
-        x = torch.cat([self.embedding(tokens), state["context"]], dim=-1)
+    def eager_step(
+        self, tokens: torch.Tensor, state: dict, energy_bias: torch.Tensor | None = None, without_context: bool = False
+    ) -> tuple[torch.Tensor, dict]:
+        """:meth:`step`, run op by op. ``energy_bias`` (N, T) is added to the attention energies (the
+        prior); ``without_context`` zeroes the context wherever the speller reads it."""
+        context = state["context"]
+        if without_context:
+            context = torch.zeros_like(context)
+        x = torch.cat([self.embedding(tokens), context], dim=-1)
         new_h, new_c = [], []
         for cell, h, c in zip(self.cells, state["h"], state["c"]):
             h, c = cell(x, (h, c))
@@ -170,9 +191,11 @@ class Speller(nn.Module):
         else:
             attend = self.attention.window_mask(static["mask"], state["focus"]) if "focus" in state else None
             context, weights = self.attention(
-                x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend
+                x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend,
+                energy_bias=energy_bias,
             )
-        log_probs = F.log_softmax(self.output(torch.cat([x, context], dim=-1)), dim=-1)
+        read = torch.zeros_like(context) if without_context else context
+        log_probs = F.log_softmax(self.output(torch.cat([x, read], dim=-1)), dim=-1)
         new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
         if "monotonic" in state:
             new_state["monotonic"] = monotonic
@@ -181,27 +204,46 @@ class Speller(nn.Module):
         return log_probs, new_state
 
     def forward(
-        self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor
+        self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor,
+        target_lengths: torch.Tensor | None = None, without_context: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing over a whole batch.
 
-        decoder_input: (B, L) ``<sos> y_1 .. y_n <pad>..``; keys (B, T, H); mask (B, T).
+        decoder_input: (B, L) ``<sos> y_1 .. y_n <pad>..``; keys (B, T, H); mask (B, T);
+        target_lengths (B,): output steps per utterance (tokens + ``<eos>``), which the attention
+        prior needs (module docstring); without_context: the context-free diagnostic.
         Returns log-probs (B, L, V) and attention weights (B, L, T) averaged
         over heads (exactly 0 on padded frames).
 
         In training on CUDA the loop runs as recorded CUDA graphs
-        (:mod:`asr.models.speller_graphs`); elsewhere :meth:`teacher_forced` runs it.
+        (:mod:`asr.models.speller_graphs`) unless the prior is on; elsewhere :meth:`teacher_forced` runs it.
         """
-        if speller_graphs.teacher_forcing_applies(self, keys):
+        prior = self.prior_active(target_lengths)
+        if not prior and not without_context and speller_graphs.teacher_forcing_applies(self, keys):
             return speller_graphs.teacher_forced(self, decoder_input, keys, mask)
-        return self.teacher_forced(decoder_input, keys, mask)
+        return self.teacher_forced(decoder_input, keys, mask, target_lengths if prior else None, without_context)
+
+    def prior_active(self, target_lengths: torch.Tensor | None) -> bool:
+        return self.training and self.attention_prior > 0.0 and target_lengths is not None
+
+    def prior_energies(self, step: int, mask: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+        """(B, T) the prior's energies at output ``step`` (module docstring)."""
+        frames = mask.sum(1, keepdim=True).to(torch.float32)                    # (B, 1) T'
+        per_step = frames / target_lengths.to(frames.device, torch.float32).clamp(min=1).unsqueeze(1)
+        centre = (step + 0.5) * per_step
+        width = (self.prior_width * per_step).clamp(min=1.0)
+        t = torch.arange(mask.size(1), device=mask.device, dtype=torch.float32).unsqueeze(0)
+        return -self.attention_prior * (t - centre).pow(2) / (2.0 * width.pow(2))
 
     def teacher_forced(
-        self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor
+        self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor,
+        target_lengths: torch.Tensor | None = None, without_context: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward`'s loop over output steps, run eagerly: :meth:`step` per step."""
+        """:meth:`forward`'s loop over output steps, run eagerly: :meth:`eager_step` per step (:meth:`step`
+        when neither the prior nor the context-free diagnostic is asked for)."""
         state = self.init_state(keys, mask)
         sample = self.training and self.sampling_probability > 0.0
+        plain = target_lengths is None and not without_context
         log_probs, weights = [], []
         tokens = decoder_input[:, 0]
         for i in range(decoder_input.size(1)):
@@ -211,7 +253,11 @@ class Speller(nn.Module):
                     drawn = torch.multinomial(log_probs[-1].detach().exp(), 1).squeeze(1)
                     use_model = torch.rand(tokens.shape, device=tokens.device) < self.sampling_probability
                     tokens = torch.where(use_model, drawn, tokens)
-            step_log_probs, state = self.step(tokens, state)
+            if plain:
+                step_log_probs, state = self.step(tokens, state)
+            else:
+                bias = None if target_lengths is None else self.prior_energies(i, mask, target_lengths).to(keys.dtype)
+                step_log_probs, state = self.eager_step(tokens, state, bias, without_context)
             log_probs.append(step_log_probs)
             weights.append(state["weights"].mean(1))
         return torch.stack(log_probs, 1), torch.stack(weights, 1)

@@ -522,10 +522,23 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(config, input_dim)
         self.decoder = TransformerDecoder(config, vocab_size)
         self.ctc = CTCHead(config.d_model, vocab_size, blank_id=pad_id) if config.ctc_weight > 0 else None
+        self.ctc_weight = config.ctc_weight            # a schedule may move these (asr.training.schedules)
+        self.label_smoothing = config.label_smoothing
 
     @property
     def has_ctc(self) -> bool:
         return self.ctc is not None
+
+    def scheduled(self) -> dict[str, float]:
+        offered = {"label_smoothing": self.config.label_smoothing}
+        if self.ctc is not None:
+            offered["ctc_weight"] = self.config.ctc_weight
+        return offered
+
+    def set_scheduled(self, name: str, value: float) -> None:
+        if name not in self.scheduled():
+            raise KeyError(f"the Transformer has no scheduled setting {name!r}")
+        setattr(self, name, value)
 
     # Optional capabilities (asr.models.interface): scheduled DropHead and LayerDrop pruning.
 
@@ -602,7 +615,7 @@ class Transformer(nn.Module):
                 log_probs.reshape(-1, log_probs.shape[-1]),
                 target.reshape(-1),
                 ignore_index=self.pad_id,
-                label_smoothing=self.config.label_smoothing,
+                label_smoothing=self.label_smoothing,
                 reduction="sum",
             )
             / num_tokens
@@ -612,9 +625,10 @@ class Transformer(nn.Module):
         if encoder.ctc_log_probs is not None:
             # An utterance whose targets cannot fit its frames adds 0, not inf (zero_infinity).
             ctc_loss = self.ctc.loss(encoder.ctc_log_probs.float(), encoder.lengths, tokens, token_lengths) / num_tokens
-            weight = self.config.ctc_weight
+            weight = self.ctc_weight
             loss = (1.0 - weight) * attention_loss + weight * ctc_loss
-        return ModelOutput(loss=loss, attention_loss=attention_loss, ctc_loss=ctc_loss, num_tokens=num_tokens)
+        return ModelOutput(loss=loss, attention_loss=attention_loss, ctc_loss=ctc_loss, num_tokens=num_tokens,
+                           encoder=encoder)
 
     # Step-wise decoding (asr.decoding): the state is a dict of per-layer lists
     # of (N, H, S, D/H) tensors. Self-attention keys/values grow by one

@@ -22,6 +22,7 @@ class Progress:
     best: list = field(default_factory=list)  # [(metric, epoch)], best first, at most keep_best
     skipped_in_epoch: dict = field(default_factory=dict)  # reason -> training items skipped so far this epoch
     seconds: float = 0.0           # wall-clock seconds of training and validation so far (pauses between resumes excluded)
+    epoch_first_step: int | None = None  # the step this epoch began at, which its plan depends on (asr.training.plan)
 
     def count_skip(self, reason: str, count: int = 1) -> None:
         self.skipped_in_epoch[reason] = self.skipped_in_epoch.get(reason, 0) + count

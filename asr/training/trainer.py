@@ -1,33 +1,35 @@
 """The training loop: epochs of :class:`~asr.training.step.TrainingStep`, validation, checkpoints, resume.
 
-The experiment directory (``exp_dir``) receives the resolved ``config.yaml``,
-``train.log``, TensorBoard event files (``train/loss``, ``train/lr``,
-``train/grad_norm`` and ``grad_norm/<group>`` per logged optimizer step, the
-group norms before clipping, see :func:`asr.training.step.gradient_groups`;
-for a model with scheduled regularisers their rates, e.g.
-``train/drophead_encoder``; ``valid/loss``, ``valid/wer``, ``valid/cer``,
-``train/skipped_utterances`` per epoch at step epoch + 1, with ``valid/step``,
-the optimizer steps taken, and ``valid/minutes``, the wall-clock minutes of the
-run so far, so that curves can be drawn against either; for models that expose
-their attention, ``alignment/<utterance>`` images of a few dev utterances, also
-written as ``alignment_<utterance>.png`` at every validation, so the files hold
-the last one), ``last.pt`` (everything needed to resume), ``epoch{E}.pt`` for the last
-``train.keep_last`` epochs (these can be resumed from too, should ``last.pt`` be unreadable)
-and the best ``train.keep_best`` epochs as ``best_epoch{E}.pt`` (weights only). Every
-checkpoint carries the config, tokenizer and feature pipeline, so any of them can be used
-for inference. ``asr.train`` holds ``train.lock`` while it runs (:mod:`asr.training.runlock`).
+The loop is small on purpose; what it consults lives beside it, one concern to a module:
 
-A stop signal ends the loop at the next step boundary with ``last.pt`` written
-(:mod:`asr.training.signals`); a batch that runs out of CUDA memory is skipped like a
-non-finite one, logged with its size and counted with the epoch's skipped utterances.
+- :mod:`asr.training.schedules`: everything that moves over the updates (learning rate, CTC weight,
+  label smoothing, scheduled sampling, the attention prior, SpecAugment, the length cap), asked once
+  per update and saved with the run;
+- :mod:`asr.training.plan`: an epoch's batches, planned with the data schedules when it starts;
+- :mod:`asr.training.validation` and :mod:`asr.training.metrics`: the validation and its metrics, each
+  of which says whether higher is better;
+- :mod:`asr.training.epoch_end`: ranking an epoch, early stopping, its checkpoints;
+- :mod:`asr.training.reporting`: ``train.log`` and TensorBoard.
+
+The experiment directory (``exp_dir``) receives the resolved ``config.yaml``, ``train.log``,
+TensorBoard event files (:mod:`asr.training.reporting` lists what is in them), ``last.pt`` (everything
+needed to resume), ``epoch{E}.pt`` for the last ``train.keep_last`` epochs (these can be resumed from
+too, should ``last.pt`` be unreadable or missing) and the best ``train.keep_best`` epochs as
+``best_epoch{E}.pt`` (weights only). Every checkpoint carries the config, tokenizer and feature
+pipeline, so any of them can be used for inference. ``asr.train`` holds ``train.lock`` while it runs
+(:mod:`asr.training.runlock`).
+
+``last.pt`` is written when an epoch's batches are done, before its validation, so a validation that
+fails loses no training: ``--resume`` validates that epoch again. A stop signal ends the loop at the
+next step boundary with ``last.pt`` written (:mod:`asr.training.signals`); a batch that runs out of
+CUDA memory is skipped like a non-finite one, logged with its size and counted with the epoch's
+skipped utterances.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -35,20 +37,25 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint, save_epoch_checkpoints
+from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.models import runtime
 from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
-from asr.schedulers import build_scheduler, warmup_updates
+from asr.schedulers import warmup_updates
 from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import all_agree, device_kind, init_distributed, resolve_device
+from asr.training.epoch_end import EpochEnd
+from asr.training.metrics import higher_is_better
+from asr.training.plan import plan_epoch
+from asr.training.reporting import RunLog, setup_logging, write_epoch_summaries  # noqa: F401 (re-exported)
+from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules
 from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
-from asr.training.validation import alignment_figures, alignment_file_name, validate
-from asr.writing import atomic_write, writing
+from asr.training.validation import Validation, alignment_figures, validate
+from asr.writing import atomic_write
 from features.config import resolve_compute_on
 
 logger = logging.getLogger("asr.train")
@@ -93,15 +100,16 @@ class Trainer:
                 self.raw_model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         self.optimizer = build_optimizer(self.raw_model, self.train_cfg)
-        self.scheduler = build_scheduler(
-            self.optimizer, self.train_cfg.scheduler, d_model=config.model.schedule_dim,
-            total_updates=planned_updates(self.train_cfg, len(self.data.sampler)),
-        )
+        self.schedules = build_run_schedules(config, self.raw_model, self.optimizer, len(self.data.sampler))
         use_amp = self.train_cfg.amp and self.device.type == "cuda"
+        # No scheduler here: the schedules set the learning rate before each update.
         self.step = TrainingStep(
-            self.model, self.optimizer, self.scheduler, self.train_cfg.grad_clip, use_amp=use_amp,
+            self.model, self.optimizer, None, self.train_cfg.grad_clip, use_amp=use_amp,
             distributed=self.dist.enabled, pipeline=self.pipeline,
         )
+        self.durations = [u.duration for u in self.data.train_set.utterances]
+        self.epoch_end = EpochEnd(self.exp_dir, self.train_cfg.best_metric, self.train_cfg.keep_best,
+                                  self.train_cfg.keep_last, self.train_cfg.early_stopping_patience, self.dist.is_main)
         logger.info(
             "model: %s, %.2fM parameters; features: %d-dim; vocabulary: %d",
             config.model.type, sum(p.numel() for p in self.raw_model.parameters()) / 1e6,
@@ -109,12 +117,12 @@ class Trainer:
         )
         if resume_state is not None:
             self._restore(resume_state)
-        self.writer = None
-        if self.dist.is_main:
-            from torch.utils.tensorboard import SummaryWriter
+        self.log = RunLog(self.exp_dir, self.train_cfg.log_every_steps, self.dist.is_main)
 
-            with writing(self.exp_dir / "tensorboard"):  # it writes its first event file at once
-                self.writer = SummaryWriter(log_dir=str(self.exp_dir / "tensorboard"))
+    @property
+    def writer(self):
+        """The TensorBoard writer (None off rank 0)."""
+        return self.log.writer
 
     def _resume_state(self, resume: bool) -> dict | None:
         last = self.exp_dir / "last.pt"
@@ -125,16 +133,17 @@ class Trainer:
                 )
             return None
         if not last.is_file():
-            raise TrainingError(f"--resume: no checkpoint to resume from at {last}")
+            return self._resume_fallback(last, "it is missing")
         logger.info("resuming from %s", last)
         try:
             return load_checkpoint(last)
         except CheckpointError as err:
-            return self._resume_fallback(last, err)
+            return self._resume_fallback(last, f"it cannot be read ({err})")
 
-    def _resume_fallback(self, last: Path, err: CheckpointError) -> dict:
-        """``last.pt`` cannot be read (cut short by a copy, say): resume from the newest readable
-        ``epoch{E}.pt``, which carries the same training state at the end of its epoch."""
+    def _resume_fallback(self, last: Path, why: str) -> dict:
+        """``last.pt`` is missing (a full disk before it was first written) or cannot be read (cut short
+        by a copy, say): resume from the newest readable ``epoch{E}.pt``, which carries the same training
+        state at the end of its epoch."""
         numbered = [(int(p.stem[5:]), p) for p in self.exp_dir.glob("epoch*.pt") if p.stem[5:].isdigit()]
         for _, path in sorted(numbered, reverse=True):
             try:
@@ -145,9 +154,11 @@ class Trainer:
             if "optimizer" not in (state.get("training") or {}):
                 logger.warning("--resume: %s has no optimizer state (written by an older version)", path)
                 continue
-            logger.warning("--resume: %s cannot be read (%s); resuming from %s instead", last, err, path)
+            logger.warning("--resume: %s: %s; resuming from %s instead", last, why, path)
             return state
-        raise TrainingError(f"--resume: {last} cannot be read ({err}), and no epoch checkpoint beside it can be resumed")
+        if not numbered and why == "it is missing":
+            raise TrainingError(f"--resume: no checkpoint to resume from at {last} (nor any epoch{{E}}.pt beside it)")
+        raise TrainingError(f"--resume: {last}: {why}, and no epoch checkpoint beside it can be resumed")
 
     # ------------------------------------------------------------------ loops
 
@@ -160,9 +171,7 @@ class Trainer:
                     if self._train_epoch():  # early stopping fired
                         break
         finally:
-            if self.writer is not None:
-                with writing(self._event_file()):
-                    self.writer.close()
+            self.log.close()
         logger.info("training finished after %d steps (epoch %d)", self.progress.step, self.progress.epoch)
         ran = runtime.ran(since=self._runtime_before)
         self.runtime.update(ran)
@@ -209,17 +218,26 @@ class Trainer:
         epoch = progress.epoch
         sampler.set_epoch(epoch)
         self.data.train_set.set_epoch(epoch)
-        batches = list(sampler)[progress.batch_in_epoch :]
+        if progress.batch_in_epoch == 0 or progress.epoch_first_step is None:
+            # (a run of an older version resumed mid-epoch kept no record of it; it had no data schedules)
+            progress.epoch_first_step = progress.step
+        plan = plan_epoch(list(sampler), self.durations, progress.epoch_first_step, cfg.accum_grad, self.schedules)
+        if plan.left_out_batches and progress.batch_in_epoch == 0:
+            logger.info("epoch %d: %d batches (%d utterances) over the max_duration schedule's cap left out",
+                        epoch, plan.left_out_batches, plan.left_out_utterances)
+        planned = len(plan.batches)
+        batches = plan.batches[progress.batch_in_epoch :]
         self.model.train()
         bar = tqdm(total=len(batches), desc=f"epoch {epoch}", disable=None if self.dist.is_main else True, leave=False)
         accumulated, utterances, start = 0, 0, time.time()
+        values: dict[str, float] = {}
         for batch in self._loader(batches, self.data.train_set, epoch):
             if accumulated == 0:  # a step boundary: nothing accumulated that a resume would lose
                 self._stop_if_asked()
+                values = self.schedules.apply(progress.step)  # the values this update is made with
             progress.batch_in_epoch += 1
             accumulated += 1
             self._count_skips(batch)
-            rates = regularisation_progress(self.raw_model, self.train_cfg, len(sampler), progress.step)
             outcome = self.step.backward(batch.to(self.device), scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if outcome.loss is None:
@@ -228,10 +246,10 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 continue
             # A partial accumulation at the end of the epoch is applied, not carried over.
-            if accumulated < cfg.accum_grad and progress.batch_in_epoch != len(sampler):
+            if accumulated < cfg.accum_grad and progress.batch_in_epoch != planned:
                 continue
             accumulated = 0
-            update = self.step.update(group_norms=self._logs_step(progress.step + 1))
+            update = self.step.update(group_norms=self.log.logs_step(progress.step + 1))
             if update.skipped:
                 self._skipped(update.skipped, batch.ids)
                 continue
@@ -239,38 +257,21 @@ class Trainer:
             progress.nonfinite_in_a_row = progress.oom_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
-            self._log_step(outcome.loss, update, epoch, rates)
+            self.log.step(epoch, progress.step, outcome.loss, update.grad_norm, update.group_norms, values)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self._reached_max_steps():
                 break
         bar.close()
-        if self._reached_max_steps() and progress.batch_in_epoch < len(sampler):
+        if self._reached_max_steps() and progress.batch_in_epoch < planned:
             self._save_last()
             return False
-        metrics = self.validate()  # the epoch is complete
+        self._save_last()  # the epoch's training is kept before its validation runs
+        validation = self.validate()
         progress.epoch += 1
         progress.batch_in_epoch = 0
-        return self._end_of_epoch(epoch, metrics)
-
-    def _logs_step(self, step: int) -> bool:
-        """Whether optimizer step ``step`` is logged to TensorBoard."""
-        return self.writer is not None and (step % self.train_cfg.log_every_steps == 0 or step == 1)
-
-    def _log_step(self, loss: float, update, epoch: int, rates: dict[str, float]) -> None:
-        step = self.progress.step
-        if not self._logs_step(step):
-            return
-        lr = self.optimizer.param_groups[0]["lr"]
-        with writing(self._event_file()):
-            self.writer.add_scalar("train/loss", loss, step)
-            self.writer.add_scalar("train/lr", lr, step)
-            self.writer.add_scalar("train/grad_norm", update.grad_norm, step)
-            for group, norm in (update.group_norms or {}).items():
-                self.writer.add_scalar(f"grad_norm/{group}", norm, step)
-            for name, rate in rates.items():  # the scheduled regularisers' rates this update was made with
-                self.writer.add_scalar(f"train/{name}", rate, step)
-        logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
+        progress.epoch_first_step = None
+        return self._end_of_epoch(epoch, validation)
 
     def _count_skips(self, batch) -> None:
         """Log each training item whose audio failed where it was read, and count it by reason for the epoch."""
@@ -310,55 +311,54 @@ class Trainer:
                 "Lower data.max_frames_per_batch or use a smaller model."
             )
 
-    def validate(self) -> dict[str, float]:
-        """Validation loss (token-weighted) and WER/CER on rank 0 (shared with the other ranks)."""
-        metrics: dict[str, float] = {}
+    def validation_options(self) -> DecodingOptions:
+        """The decoding behind the validation WER and CER (``train.valid_*``)."""
+        cfg = self.train_cfg
+        ctc_weight = cfg.valid_ctc_weight if self.raw_model.has_ctc else 0.0
+        return DecodingOptions(beam_size=cfg.valid_beam_size, ctc_weight=ctc_weight, max_len_ratio=cfg.valid_max_len_ratio)
+
+    def validate(self) -> Validation:
+        """Every validation metric of the model (:mod:`asr.training.metrics`) on rank 0, shared with the
+        other ranks. Scored nothing: the metrics are empty and the epoch goes unranked."""
+        result = Validation({})
         if self.dist.is_main and len(self.data.valid_set) > 0:
             loader = self._loader(self.data.valid_batches, self.data.valid_set, 0)
-            options = DecodingOptions(beam_size=self.train_cfg.valid_beam_size)
-            result = validate(self.raw_model, loader, self.tokenizer, self.device, options, self.train_cfg.valid_max_utterances)
+            result = validate(self.raw_model, loader, self.tokenizer, self.device, self.validation_options(),
+                              self.train_cfg.valid_max_utterances)
             if result.skipped:
                 result.skipped.log("validation")
-            metrics = result.metrics
+            if result.utterances == 0:
+                logger.warning("validation scored nothing: none of the %d dev utterances could be read; "
+                               "this epoch goes unranked", len(self.data.valid_set))
+            elif result.decoded == 0:
+                logger.warning("validation decoded no utterance; WER and CER are skipped this epoch")
         if self.dist.enabled:
-            shared = [metrics]
+            shared = [result]
             torch.distributed.broadcast_object_list(shared, src=0)
-            metrics = shared[0]
-        return metrics
+            result = shared[0]
+        return result
 
-    def _end_of_epoch(self, epoch: int, metrics: dict[str, float]) -> bool:
+    def _end_of_epoch(self, epoch: int, validation: Validation) -> bool:
         """Log, rank and checkpoint the finished epoch. Returns True when early stopping fires."""
-        cfg, progress = self.train_cfg, self.progress
+        progress, metrics = self.progress, validation.metrics
         started, before = self._clock
         progress.seconds = before + time.time() - started
-        skipped_text = progress.skipped_text()
-        if metrics:
-            logger.info(
-                "epoch %d: valid loss %.4f, WER %.2f%%, CER %.2f%%; %s",
-                epoch, metrics["valid_loss"], 100 * metrics["valid_wer"], 100 * metrics["valid_cer"], skipped_text,
-            )
-            value = metrics[cfg.best_metric]
-            improved = not progress.best or value < progress.best[0][0]
-            progress.epochs_without_improvement = 0 if improved else progress.epochs_without_improvement + 1
-            progress.best = sorted(progress.best + [(value, epoch)])[: cfg.keep_best]
-        else:
-            logger.info("epoch %d done; %s", epoch, skipped_text)
-        if self.writer is not None:
-            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device) if metrics else []
-            with writing(self._event_file()):
-                write_epoch_summaries(self.writer, self.exp_dir, epoch, progress, metrics, figures)
+        for line in self.schedules.observe(progress.step, metrics):
+            logger.info(line)
+        self.epoch_end.rank(progress, epoch, metrics)
+        figures = []
+        if self.writer is not None and metrics:
+            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device)
+        self.log.validation(epoch, progress, metrics, figures)
         progress.skipped_in_epoch = {}
-        if self.dist.is_main:
-            # epoch{E}.pt can be resumed from, should last.pt be unreadable (see _resume_fallback)
-            extra = {"metric": metrics.get(cfg.best_metric), "metric_name": cfg.best_metric, "epoch": epoch,
-                     "step": progress.step, **self._training_state()}
-            save_epoch_checkpoints(self.exp_dir, epoch, self._payload(extra), cfg.keep_last, {e for _, e in progress.best})
+        self.epoch_end.checkpoint(epoch, progress, metrics, self._payload, self._training_state())
         self._save_last()
-        patience = cfg.early_stopping_patience
-        if patience is not None and progress.epochs_without_improvement >= patience:
-            logger.info("early stopping: no improvement of %s for %d epochs", cfg.best_metric, patience)
-            return True
-        return False
+        if len(self.data.valid_set) > 0 and validation.utterances == 0 and self.dist.is_main:
+            raise TrainingError(
+                f"none of the {len(self.data.valid_set)} dev utterances could be read (data.dev={self.config.data.dev}); "
+                f"epoch {epoch} is saved in {self.exp_dir}. Fix the dev set, then continue with --resume"
+            )
+        return self.epoch_end.should_stop(progress)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -378,7 +378,7 @@ class Trainer:
         return {
             "progress": vars(self.progress).copy(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": self.schedules.state_dict(),
             "rng": rng_state(),
         }
 
@@ -387,18 +387,13 @@ class Trainer:
             return
         save_checkpoint(self.exp_dir / "last.pt", self._payload(self._training_state()))
 
-    def _event_file(self) -> Path:
-        """The TensorBoard event file being written (for an error naming it)."""
-        writer = getattr(getattr(self.writer, "file_writer", None), "event_writer", None)
-        return Path(getattr(writer, "_file_name", self.exp_dir / "tensorboard"))
-
     def _restore(self, state: dict) -> None:
         self.raw_model.load_state_dict(state["model"])
         training = state.get("training") or {}
         if "optimizer" not in training:
             raise TrainingError(f"{self.exp_dir / 'last.pt'} has no optimizer state; it cannot be resumed")
         self.optimizer.load_state_dict(training["optimizer"])
-        self.scheduler.load_state_dict(training["scheduler"])
+        self.schedules.load_state_dict(training.get("scheduler") or {})
         self.progress = Progress(**training["progress"])
         self.progress.best = [tuple(b) for b in self.progress.best]
         set_rng_state(training["rng"])
@@ -413,29 +408,21 @@ def training_lengths(utterances) -> dict[str, float]:
     return {"longest_utterance_seconds": max(durations), "mean_utterance_seconds": sum(durations) / len(durations)}
 
 
-def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress, metrics: dict[str, float],
-                          figures) -> None:
-    """TensorBoard at the end of an epoch, at step epoch + 1: the skip count, the validation metrics
-    with the optimizer steps and minutes so far, and the attention ``figures`` ((utterance id,
-    figure) pairs), which also go to ``exp_dir/alignment_<utterance>.png``."""
-    writer.add_scalar("train/skipped_utterances", sum(progress.skipped_in_epoch.values()), epoch + 1)
-    for name, value in metrics.items():
-        writer.add_scalar(name.replace("valid_", "valid/"), value, epoch + 1)
-    if metrics:
-        writer.add_scalar("valid/step", progress.step, epoch + 1)
-        writer.add_scalar("valid/minutes", progress.seconds / 60, epoch + 1)
-    for utt_id, figure in figures:
-        picture = io.BytesIO()
-        figure.savefig(picture, format="png", dpi=100)
-        atomic_write(exp_dir / alignment_file_name(utt_id), picture.getvalue())  # whole or not at all
-        writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
-    writer.flush()
-def regularisation_progress(model: torch.nn.Module, cfg, batches_per_epoch: int, step: int) -> dict[str, float]:
-    """Tell a model with scheduled regularisers (DropHead) where training stands, before a batch of the
-    update after ``step`` completed ones; returns their rates now (empty for other models)."""
-    if not isinstance(model, ScheduledRegularisation):
-        return {}
-    return model.set_regularisation_progress(step, planned_updates(cfg, batches_per_epoch), warmup_updates(cfg.scheduler))
+def build_run_schedules(config: ExperimentConfig, model: torch.nn.Module, optimizer, batches_per_epoch: int) -> ScheduleSet:
+    """The run's schedules: the learning rate (``train.lr``, ``train.scheduler``), each of
+    ``train.schedules``, and a model's own regularisation schedule (the Transformer's DropHead)."""
+    cfg = config.train
+    total = planned_updates(cfg, batches_per_epoch)
+    lr = LearningRateSchedule(cfg.lr, cfg.scheduler, d_model=config.model.schedule_dim, total_updates=total,
+                              higher_is_better=higher_is_better)
+    regularisation = None
+    if isinstance(model, ScheduledRegularisation):
+        warmup = warmup_updates(cfg.scheduler)
+
+        def regularisation(step: int) -> dict[str, float]:
+            return model.set_regularisation_progress(step, total, warmup)
+
+    return build_schedules(cfg.schedules, lr, model, optimizer, regularisation)
 
 
 def planned_updates(cfg, batches_per_epoch: int) -> int:
@@ -448,37 +435,3 @@ def planned_updates(cfg, batches_per_epoch: int) -> int:
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     kind = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
     return kind(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-
-
-def setup_logging(log_file: Path | None) -> None:
-    """Log INFO and up to stderr (and to ``log_file``), replacing the handlers an earlier Trainer set."""
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    for handler in list(root.handlers):
-        if getattr(handler, "_asr_handler", False):
-            root.removeHandler(handler)
-            handler.close()
-    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stderr)]
-    if log_file is not None:
-        handlers.append(_LogFileHandler(log_file))
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        handler._asr_handler = True
-        root.addHandler(handler)
-
-
-class _LogFileHandler(logging.FileHandler):
-    """``train.log``: when a record cannot be written (a full disk), say so once on stderr and stop
-    writing the file, instead of logging's traceback for every record; stderr still gets them all."""
-
-    def handleError(self, record) -> None:
-        if not getattr(self, "_failed", False):
-            self._failed = True
-            err = sys.exc_info()[1]
-            sys.stderr.write(f"warning: cannot write {self.baseFilename}: {getattr(err, 'strerror', None) or err}; "
-                             "the log goes on on stderr only\n")
-
-    def emit(self, record) -> None:
-        if not getattr(self, "_failed", False):
-            super().emit(record)

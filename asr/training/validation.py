@@ -1,4 +1,4 @@
-"""Validation: the token-weighted loss and the WER/CER of the dev set, and pictures of the attention."""
+"""Validation: the metrics of the dev set (:mod:`asr.training.metrics`), and pictures of the attention."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from asr.data.batching import collate, with_features
 from asr.data.dataset import SpeechDataset
 from asr.data.report import SkipReport
-from asr.decoding import DecodingOptions, decode
-from asr.metrics import error_rates
+from asr.decoding import DecodingOptions, search
+from asr.training.metrics import ValidBatch, metrics_for
 
 ALIGNMENT_UTTERANCES = 3  # dev utterances whose attention is drawn at every validation
 ALIGNMENT_PREFIX = "alignment_"
@@ -25,60 +25,94 @@ def alignment_file_name(utt_id: str) -> str:
 
 @dataclass
 class Validation:
-    metrics: dict[str, float]                 # valid_loss, valid_wer, valid_cer
+    metrics: dict[str, float]                 # by metric name (asr.training.metrics); empty: nothing scored
     skipped: SkipReport = field(default_factory=SkipReport)
+    utterances: int = 0                       # dev utterances scored (their audio could be read)
+    decoded: int = 0                          # of which decoded for WER and CER
 
 
-def decoded_batches(batch_sizes: list[int], max_utterances: int | None) -> set[int]:
-    """Indices of the batches whose utterances are decoded for WER: all of them when ``max_utterances``
-    is None or covers every utterance, else about ``max_utterances`` utterances' worth of batches spread
-    evenly over the list.
+def decoded_counts(batch_sizes: list[int], max_utterances: int | None) -> list[int]:
+    """How many utterances of each batch to decode for WER: all of them when ``max_utterances`` is None
+    or covers every utterance, else ``max_utterances`` spread evenly over the list (the k-th of them at
+    position ``(k + 1/2) * total / max_utterances``).
 
     Validation batches come shortest first, so the first N utterances would be the N shortest, and a
-    speller that loses its alignment on long utterances would not show in the WER. A batch is taken when that brings the
-    count decoded so far nearer to ``max_utterances / total`` of the utterances seen so far, so the
-    count stays within half a batch of that line all along the list.
+    speller that loses its alignment on long utterances would not show in the WER. Utterances, not
+    batches, are chosen, so the count is exact whatever the batches hold (a batch larger than the
+    whole budget still gives its share).
     """
     total = sum(batch_sizes)
     if max_utterances is None or max_utterances >= total:
-        return set(range(len(batch_sizes)))
-    chosen, seen, decoded = set(), 0, 0
-    for index, size in enumerate(batch_sizes):
+        return list(batch_sizes)
+    counts = [0] * len(batch_sizes)
+    starts, seen = [], 0
+    for size in batch_sizes:
+        starts.append(seen)
         seen += size
-        if decoded + size / 2 <= seen * max_utterances / total:
-            chosen.add(index)
-            decoded += size
-    return chosen
+    batch = 0
+    for k in range(max_utterances):
+        position = int((k + 0.5) * total / max_utterances)
+        while starts[batch] + batch_sizes[batch] <= position:
+            batch += 1
+        counts[batch] += 1
+    return counts
+
+
+def spread_rows(size: int, count: int) -> list[int]:
+    """``count`` of ``size`` rows, evenly spread (all of them when ``count >= size``)."""
+    if count >= size:
+        return list(range(size))
+    return sorted({int((k + 0.5) * size / count) for k in range(count)})
 
 
 @torch.no_grad()
 def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
-    """Loss over every batch of ``loader``; WER and CER of about ``max_utterances`` utterances spread
-    over the lengths (see :func:`decoded_batches`; all: None)."""
+    """Every registered metric that applies to ``model`` (:mod:`asr.training.metrics`) over the batches
+    of ``loader``: one teacher-forced pass per batch, and a decode of ``max_utterances`` utterances spread
+    over the lengths for WER and CER (see :func:`decoded_counts`; all: None). An unreadable utterance
+    meant to be decoded is replaced by the next batch's, so the count holds while enough can be read."""
     was_training = model.training
     model.eval()
-    total, tokens = 0.0, 0
-    refs, hyps = [], []
+    metrics = metrics_for(model)
     skipped = SkipReport()
-    decoded = decoded_batches([len(b) for b in loader.batch_sampler], max_utterances)
+    counts = decoded_counts([len(b) for b in loader.batch_sampler], max_utterances)
+    owed, scored, decoded_total = 0, 0, 0
     for index, batch in enumerate(loader):
         for skip in batch.skipped:
             skipped.add(skip)
+        owed += counts[index]
         if len(batch) == 0:
             continue
         batch = batch.to(device)
         if batch.audio is not None:  # features.compute_on: device; the dataset's pipeline computes them here
             batch = with_features(batch, loader.dataset.pipeline)
         output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
-        total += float(output.loss) * output.num_tokens
-        tokens += output.num_tokens
-        if index in decoded:
-            hyps += [tokenizer.decode(h) for h in decode(model, batch.features, batch.feature_lengths, options)]
-            refs += [tokenizer.decode(t[:n].tolist()) for t, n in zip(batch.tokens, batch.token_lengths)]
+        references = [tokenizer.decode(t[:n].tolist()) for t, n in zip(batch.tokens, batch.token_lengths)]
+        rows = spread_rows(len(batch), owed)
+        owed -= len(rows)
+        hypotheses = None
+        if rows:
+            hypotheses = _decode_rows(model, output, batch, rows, tokenizer, options)
+        view = ValidBatch(batch, model, output, tokenizer, references, rows, hypotheses)
+        for metric in metrics:
+            metric.add(view)
+        scored += len(batch)
+        decoded_total += len(rows)
     model.train(was_training)
-    rates = error_rates(refs, hyps)
-    metrics = {"valid_loss": total / max(tokens, 1), "valid_wer": rates["wer"], "valid_cer": rates["cer"]}
-    return Validation(metrics, skipped)
+    values = {m.name: m.result() for m in metrics}
+    return Validation({k: v for k, v in values.items() if v is not None}, skipped, scored, decoded_total)
+
+
+def _decode_rows(model, output, batch, rows: list[int], tokenizer, options: DecodingOptions) -> list[str]:
+    """The decoded texts of ``rows`` of ``batch``, from the encoder output of its teacher-forced pass
+    (the same in eval mode) when the model kept it, else encoded again."""
+    index = torch.tensor(rows, device=batch.features.device)
+    encoder = output.encoder
+    if encoder is None:
+        encoder = model.encode(batch.features.index_select(0, index), batch.feature_lengths.index_select(0, index))
+    elif len(rows) < len(batch):
+        encoder = encoder.index_select(index)
+    return [tokenizer.decode(h) for h in search(model, encoder, options)]
 
 
 @torch.no_grad()

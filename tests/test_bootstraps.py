@@ -1,0 +1,111 @@
+"""The alignment bootstraps and convergence diagnostics on tiny runs (issue 48), and a validation that
+never ends a run (issue 49): every new recipe option trains end to end here."""
+
+import shutil
+
+import pytest
+import yaml
+
+from helpers import tiny_run, tiny_valid
+
+from asr.checkpointing import load_checkpoint
+from asr.cli.train import main
+from asr.curves import read_scalars
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
+
+# Every schedule target, a plateau learning rate, CTC-assisted validation decoding, and a metric where
+# higher is better as the one that ranks the epochs.
+BOOTSTRAPS = [
+    "train.max_epochs=2",
+    "train.lr=0.003",
+    "train.scheduler.kind=plateau",
+    "train.scheduler.warmup_steps=2",
+    "train.scheduler.plateau_metric=valid_attention_spearman",
+    "train.best_metric=valid_attention_spearman",
+    "train.valid_ctc_weight=0.3",
+    "train.valid_max_len_ratio=0.5",
+    "model.attention.scaling=2.0",
+    "features.spec_augment.enabled=true",
+    "train.schedules={ctc_weight: {points: [[0, 0.6], [4, 0.3]]}, "
+    "label_smoothing: {points: [[0, 0.0], [4, 0.1]]}, "
+    "sampling_probability: {points: [[0, 0.0], [3, 0.2]], interpolation: linear}, "
+    "attention_prior: {points: [[0, 2.0], [5, 0.0]], interpolation: linear}, "
+    "spec_augment: {points: [[0, 0.0], [4, 1.0]]}, "
+    "max_duration: {points: [[0, 1.2], [3, 100.0]]}, "
+    "listener_layers: {points: [[0, 1], [3, 2]]}}",
+]
+
+
+def test_every_bootstrap_and_diagnostic_on_a_tiny_run(tmp_path):
+    assert main(tiny_run(tmp_path, *BOOTSTRAPS)) == 0
+    exp = tmp_path / "exp"
+    scalars = read_scalars(exp)
+    values = {tag: {step: value for _, step, value in rows} for tag, rows in scalars.items()}
+    # each update logs the values it was made with
+    assert values["train/ctc_weight"][1] == pytest.approx(0.6) and values["train/ctc_weight"][5] == pytest.approx(0.3)
+    assert values["train/label_smoothing"][4] == 0.0 and values["train/label_smoothing"][5] == pytest.approx(0.1)
+    assert values["train/sampling_probability"][3] == pytest.approx(0.2 * 2 / 3)
+    assert values["train/attention_prior"][1] == pytest.approx(2.0) and values["train/attention_prior"][6] == 0.0
+    assert values["train/spec_augment"][1] == 0.0 and values["train/max_duration"][1] == pytest.approx(1.2)
+    assert values["train/listener_layers"][1] == 1.0 and values["train/listener_layers"][4] == 2.0
+    assert int(load_checkpoint(exp / "last.pt")["model"]["listener.active_layers"]) == 2
+    for name in ("loss", "wer", "cer", "ctc_cer", "attention_loss", "loss_without_context",
+                 "attention_spearman", "attention_at_end"):
+        assert len(values[f"valid/{name}"]) == 2, name
+    log = (exp / "train.log").read_text()
+    assert "over the max_duration schedule's cap left out" in log  # the first epoch's long batches
+    assert "ctc_cer" in log and "attention_spearman" in log
+    recorded = yaml.safe_load((exp / "config.yaml").read_text())["train"]
+    assert recorded["schedules"]["attention_prior"]["interpolation"] == "linear"
+    best = load_checkpoint(next(exp.glob("best_epoch*.pt")))["training"]
+    assert best["metric_name"] == "valid_attention_spearman" and best["higher_is_better"] is True
+    last = load_checkpoint(exp / "last.pt")["training"]
+    assert "decays" in last["scheduler"]["schedules"]["lr"]  # the plateau's state is kept to resume
+
+
+def test_a_run_stopped_and_resumed_mid_epoch_plans_the_same_batches(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    for folder in (straight, stopped):
+        folder.mkdir()
+    assert main(tiny_run(straight, *BOOTSTRAPS)) == 0
+    args = tiny_run(stopped, *BOOTSTRAPS)
+    assert main([*args, "train.max_steps=4"]) == 0
+    assert load_checkpoint(stopped / "exp" / "last.pt")["training"]["progress"]["batch_in_epoch"] > 0  # mid-epoch
+    assert main([*args, "--resume"]) == 0
+    expected = load_checkpoint(straight / "exp" / "last.pt")
+    got = load_checkpoint(stopped / "exp" / "last.pt")
+    assert got["training"]["progress"]["step"] == expected["training"]["progress"]["step"]
+    for key, weights in expected["model"].items():
+        assert (weights == got["model"][key]).all(), key
+
+
+def test_a_cap_on_decoded_utterances_below_half_a_dev_batch_still_scores_that_many(tmp_path):
+    # issue 49: 20 dev utterances in one batch and valid_max_utterances=4 crashed at the end of epoch 0
+    valid = tiny_valid(tmp_path / "dev20", count=20)
+    args = tiny_run(tmp_path, "train.max_epochs=1", "data.max_frames_per_batch=50000", "train.valid_max_utterances=4")
+    args = [a if not a.startswith("data.dev=") else f"data.dev=[{valid}]" for a in args]
+    assert main(args) == 0
+    values = read_scalars(tmp_path / "exp")
+    assert len(values["valid/wer"]) == 1
+    assert (tmp_path / "exp" / "epoch0.pt").is_file()
+
+
+def test_a_dev_set_that_cannot_be_read_stops_the_run_with_its_epoch_saved(tmp_path, capsys):
+    valid = tiny_valid(tmp_path / "broken", count=4)
+    for flac in valid.rglob("*.flac"):  # cut mid-stream: the headers read, the audio does not
+        data = flac.resolve().read_bytes()
+        flac.unlink()
+        flac.write_bytes(data[: len(data) // 3])
+    args = [a if not a.startswith("data.dev=") else f"data.dev=[{valid}]"
+            for a in tiny_run(tmp_path, "train.max_epochs=2")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "none of the 4 dev utterances could be read" in err and "Traceback" not in err
+    assert (tmp_path / "exp" / "epoch0.pt").is_file() and (tmp_path / "exp" / "last.pt").is_file()
+    # the dev set mended, --resume goes on from the saved epoch
+    shutil.rmtree(valid)
+    mended = tiny_valid(tmp_path / "mended", count=4)
+    args = [a if not a.startswith("data.dev=") else f"data.dev=[{mended}]" for a in args]
+    assert main([*args, "--resume"]) == 0
+    assert load_checkpoint(tmp_path / "exp" / "last.pt")["training"]["progress"]["epoch"] == 2

@@ -1,0 +1,185 @@
+"""Schedules (asr/training/schedules.py) and the epoch plan they drive (asr/training/plan.py)."""
+
+import math
+import pickle
+
+import pytest
+import torch
+
+from asr.config import ConfigError, from_dict
+from asr.experiment import TrainConfig, load_experiment_config
+from asr.schedulers import SchedulerConfig, linear_warmup_lambda
+from asr.training.plan import PlannedIndex, plan_epoch
+from asr.training.schedules import (
+    LearningRateSchedule,
+    PiecewiseSchedule,
+    ScheduleConfig,
+    ScheduleSet,
+    build_schedules,
+)
+from helpers import LAS_RECIPE
+
+
+def piecewise(points, interpolation="hold"):
+    return PiecewiseSchedule(ScheduleConfig(points=points, interpolation=interpolation))
+
+
+def test_held_points_change_value_exactly_at_their_update():
+    schedule = piecewise([[0, 0.0], [100, 1.0], [300, 0.5]])
+    assert [schedule.value(s) for s in (0, 99, 100, 299, 300, 10**6)] == [0.0, 0.0, 1.0, 1.0, 0.5, 0.5]
+
+
+def test_linear_points_interpolate_and_hold_outside_them():
+    schedule = piecewise([[10, 1.0], [20, 0.0]], "linear")
+    assert schedule.value(0) == 1.0 and schedule.value(10) == 1.0
+    assert schedule.value(15) == pytest.approx(0.5)
+    assert schedule.value(19) == pytest.approx(0.1)
+    assert schedule.value(20) == 0.0 and schedule.value(1000) == 0.0
+
+
+@pytest.mark.parametrize("points, message", [
+    ([], "at least one"),
+    ([[10, 1.0], [5, 0.0]], "increasing"),
+    ([[0, 1.0, 2.0]], "each point"),
+    ([[-1, 1.0]], ">= 0"),
+])
+def test_malformed_points_are_refused_naming_the_key(points, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        from_dict(TrainConfig, {"schedules": {"ctc_weight": {"points": points}}}, "train")
+    assert "train.schedules.ctc_weight" in str(err.value)
+
+
+def test_a_value_out_of_range_or_an_unknown_target_is_refused_from_the_recipe():
+    with pytest.raises(ConfigError, match=r"train.schedules.ctc_weight: value 1.0 at update 5.0 is outside \[0.0, 1.0\)"):
+        load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_weight: {points: [[0, 0.5], [5, 1.0]]}}"])
+    with pytest.raises(ConfigError, match="train.schedules.ctc_wieght: no such schedule target"):
+        load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_wieght: {points: [[0, 0.5]]}}"])
+
+
+class _Model:
+    def __init__(self, offered):
+        self.offered, self.set = offered, {}
+
+    def scheduled(self):
+        return dict(self.offered)
+
+    def set_scheduled(self, name, value):
+        self.set[name] = value
+
+
+def _optimizer(lr=1.0):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def test_the_set_drives_the_optimizer_and_the_model_once_per_update():
+    model, optimizer = _Model({"ctc_weight": 0.3}), _optimizer()
+    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="linear_warmup", warmup_steps=4), None, None)
+    schedules = build_schedules({"ctc_weight": ScheduleConfig([[0, 0.5], [2, 0.3]])}, lr, model, optimizer)
+    for step in range(6):
+        values = schedules.apply(step)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * linear_warmup_lambda(4)(step))
+        assert values["lr"] == optimizer.param_groups[0]["lr"]
+        assert model.set["ctc_weight"] == values["ctc_weight"] == (0.5 if step < 2 else 0.3)
+
+
+def test_a_model_target_the_model_does_not_offer_is_a_config_error_naming_it():
+    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant", warmup_steps=0), None, None)
+    with pytest.raises(ConfigError, match="train.schedules.ctc_weight: the model .* has no 'ctc_weight'"):
+        build_schedules({"ctc_weight": ScheduleConfig([[0, 0.5]])}, lr, _Model({"label_smoothing": 0.1}), _optimizer())
+
+
+def _plateau(**options):
+    config = SchedulerConfig(kind="plateau", warmup_steps=2, decay_factor=0.5, min_factor=0.25, **options)
+    return LearningRateSchedule(1.0, config, None, None, higher_is_better=lambda name: name == "valid_attention_spearman")
+
+
+def test_plateau_warms_up_then_halves_after_each_plateau_down_to_its_floor():
+    lr = _plateau(plateau_patience=2)
+    assert [lr.value(s) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
+    lines = [lr.observe(10, {"valid_loss": v}) for v in (3.0, 2.0, 2.5, 2.1)]
+    assert lines[:3] == [None, None, None] and "learning rate x0.5" in lines[3]
+    assert lr.value(11) == 0.5
+    lr.observe(12, {"valid_loss": 2.0})
+    assert lr.observe(13, {"valid_loss": 2.0}) is not None and lr.value(14) == 0.25
+    lr.observe(15, {"valid_loss": 2.0})
+    assert lr.observe(16, {"valid_loss": 2.0}) is None and lr.value(17) == 0.25  # min_factor
+
+
+def test_plateau_follows_the_metrics_direction_and_its_state_survives_a_resume():
+    lr = _plateau(plateau_metric="valid_attention_spearman")
+    assert lr.observe(5, {"valid_attention_spearman": 0.5}) is None
+    assert lr.observe(6, {"valid_attention_spearman": 0.7}) is None  # higher is better: an improvement
+    assert lr.observe(7, {"valid_attention_spearman": 0.6}) is not None
+    resumed = _plateau(plateau_metric="valid_attention_spearman")
+    ScheduleSet({"lr": resumed}).load_state_dict(pickle.loads(pickle.dumps(ScheduleSet({"lr": lr}).state_dict())))
+    assert resumed.value(8) == lr.value(8) == 0.5 and resumed.best == 0.7
+
+
+def test_an_older_runs_lambdalr_state_restores_nothing():
+    lr = _plateau()
+    old = torch.optim.lr_scheduler.LambdaLR(_optimizer(), lambda s: 1.0).state_dict()
+    ScheduleSet({"lr": lr}).load_state_dict(old)
+    assert lr.decays == 0 and lr.value(10) == 1.0
+
+
+def test_the_plan_leaves_out_batches_over_the_cap_at_their_expected_update():
+    durations = [2.0, 3.0, 12.0, 4.0, 15.0, 1.0, 9.0]
+    batches = [[0, 1], [2], [3], [4], [5], [6]]
+    schedules = ScheduleSet({"max_duration": piecewise([[0, 5.0], [12, 10.0]])})
+    plan = plan_epoch(batches, durations, first_step=10, accum_grad=1, schedules=schedules)
+    # updates 10 and 11 admit [0, 1] and [3]; from 12 the cap is 10 s: [5] and [6] in, [4] (15 s) out
+    assert plan.batches == [[0, 1], [3], [5], [6]]
+    assert (plan.left_out_batches, plan.left_out_utterances) == (2, 2)
+    # with two batches an update, the cap lifts two admitted batches later
+    plan = plan_epoch(batches, durations, first_step=10, accum_grad=2, schedules=schedules)
+    assert plan.batches == [[0, 1], [3], [5]]
+    # no schedule: every batch, each index with SpecAugment's full share
+    plan = plan_epoch(batches, durations, 0, 1, ScheduleSet({}))
+    assert plan.batches == batches and all(i.spec_augment == 1.0 for b in plan.batches for i in b)
+
+
+def test_planned_indices_carry_the_spec_augment_share_to_the_workers():
+    schedules = ScheduleSet({"spec_augment": piecewise([[0, 0.0], [2, 1.0]])})
+    plan = plan_epoch([[0], [1], [2], [3]], [1.0] * 4, 0, 1, schedules)
+    assert [b[0].spec_augment for b in plan.batches] == [0.0, 0.0, 1.0, 1.0]
+    index = pickle.loads(pickle.dumps(plan.batches[2][0]))
+    assert isinstance(index, PlannedIndex) and index == 2 and index.spec_augment == 1.0
+    assert [10, 20, 30, 40][index] == 30  # still an index
+
+
+def test_spec_augment_share_zero_leaves_features_unmasked_and_one_changes_nothing():
+    from features.config import FeatureConfig, SpecAugmentConfig
+    from features.pipeline import FeaturePipeline
+
+    pipeline = FeaturePipeline(FeatureConfig(num_mel_bins=23, mvn="utterance", dither=0.0,
+                                             spec_augment=SpecAugmentConfig(enabled=True, freq_masks=2, time_masks=2)))
+    wave = torch.randn(16000) * 0.1
+
+    def features(share):
+        generator = torch.Generator().manual_seed(3)
+        return pipeline.from_waveform(wave, 16000, train=True, generator=generator, spec_augment=share)
+
+    plain = pipeline.from_waveform(wave, 16000, train=False)
+    assert torch.equal(features(0.0), plain)
+    masked = features(1.0)
+    assert not torch.equal(masked, plain)
+    generator = torch.Generator().manual_seed(3)
+    assert torch.equal(masked, pipeline.from_waveform(wave, 16000, train=True, generator=generator))  # the default
+    shares = [not torch.equal(features_seeded(pipeline, wave, seed, 0.5), plain) for seed in range(40)]
+    assert 8 <= sum(shares) <= 32  # about half the utterances masked
+
+
+def features_seeded(pipeline, wave, seed, share):
+    return pipeline.from_waveform(wave, 16000, train=True, generator=torch.Generator().manual_seed(seed),
+                                  spec_augment=share)
+
+
+def test_the_recipes_schedules_load_and_are_recorded_with_the_run_config():
+    from asr.experiment import experiment_config_from_dict, experiment_config_to_dict
+
+    config = load_experiment_config(LAS_RECIPE.parent / "rehearsal_las.yaml")
+    assert set(config.train.schedules) == {"max_duration", "attention_prior", "spec_augment", "label_smoothing"}
+    again = experiment_config_from_dict(experiment_config_to_dict(config))
+    assert again.train.schedules == config.train.schedules
+    prior = PiecewiseSchedule(config.train.schedules["attention_prior"])
+    assert prior.value(0) == 1.0 and prior.value(10**6) == 0.0 and 0.0 < prior.value(550) < 1.0
