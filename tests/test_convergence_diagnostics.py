@@ -165,3 +165,27 @@ def test_a_growing_listener_keeps_its_rate_and_size_and_ignores_the_layers_not_y
     del state["listener.active_layers"]
     fresh.load_state_dict(state)
     assert int(fresh.listener.active_layers) == 3
+
+
+def test_a_ctc_only_las_trains_its_listener_alone_and_decodes_with_its_ctc_head():
+    from asr.decoding import DecodingOptions, ctc_best_path, search
+
+    torch.manual_seed(0)
+    model = LAS(small_las_config(ctc_weight=1.0), 6, VOCAB)
+    assert model.ctc_only and "ctc_weight" not in model.scheduled()
+    batch = las_batch(VOCAB)
+    output = model(*batch)
+    assert output.attention_loss is None and output.attention_weights is None
+    assert torch.equal(output.loss, output.ctc_loss)
+    output.loss.backward()
+    assert all(p.grad is None for p in model.speller.parameters())  # the speller is never run
+    assert all(p.grad is not None for p in model.listener.parameters() if p.requires_grad)
+    model.eval()
+    encoder = model.encode(batch[0], batch[1])
+    for options in (DecodingOptions(), DecodingOptions(beam_size=4, ctc_weight=0.3)):
+        assert search(model, encoder, options) == ctc_best_path(encoder, model.pad_id)
+    assert {m.name for m in metrics_for(model)} == {"valid_loss", "valid_wer", "valid_cer", "valid_ctc_cer"}
+    with pytest.raises(ValueError, match=r"ctc_weight must be in \[0, 1\)"):
+        from asr.models.transformer import TransformerConfig
+
+        TransformerConfig(ctc_weight=1.0)  # only LAS offers the CTC-only comparison

@@ -135,8 +135,8 @@ def test_config_from_yaml_dict_and_errors_name_the_key():
         from_dict(LASConfig, {"layer_norm": "pre"}, "model")
     with pytest.raises(ConfigError, match="model.speller.hiden_size"):
         from_dict(LASConfig, {"speller": {"hiden_size": 3}}, "model")
-    with pytest.raises(ConfigError, match="ctc_weight must be in"):
-        from_dict(LASConfig, {"ctc_weight": 1.0}, "model")
+    with pytest.raises(ConfigError, match=r"ctc_weight must be in \[0, 1\]"):
+        from_dict(LASConfig, {"ctc_weight": 1.5}, "model")
     with pytest.raises(ValueError, match="must differ"):
         LAS(LASConfig(), input_dim=4, vocab_size=10, pad_id=0, sos_id=1, eos_id=1)
 

@@ -38,8 +38,9 @@ __all__ = [
 
 @torch.no_grad()
 def search(model, encoder: EncoderOutput, options: DecodingOptions = DecodingOptions()) -> list[list[int]]:
-    """Token ids (no ``<sos>``/``<eos>``) of each of the B utterances of ``encoder``."""
-    if options.ctc_greedy:
+    """Token ids (no ``<sos>``/``<eos>``) of each of the B utterances of ``encoder``; a CTC-only model
+    (``ctc_only``, its decoder never trained) is decoded by its CTC head's best path whatever ``options`` say."""
+    if options.ctc_greedy or getattr(model, "ctc_only", False):
         return ctc_best_path(encoder, model.pad_id)
     if options.greedy:
         return greedy_search(model, encoder, options)

@@ -46,7 +46,7 @@ everything, so any ``index`` stays valid.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -66,10 +66,15 @@ class ModelConfig:
                                    # CTC's monotonic alignment makes attention converge much faster
     label_smoothing: float = 0.1   # on the attention loss only; spreads this share of the target mass over V
 
+    # Whether ctc_weight 1.0 is allowed: a CTC-only model of the same encoder, whose decoder is never run
+    # and whose decoding takes the CTC head's best path (LAS offers it, for comparisons).
+    ctc_only_allowed: ClassVar[bool] = False
+
     def __post_init__(self) -> None:
-        if not 0.0 <= self.ctc_weight < 1.0:
+        if not (0.0 <= self.ctc_weight < 1.0 or (self.ctc_only_allowed and self.ctc_weight == 1.0)):
             # 1.0 would leave the decoder untrained while decoding still needs it.
-            raise ValueError(f"ctc_weight must be in [0, 1), got {self.ctc_weight}")
+            upper = "1]" if self.ctc_only_allowed else "1)"
+            raise ValueError(f"ctc_weight must be in [0, {upper}, got {self.ctc_weight}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 

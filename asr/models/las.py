@@ -48,6 +48,7 @@ class LASConfig(ModelConfig):
     """The ``model:`` section of an LAS recipe (``ctc_weight`` and ``label_smoothing``: :class:`ModelConfig`)."""
 
     type: Literal["las"] = "las"
+    ctc_only_allowed = True  # ctc_weight 1.0: the listener and its CTC head alone (ModelConfig)
     listener: ListenerConfig = field(default_factory=ListenerConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     speller: SpellerConfig = field(default_factory=SpellerConfig)
@@ -140,6 +141,11 @@ class LAS(nn.Module):
     def has_ctc(self) -> bool:
         return self.ctc is not None
 
+    @property
+    def ctc_only(self) -> bool:
+        """``ctc_weight: 1.0``: the speller is never run, and decoding takes the CTC head's best path."""
+        return self.config.ctc_weight == 1.0
+
     def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EncoderOutput:
         """features (B, T, D), feature_lengths (B,) -> :class:`EncoderOutput` with
         out (B, T', 2H), T' = ceil(T / listener reduction)."""
@@ -159,6 +165,10 @@ class LAS(nn.Module):
         (no ``<sos>``/``<eos>``), token_lengths (B,) -> losses (see the module docstring)."""
         encoder = self.encode(features, feature_lengths)
         token_lengths = token_lengths.to(tokens.device)
+        if self.ctc_only:
+            num_tokens = int((token_lengths + 1).sum())
+            ctc_loss = self.ctc.loss(encoder.ctc_log_probs, encoder.lengths, tokens, token_lengths) / max(num_tokens, 1)
+            return ModelOutput(ctc_loss, None, ctc_loss, num_tokens, None, encoder)
         decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
         log_probs, weights = self.speller(decoder_input, encoder.out, encoder.mask, target_lengths=token_lengths + 1)
         attention_loss, num_tokens = self._attention_loss(log_probs, target, token_lengths, self.label_smoothing)
@@ -197,12 +207,12 @@ class LAS(nn.Module):
                    "sampling_probability": self.config.speller.sampling_probability,
                    "attention_prior": 0.0,
                    "listener_layers": float(self.config.listener.num_layers)}
-        if self.ctc is not None:
+        if self.ctc is not None and not self.ctc_only:
             offered["ctc_weight"] = self.config.ctc_weight
         return offered
 
     def set_scheduled(self, name: str, value: float) -> None:
-        if name == "ctc_weight" and self.ctc is not None:
+        if name == "ctc_weight" and self.ctc is not None and not self.ctc_only:
             self.ctc_weight = value
         elif name == "label_smoothing":
             self.label_smoothing = value

@@ -133,13 +133,18 @@ class ValidLoss(_Ratio):
         self.weight += view.output.num_tokens
 
 
+def _has_attention_decoder(model) -> bool:
+    """A LAS whose speller is trained (not a CTC-only one)."""
+    return hasattr(model, "loss_without_context") and not getattr(model, "ctc_only", False)
+
+
 @register
 class AttentionLoss(_Ratio):
     name = "valid_attention_loss"
 
     @staticmethod
     def applies(model) -> bool:
-        return hasattr(model, "loss_without_context")
+        return _has_attention_decoder(model)
 
     def add(self, view: ValidBatch) -> None:
         if view.output.attention_loss is not None:
@@ -153,7 +158,7 @@ class LossWithoutContext(_Ratio):
 
     @staticmethod
     def applies(model) -> bool:
-        return hasattr(model, "loss_without_context")
+        return _has_attention_decoder(model)
 
     def add(self, view: ValidBatch) -> None:
         batch, encoder = view.batch, view.output.encoder
@@ -240,7 +245,7 @@ class _Attention(ValidationMetric):
 
     @staticmethod
     def applies(model) -> bool:
-        return callable(getattr(model, "decoder_attention", None)) and hasattr(model, "loss_without_context")
+        return callable(getattr(model, "decoder_attention", None)) and _has_attention_decoder(model)
 
     def __init__(self) -> None:
         self.values: list[float] = []
