@@ -472,3 +472,47 @@ def test_ctc_greedy_is_the_ctc_best_path():
     features, lengths = toy_batch()
     encoder = model.encode(features, lengths)
     assert search(model, encoder, DecodingOptions(ctc_greedy=True)) == ctc_best_path(encoder, PAD)
+
+
+def _loop_recursions(scorer, state, candidates, start):
+    """The prefix recursions as a loop over frames (the definition, asr.models.ctc.CTCPrefixScorer.score)."""
+    time = scorer.x.size(0)
+    x_c = scorer.x.gather(2, candidates.unsqueeze(0).expand(time, -1, -1))
+    x_blank = scorer.x[:, :, scorer.blank_id].unsqueeze(-1)
+    r_prev_n, r_prev_b = state.r[:, 0].unsqueeze(-1), state.r[:, 1].unsqueeze(-1)
+    repeat = (candidates == state.last.unsqueeze(-1)).unsqueeze(0)
+    phi = torch.logaddexp(r_prev_b, torch.where(repeat, torch.full_like(x_c, float("-inf")), r_prev_n))
+    r_n, r_b = torch.full_like(x_c, float("-inf")), torch.full_like(x_c, float("-inf"))
+    r_n[0] = torch.where((state.last < 0).unsqueeze(-1), x_c[0], torch.full_like(x_c[0], float("-inf")))
+    psi = r_n[start - 1].clone()
+    for t in range(start, time):
+        r_n[t] = torch.logaddexp(r_n[t - 1], phi[t - 1]) + x_c[t]
+        r_b[t] = torch.logaddexp(r_b[t - 1], r_n[t - 1]) + x_blank[t]
+        psi = torch.logaddexp(psi, phi[t - 1] + x_c[t])
+    return r_n, r_b, psi
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_unrolled_prefix_recursions_equal_the_loop_over_frames(dtype):
+    torch.manual_seed(3)
+    rows, time, vocab = 3, 60, 12
+    log_probs = torch.log_softmax(torch.randn(rows, time, vocab, dtype=dtype) * 4, -1)
+    lengths = torch.tensor([60, 41, 7])
+    scorer = CTCPrefixScorer(log_probs, lengths, blank_id=PAD, eos_id=EOS)
+    state = scorer.initial_state()
+    for step in range(6):  # a few tokens in, including a repeat
+        tokens = torch.tensor([[3], [4 + step % 2], [3]])
+        rows_index = torch.arange(rows)
+        candidates = torch.randint(3, vocab, (rows, 5))
+        candidates[:, 0] = tokens[:, 0]
+        _, r, psi = scorer.score(state, candidates, min_prefix_length=step)
+        r_n, r_b, expected_psi = _loop_recursions(scorer, state, candidates, min(max(1, step), time))
+        tolerance = {"atol": 2e-3, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-9, "rtol": 1e-12}
+        real = torch.isfinite(expected_psi)
+        assert torch.equal(real, torch.isfinite(psi))  # the same prefixes impossible
+        torch.testing.assert_close(psi[real], expected_psi[real], **tolerance)
+        for got, want in ((r[:, 0], r_n), (r[:, 1], r_b)):
+            finite = torch.isfinite(want)
+            assert torch.equal(finite, torch.isfinite(got))
+            torch.testing.assert_close(got[finite], want[finite], **tolerance)
+        state = scorer.select(r, psi, candidates, rows_index, torch.zeros_like(rows_index))

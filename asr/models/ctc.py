@@ -149,10 +149,12 @@ class CTCPrefixScorer:
         # recursion may start there.
         start = min(max(1, min_prefix_length), time)
         psi = r_n[start - 1].clone()
-        for t in range(start, time):
-            r_n[t] = torch.logaddexp(r_n[t - 1], phi[t - 1]) + x_c[t]
-            r_b[t] = torch.logaddexp(r_b[t - 1], r_n[t - 1]) + x_blank[t]
-            psi = torch.logaddexp(psi, phi[t - 1] + x_c[t])
+        if start < time:
+            r_n[start:], r_b[start:], psi = _unrolled(x_c, x_blank, phi, r_n[start - 1], start)
+        # Written as a loop over frames, the recursions are, for t >= start:
+        #   r_n[t] = logaddexp(r_n[t - 1], phi[t - 1]) + x_c[t]
+        #   r_b[t] = logaddexp(r_b[t - 1], r_n[t - 1]) + x_blank[t]
+        #   psi    = logaddexp(psi, phi[t - 1] + x_c[t])
         # <eos>: the output is exactly g; read g's variables at the last frame
         # (padded frames are blank with certainty, so the last row frame of the
         # tensor equals each row's own last valid frame).
@@ -178,3 +180,39 @@ class CTCPrefixScorer:
         return CTCPrefixState(
             r=r[:, :, parent, choice], score=psi[parent, choice], last=candidates[parent, choice]
         )
+
+
+# A log-probability that stands for -inf inside _unrolled: the cumulative sums there must stay finite.
+# Any path through one is impossible, and every sum at or below _IMPOSSIBLE / 2 is -inf again: a real
+# prefix would need tens of thousands of frames of its least likely token to come near it.
+_IMPOSSIBLE = -1.0e7
+
+
+def _unrolled(x_c: torch.Tensor, x_blank: torch.Tensor, phi: torch.Tensor, r_n_before: torch.Tensor, start: int):
+    """The prefix recursions of :meth:`CTCPrefixScorer.score` from frame ``start`` on, without a loop
+    over frames: each is a first-order recursion in log space, ``y[t] = logaddexp(y[t - 1], a[t - 1]) + x[t]``,
+    so with ``D[t] = x[start] + ... + x[t]`` (``D[start - 1] = 0``) it is
+    ``y[t] = D[t] + logaddexp(y[start - 1], logcumsumexp over s = start-1..t-1 of (a[s] - D[s]))``.
+    Computed in float64 (the cumulative sums subtract large numbers); returns ``r_n[start:]``,
+    ``r_b[start:]`` (T - start, N, K) and ``psi`` (N, K) in the input's dtype."""
+    dtype = x_c.dtype
+    neg_inf = float("-inf")
+    x = x_c[start:].double().clamp(min=_IMPOSSIBLE)                    # (T', N, K), T' = T - start
+    blank = x_blank[start:].double().clamp(min=_IMPOSSIBLE)            # (T', N, 1)
+    a = phi[start - 1 : -1].double()                                   # phi[s], s = start-1 .. T-2
+    before = r_n_before.double()                                       # r_n[start - 1] (N, K)
+
+    def shifted(total: torch.Tensor) -> torch.Tensor:  # D[s] for s = start-1 .. T-2
+        return torch.cat([torch.zeros_like(total[:1]), total[:-1]], dim=0)
+
+    d = x.cumsum(0)
+    r_n = d + torch.logaddexp(before.unsqueeze(0), torch.logcumsumexp(a - shifted(d), dim=0))
+    e = blank.cumsum(0)
+    r_n_prev = torch.cat([before.unsqueeze(0), r_n[:-1]], dim=0)      # r_n[s], s = start-1 .. T-2
+    r_b = e + torch.logcumsumexp(r_n_prev - shifted(e), dim=0)         # r_b[start - 1] = -inf
+    psi = torch.logaddexp(before, torch.logsumexp(a + x, dim=0))
+
+    def real(values: torch.Tensor) -> torch.Tensor:
+        return values.masked_fill(values <= _IMPOSSIBLE / 2, neg_inf).to(dtype)
+
+    return real(r_n), real(r_b), real(psi)
