@@ -64,6 +64,10 @@ class LASConfig(ModelConfig):
     # on CUDA, each where it builds and supports the variant and dtype; else the reference loop),
     # reference, cpp or triton (named: raise where it cannot run). The run records what ran.
     lnlstm_backend: Literal["auto", "reference", "cpp", "triton"] = "auto"
+    # The first time a fused backend computes a kind of call on a device it is checked against the
+    # reference path there (asr/models/lnlstm/selfcheck.py): fallback (a failure warns and runs the
+    # reference path; the run records it), strict (a failure is an error) or off.
+    lnlstm_check: Literal["fallback", "strict", "off"] = "fallback"
     # Replay the LSTMs' and the speller's loops on CUDA as recorded CUDA graphs (fewer launches);
     # false runs them eagerly (profiling, debugging). The speller's recordings keep their shapes'
     # activations, so they may hold at most speller_cuda_graphs_memory of the GPU's memory.
@@ -116,7 +120,7 @@ class LAS(nn.Module):
         self.ctc_weight = config.ctc_weight
         self.label_smoothing = config.label_smoothing
         lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps, "variant": config.lnlstm_variant,
-                        "backend": config.lnlstm_backend}
+                        "backend": config.lnlstm_backend, "check": config.lnlstm_check}
         self.listener = Listener(
             config.listener, input_dim, layer_norm=config.layer_norm in ("both", "listener"),
             cuda_graphs=config.lnlstm_cuda_graphs, **lstm_options

@@ -98,7 +98,7 @@ class Listener(nn.Module):
         config: layer sizes, pyramid, frame stacking, projection, dropout.
         input_dim: D, size of a feature frame.
         layer_norm: every LSTM layer is an LN-LSTM (True) or a plain LSTM.
-        forget_bias, eps, variant, backend, cuda_graphs: passed to every :class:`LNLSTM`.
+        forget_bias, eps, variant, backend, cuda_graphs, check: passed to every :class:`LNLSTM`.
     """
 
     def __init__(
@@ -111,6 +111,7 @@ class Listener(nn.Module):
         variant: str = "ba2016",
         backend: str = "auto",
         cuda_graphs: bool = True,
+        check: str = "fallback",
     ) -> None:
         super().__init__()
         self.config = config
@@ -141,6 +142,7 @@ class Listener(nn.Module):
                     variant=variant,
                     backend=backend,
                     cuda_graphs=cuda_graphs,
+                    check=check,
                 )
             )
         self.dropout = nn.Dropout(config.dropout)

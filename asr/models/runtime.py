@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from asr.models import cuda_graphs, overrides
-from asr.models.lnlstm import LNLSTM, LNLSTMCell, selection
-from asr.models.lnlstm.backends import backends
+from asr.models.lnlstm import LNLSTM, LNLSTMCell, selection, selfcheck
 from asr.models.lnlstm.backends import cpp as cpp_backend
 from asr.models.speller import Speller
 
@@ -30,17 +29,14 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
     first forward pass would."""
     device = torch.device(device)
     chosen, requested = {}, set()
-    available = backends()
     for name, module in model.named_modules():
         if not isinstance(module, (LNLSTM, LNLSTMCell)) or _inside_lnlstm(name, model):
             continue
         cell = module.cells[0] if isinstance(module, LNLSTM) else module
         requested.add(module.backend)
         dtype = cell.weight_h.dtype
-        chosen[name] = selection.select_backend(
-            selection.effective_request(module.backend), cell.spec, device, dtype, dtype, available,
-            single_step=isinstance(module, LNLSTMCell),
-        )
+        chosen[name] = selection.checked(module.backend, cell.spec, device, dtype, dtype,
+                                         single_step=isinstance(module, LNLSTMCell), check=module.check)
     switches = {
         "lnlstm": [m.cuda_graphs for m in model.modules() if isinstance(m, LNLSTM)],
         "speller": [m.cuda_graphs for m in model.modules() if isinstance(m, Speller)],
@@ -51,6 +47,8 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         "lnlstm_backend_requested": sorted(requested),
         "lnlstm_backend_override": selection.get_implementation(),
         "lnlstm_backends": _grouped(chosen),
+        # fused backends that failed their check against the reference path (asr.models.lnlstm.selfcheck)
+        "lnlstm_fallbacks": selfcheck.fallbacks(),
         "cpp_build_flags": " ".join(cpp_backend.build_flags()) if cpp_backend.build_flags() else None,
         "cuda_graphs": {
             "lnlstm": env.get("ASR_LNLSTM_CUDA_GRAPHS", all(switches["lnlstm"])) if switches["lnlstm"] else None,
@@ -73,7 +71,8 @@ def ran(since: dict | None = None) -> dict:
         for kind, entry in graphs.items():
             entry["recorded"] -= since["cuda_graphs"][kind]["recorded"]
     calls = since["lnlstm_calls"] if since is not None else None
-    return {"lnlstm_backends_ran": selection.ran(calls), "cuda_graphs_recorded": graphs}
+    return {"lnlstm_backends_ran": selection.ran(calls), "lnlstm_fallbacks": selfcheck.fallbacks(),
+            "cuda_graphs_recorded": graphs}
 
 
 def lines(record: dict) -> list[str]:

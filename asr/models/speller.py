@@ -79,7 +79,7 @@ class Speller(nn.Module):
         vocab_size: V (characters or word pieces: only the size matters).
         context_dim: H, size of a listener state (the keys and the context).
         layer_norm: LN-LSTM cells (True) or plain LSTM cells.
-        forget_bias, eps, variant, backend: passed to every :class:`LNLSTMCell`.
+        forget_bias, eps, variant, backend, check: passed to every :class:`LNLSTMCell`.
         pad_id: embedding row kept at zero (padded decoder inputs).
         cuda_graphs: on CUDA, replay the loop as recorded CUDA graphs (:mod:`asr.models.speller_graphs`).
         cuda_graphs_memory: the share of the GPU's memory those recordings may hold.
@@ -112,6 +112,7 @@ class Speller(nn.Module):
         backend: str = "auto",
         cuda_graphs: bool = True,
         cuda_graphs_memory: float = 0.25,
+        check: str = "fallback",
     ) -> None:
         super().__init__()
         self.config = config
@@ -131,6 +132,7 @@ class Speller(nn.Module):
                 eps=eps,
                 variant=variant,
                 backend=backend,
+                check=check,
             )
             for layer in range(config.num_layers)
         )

@@ -11,6 +11,7 @@ from torch import nn
 from asr.models import overrides
 from asr.models.lnlstm import selection
 from asr.models.lnlstm.backends import backends
+from asr.models.lnlstm.selfcheck import CHECK_MODES
 from asr.models.lnlstm.variants import CELL_VARIANTS, Ba2016, check_variant, default_eps
 
 
@@ -72,8 +73,12 @@ class LNLSTMCell(nn.Module):
         eps: float | None = None,
         variant: str = "ba2016",
         backend: str = "auto",
+        check: str = "fallback",
     ) -> None:
         super().__init__()
+        if check not in CHECK_MODES:
+            raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, got {check!r}")
+        self.check = check  # a fused backend's self-check (asr.models.lnlstm.selfcheck)
         if input_size <= 0 or hidden_size <= 0:
             raise ValueError(f"input_size and hidden_size must be positive, got {input_size}, {hidden_size}")
         self.input_size = input_size
@@ -151,10 +156,7 @@ class LNLSTMCell(nn.Module):
             zeros = x.new_zeros(x.size(0), self.hidden_size)
             state = (zeros, zeros)
         h, c = state
-        available = backends()
-        name = selection.select_backend(
-            selection.effective_request(self.backend), self.spec, x.device, x.dtype, self.weight_h.dtype,
-            available, single_step=True,
-        )
+        name = selection.checked(self.backend, self.spec, x.device, x.dtype, self.weight_h.dtype, single_step=True,
+                                 check=self.check)
         selection.record(x.device, name)
-        return available[name].cell_step(self, x, h, c)
+        return backends()[name].cell_step(self, x, h, c)

@@ -17,7 +17,7 @@ before, :func:`ran` after).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -56,6 +56,7 @@ def select_backend(
     param_dtype: torch.dtype,
     backends: Mapping[str, Backend],
     single_step: bool = False,
+    passes: Callable[[str], bool] | None = None,
 ) -> str:
     """The name of the backend that runs a call; a pure function of its arguments.
 
@@ -63,7 +64,9 @@ def select_backend(
     spec: the cells' :class:`~asr.models.lnlstm.cells.CellSpec`; device, dtype: the input's;
     param_dtype: the parameters'; backends: name -> :class:`Backend` (the fused ones; the
     reference path needs none); single_step: one step of one cell (the speller) rather than a
-    whole layer. A named backend that supports the call but is not available raises.
+    whole layer; passes: whether a backend passed its check against the reference path
+    (:func:`checked`, :mod:`asr.models.lnlstm.selfcheck`), None: no check. A named backend that
+    supports the call but is not available raises.
     """
     if request == "reference":
         return "reference"
@@ -75,9 +78,24 @@ def select_backend(
         backend = backends[name]
         if backend.supports(spec, device, dtype, param_dtype, single_step) and backend.available(
             device, strict=request != "auto"
-        ):
+        ) and (passes is None or passes(name)):
             return name
     return "reference"
+
+
+def checked(request: str, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
+            single_step: bool = False, check: str = "fallback") -> str:
+    """:func:`select_backend` over every backend, past the overrides, with the self-check ``check``
+    (``model.lnlstm_check``: fallback, strict or off; :mod:`asr.models.lnlstm.selfcheck`): what the
+    LN-LSTM modules and the run's record call."""
+    from asr.models.lnlstm import selfcheck
+    from asr.models.lnlstm.backends import backends
+
+    def passes(name: str) -> bool:
+        return selfcheck.passes(name, spec, device, dtype, param_dtype, single_step, check)
+
+    return select_backend(effective_request(request), spec, device, dtype, param_dtype, backends(), single_step,
+                          passes)
 
 
 def record(device: torch.device, backend: str) -> None:

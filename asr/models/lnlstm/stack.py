@@ -10,6 +10,7 @@ from asr.models.lnlstm import selection
 from asr.models.lnlstm.backends import backends
 from asr.models.lnlstm.cells import LNLSTMCell
 from asr.models.lnlstm.parameters import LayerParameters
+from asr.models.lnlstm.selfcheck import CHECK_MODES
 
 
 class LNLSTM(nn.Module):
@@ -53,8 +54,12 @@ class LNLSTM(nn.Module):
         variant: str = "ba2016",
         backend: str = "auto",
         cuda_graphs: bool = True,
+        check: str = "fallback",
     ) -> None:
         super().__init__()
+        if check not in CHECK_MODES:
+            raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, got {check!r}")
+        self.check = check  # a fused backend's self-check (asr.models.lnlstm.selfcheck)
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if not 0.0 <= dropout < 1.0:
@@ -76,6 +81,7 @@ class LNLSTM(nn.Module):
                 eps=eps,
                 variant=variant,
                 backend=backend,
+                check=check,
             )
             for layer in range(num_layers)
             for _ in range(self.num_directions)
@@ -160,10 +166,8 @@ class LNLSTM(nn.Module):
 
     def select_backend(self, x: torch.Tensor) -> str:
         """The name of the backend that computes this module for input x (B, T, I)."""
-        return selection.select_backend(
-            selection.effective_request(self.backend), self.cells[0].spec, x.device, x.dtype,
-            self.cells[0].weight_h.dtype, backends(),
-        )
+        return selection.checked(self.backend, self.cells[0].spec, x.device, x.dtype, self.cells[0].weight_h.dtype,
+                                 check=self.check)
 
 
 _TORCH_TO_IJFO = (0, 2, 1, 3)  # nn.LSTM chunks i, f, g, o -> our i, j(=g), f, o
