@@ -5,8 +5,8 @@ spec, the input and parameter dtypes, a whole layer or the speller's single step
 call (2 utterances of 5 and 3 frames, 4 units, bidirectional for a layer; 2 rows for a step) runs
 forward and backward through the backend and through the reference path, on that device, from the same
 random weights. The outputs, the final states and every gradient must agree within the dtype's
-tolerance. This costs a few milliseconds on a CPU (compiling the backend, which the first real call
-would do anyway, aside) and catches a backend that raises on this device or computes something else:
+tolerance. This costs milliseconds (docs/performance.md; compiling the backend, which the first real
+call would do anyway, aside) and catches a backend that raises on this device or computes something else:
 a kernel broken by a driver, a changed compiler, code nobody could run on a GPU.
 
 ``model.lnlstm_check`` says what a failure does:
@@ -96,6 +96,8 @@ def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
     """None when ``name`` agrees with the reference path on a tiny call, else the reason it does not."""
     from asr.models.lnlstm.backends import backends
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tensors this small gain nothing from threads, and lose to a busy machine's
     try:
         with torch.random.fork_rng(devices=[]):  # the cells' initialisation draws; the run's RNG stays as it was
             generator = torch.Generator().manual_seed(0)
@@ -105,6 +107,8 @@ def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
             theirs = compute(backends()["reference"], spec, device, dtype, param_dtype, generator)
     except Exception as err:  # any failure of the backend is a reason not to use it
         return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    finally:
+        torch.set_num_threads(threads)
     atol, rtol = _TOLERANCE.get(dtype, _TOLERANCE[torch.float32])
     for what, got, want in zip(_NAMES, ours, theirs):
         if got is None and want is None:
