@@ -122,7 +122,8 @@ def save_epoch_checkpoints(
     exp_dir: str | Path, epoch: int, payload: dict[str, Any], keep_last: int, best_epochs: set[int]
 ) -> None:
     """Write ``epoch{E}.pt`` and keep the last ``keep_last`` of them; keep ``best_epoch{E}.pt`` for
-    exactly the epochs in ``best_epochs`` (the trainer ranks them by its validation metric).
+    exactly the epochs in ``best_epochs`` (the trainer ranks them by its validation metric). The
+    trainer numbers epochs from 1 (runs of versions before it, from 0).
 
     ``epoch{E}.pt`` keeps what ``payload["training"]`` holds to resume (optimizer, scheduler,
     progress, RNG), so that ``--resume`` can start from it when ``last.pt`` cannot be read;

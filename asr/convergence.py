@@ -1,8 +1,9 @@
 """How fast a run converged, read from its validation curves, and the mean ± std of that over seeds.
 
 The trainer validates once per epoch and logs ``valid/loss``, ``valid/wer``,
-``valid/step`` (optimizer steps taken) and ``valid/minutes`` (wall-clock
-minutes of the run so far) at step epoch + 1 (:mod:`asr.training.trainer`).
+``valid/minutes`` (wall-clock minutes of the run so far) and ``epoch`` (epochs
+done) at the optimizer step it has reached (:mod:`asr.training.reporting`; runs
+of the older layout are put on the same axis by :func:`asr.curves.run_curves`).
 From those, per run (:func:`measure`):
 
 - **steps to target**: the optimizer steps (and minutes, and epochs) at the
@@ -21,8 +22,8 @@ From those, per run (:func:`measure`):
 
 Over seeds (:func:`mean_std`, :func:`summarise_reached`): the mean and the
 sample standard deviation (n - 1) of each measure; for steps to target, over
-the seeds that reached it, with how many did. Runs from before ``valid/step``
-was logged have epochs but no steps or minutes.
+the seeds that reached it, with how many did. Runs from before the optimizer
+steps were logged at all have epochs but no steps or minutes.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.curves import CompareError, curve_from_events, read_scalars
+from asr.curves import EPOCH_AXIS, EPOCH_TAG, CompareError, run_curves
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,10 @@ class Targets:
 
 @dataclass
 class RunCurves:
-    """One run's validation points, one per epoch, in order."""
+    """One run's validation points, one per epoch, in order (the last may be inside an epoch: a run
+    that ``train.max_steps`` stopped there; its epochs done are then a fraction)."""
 
-    epochs: list[int]
+    epochs: list[float]
     loss: list[float]
     wer: list[float] | None = None
     steps: list[int] | None = None
@@ -56,20 +58,20 @@ class RunCurves:
 
 @dataclass(frozen=True)
 class Reached:
-    """Where a curve first got to its target: the epoch (1 = after the first), and the optimizer
+    """Where a curve first got to its target: the epochs done (1 = after the first), and the optimizer
     steps and minutes at that validation when they were logged."""
 
-    epoch: int
+    epoch: float
     step: int | None = None
     minutes: float | None = None
 
 
 @dataclass(frozen=True)
 class Convergence:
-    epochs: int
+    epochs: float                     # epochs done at the last validation
     steps: int | None
     best_loss: float
-    best_loss_epoch: int
+    best_loss_epoch: float
     final_loss: float
     best_wer: float | None
     final_wer: float | None
@@ -81,22 +83,24 @@ class Convergence:
 
 def read_run_curves(exp_dir: Path, label: str) -> RunCurves:
     """The validation curves of the run in ``exp_dir``; ``valid/loss`` must exist, the rest may not."""
-    scalars = read_scalars(exp_dir)
-    if not scalars.get("valid/loss"):
+    curves = run_curves(exp_dir, label)
+    loss = curves.get("valid/loss")
+    if loss is None:
         raise CompareError(f"run {label} ({exp_dir}) has no valid/loss curve")
-    loss = curve_from_events(label, "valid/loss", scalars["valid/loss"])
 
     def aligned(tag: str) -> list[float] | None:
-        """The tag's values at loss's epochs, or None when it is missing at any of them."""
-        if not scalars.get(tag):
+        """The tag's values at loss's points, or None when it is missing at any of them."""
+        curve = curves.get(tag)
+        if curve is None or curve.axis != loss.axis:
             return None
-        curve = curve_from_events(label, tag, scalars[tag])
-        by_epoch = dict(zip(curve.steps, curve.values))
-        return [by_epoch[e] for e in loss.steps] if all(e in by_epoch for e in loss.steps) else None
+        at = dict(zip(curve.steps, curve.values))
+        return [at[x] for x in loss.steps] if all(x in at for x in loss.steps) else None
 
-    steps = aligned("valid/step")
-    return RunCurves(loss.steps, loss.values, aligned("valid/wer"),
-                     None if steps is None else [round(s) for s in steps], aligned("valid/minutes"))
+    if loss.axis == EPOCH_AXIS:  # a run from before the optimizer steps were logged
+        return RunCurves(loss.steps, loss.values, aligned("valid/wer"), None, aligned("valid/minutes"))
+    epochs = aligned(EPOCH_TAG) or [float(i) for i in range(1, len(loss.steps) + 1)]
+    return RunCurves([int(e) if float(e).is_integer() else e for e in epochs], loss.values, aligned("valid/wer"),
+                     loss.steps, aligned("valid/minutes"))
 
 
 def first_reached(values: list[float], target: float) -> int | None:

@@ -1,7 +1,15 @@
 """Learning curves read from TensorBoard event files: load, tabulate and plot them.
 
-The trainer logs ``train/*`` tags per optimizer step and ``valid/*`` tags per
-epoch. A run that was resumed logs some steps twice; for each step the value
+The trainer logs every scalar, ``train/*`` and ``valid/*`` alike, against the
+optimizer step, and the epochs done as the scalar ``epoch``
+(:mod:`asr.training.reporting`). Event files of the older layout, which have no
+``epoch`` scalar, logged ``valid/*`` at x = the epoch's number with the optimizer
+steps as ``valid/step``: :func:`run_curves` puts those on the step axis too
+(and makes their ``epoch`` curve), so old and new runs compare on one axis. Only
+a run older still, without ``valid/step``, keeps its validation on the epoch
+axis, and its curves say so (:attr:`Curve.axis`).
+
+A run that was resumed logs some steps twice; for each step the value
 written last counts, so the curve is the one the resumed run actually
 followed. ``python -m asr.compare`` (:mod:`asr.cli.compare`) is the command line.
 """
@@ -13,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EVENT_GLOB = "events.out.tfevents.*"
+EPOCH_TAG = "epoch"  # the epochs done, at the optimizer step; its absence marks the older layout
+STEP_AXIS, EPOCH_AXIS = "optimizer step", "epoch"
+# The older layout's tags logged at x = the epoch's number (with the optimizer steps in valid/step).
+_OLD_PER_EPOCH = ("valid/", "train/skipped_utterances")
 LOWER_IS_BETTER = ("loss", "wer", "cer", "ppl", "perplexity", "error")
 HIGHER_IS_BETTER = ("acc", "accuracy", "bleu")
 
@@ -29,6 +41,7 @@ class Curve:
     tag: str
     steps: list[int]
     values: list[float]
+    axis: str = STEP_AXIS  # what ``steps`` count: optimizer steps, or (a very old run's validation) epochs
 
     @property
     def final(self) -> float:
@@ -55,15 +68,6 @@ def better_direction(tag: str) -> str | None:
     if any(word in name for word in HIGHER_IS_BETTER):
         return "max"
     return None
-
-
-def step_meaning(tag: str) -> str:
-    """The x-axis label: what the trainer uses as the step of this tag."""
-    if tag.startswith("train/"):
-        return "optimizer step"
-    if tag.startswith("valid/"):
-        return "epoch"
-    return "step"
 
 
 def read_scalars(exp_dir: str | Path) -> dict[str, list[tuple[float, int, float]]]:
@@ -99,17 +103,54 @@ def curve_from_events(run: str, tag: str, events: list[tuple[float, int, float]]
     return Curve(run, tag, steps, [by_step[s] for s in steps])
 
 
+def run_curves(exp_dir: str | Path, label: str) -> dict[str, Curve]:
+    """Every scalar tag of the run in ``exp_dir`` as a :class:`Curve`, on the optimizer-step axis
+    whichever layout wrote it (see the module docstring)."""
+    curves = {tag: curve_from_events(label, tag, events) for tag, events in read_scalars(exp_dir).items() if events}
+    return curves if EPOCH_TAG in curves else _from_epoch_axis(curves, label)
+
+
+def _from_epoch_axis(curves: dict[str, Curve], label: str) -> dict[str, Curve]:
+    """The older layout: its per-epoch tags moved to the optimizer steps that ``valid/step`` gives
+    for each epoch, and the ``epoch`` curve made from it; without ``valid/step`` they stay on the
+    epoch axis."""
+    step_of: dict[int, int] = {}
+    if "valid/step" in curves:
+        step_of = {epoch: round(step) for epoch, step in zip(curves["valid/step"].steps, curves["valid/step"].values)}
+    moved = {}
+    for tag, curve in curves.items():
+        if not tag.startswith(_OLD_PER_EPOCH):
+            moved[tag] = curve
+        elif step_of and all(epoch in step_of for epoch in curve.steps):
+            by_step = {step_of[epoch]: value for epoch, value in zip(curve.steps, curve.values)}  # a later epoch wins
+            moved[tag] = Curve(label, tag, sorted(by_step), [by_step[s] for s in sorted(by_step)])
+        else:
+            moved[tag] = Curve(label, tag, curve.steps, curve.values, EPOCH_AXIS)
+    if step_of:
+        epochs = {step: float(epoch) for epoch, step in sorted(step_of.items())}
+        moved[EPOCH_TAG] = Curve(label, EPOCH_TAG, sorted(epochs), [epochs[s] for s in sorted(epochs)])
+    return moved
+
+
 def load_curves(exp_dirs: list[Path], labels: list[str], tags: list[str]) -> dict[str, list[Curve]]:
     """tag -> one :class:`Curve` per run (in the order given). A missing tag names the run and its tags."""
     curves: dict[str, list[Curve]] = {tag: [] for tag in tags}
     for exp_dir, label in zip(exp_dirs, labels):
-        scalars = read_scalars(exp_dir)
+        found = run_curves(exp_dir, label)
         for tag in tags:
-            if not scalars.get(tag):
-                have = ", ".join(sorted(scalars)) or "none"
+            if tag not in found:
+                have = ", ".join(sorted(found)) or "none"
                 raise CompareError(f"run {label} ({exp_dir}) has no scalar tag '{tag}'; its tags are: {have}")
-            curves[tag].append(curve_from_events(label, tag, scalars[tag]))
+            curves[tag].append(found[tag])
     return curves
+
+
+def axis_label(runs: list[Curve]) -> str:
+    """The x-axis of a panel: what its curves' steps count (the runs on each, should they differ)."""
+    axes = {c.axis for c in runs}
+    if len(axes) == 1:
+        return axes.pop()
+    return "; ".join(f"{axis}: {', '.join(c.run for c in runs if c.axis == axis)}" for axis in sorted(axes))
 
 
 def _fmt(value: float) -> str:
@@ -120,7 +161,7 @@ def markdown_table(curves: dict[str, list[Curve]]) -> str:
     """One table per tag: run, points, final value (and its step), best value (and its step)."""
     sections = []
     for tag, runs in curves.items():
-        unit = step_meaning(tag)
+        unit = axis_label(runs)
         direction = better_direction(tag)
         best_header = f"best ({direction})" if direction else "best"
         lines = [
@@ -183,7 +224,7 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom
         zoomed = limits is not None
         if zoomed:
             ax.set_ylim(*limits)
-        ax.set_xlabel(step_meaning(tag))
+        ax.set_xlabel(axis_label(runs))
         ax.set_ylabel(tag)
         notes = ([f"smoothed {smoothing:g}"] if smoothing > 0 else []) + (["y axis fits points 2+"] if zoomed else [])
         ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))

@@ -341,7 +341,8 @@ def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Sc
     rows = []
     for run in runs:
         r = run.results
-        best = f"{_num(r.get('best_valid_loss'))} ({r.get('best_epoch', 'n/a')})"
+        epoch = r.get("best_epoch")
+        best = f"{_num(r.get('best_valid_loss'))} ({'n/a' if epoch is None else f'{epoch:g}'})"
         cells = [run.values[k] for k in keys] + [_num(r.get("final_valid_loss")), best]
         cells += [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
         minutes = r.get("train_seconds")
@@ -400,7 +401,7 @@ def _reached_text(reached: Reached | None) -> str:
     """One run's way to a target: ``"1200 (epoch 4, 3.1 min)"``, or ``"not reached"``."""
     if reached is None:
         return "not reached"
-    where = [f"epoch {reached.epoch}"] + ([f"{reached.minutes:.1f} min"] if reached.minutes is not None else [])
+    where = [f"epoch {reached.epoch:g}"] + ([f"{reached.minutes:.1f} min"] if reached.minutes is not None else [])
     return f"{reached.step} ({', '.join(where)})" if reached.step is not None else where[0]
 
 
@@ -431,9 +432,9 @@ def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targ
         if c is None:
             rows.append(cells + ["n/a"] * (len(header) - len(keys)))
             continue
-        cells += [str(c.epochs), "n/a" if c.steps is None else str(c.steps)]
+        cells += [f"{c.epochs:g}", "n/a" if c.steps is None else str(c.steps)]
         cells += [_reached_text(r) for r, t in ((c.loss_target, targets.loss), (c.wer_target, targets.wer)) if t is not None]
-        cells += [_num(c.auc), _num(c.late_fall), f"{_num(c.best_loss)} ({c.best_loss_epoch})", _num(c.final_loss),
+        cells += [_num(c.auc), _num(c.late_fall), f"{_num(c.best_loss)} ({c.best_loss_epoch:g})", _num(c.final_loss),
                   _pct(c.best_wer), _pct(c.final_wer)]
         rows.append(cells)
     return markdown_table(header, len(keys), rows)

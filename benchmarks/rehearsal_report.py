@@ -4,7 +4,7 @@ After a run of a LibriSpeech recipe on the synthetic corpus (``python -m asr.syn
 decodes the test split (voices and sentences never in training) with every ``epoch<N>.pt`` the run kept,
 greedily, and draws the teacher-forced attention of the longest test utterance over 12 s with the last one::
 
-    python benchmarks/rehearsal_report.py EXP --data CORPUS/LibriSpeech/test-clean [--epochs 0,7,15]
+    python benchmarks/rehearsal_report.py EXP --data CORPUS/LibriSpeech/test-clean [--epochs 1,8,16]
 
 It writes ``EXP/rehearsal/`` (one ``asr.evaluate`` folder per epoch, ``attention_<id>.png``,
 ``report.json``) and prints a table. Whether the attention "aligns" is put as two numbers over the

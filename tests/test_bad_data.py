@@ -257,9 +257,9 @@ def test_no_entry_point_runs_code_from_a_checkpoint(run_on_bad_data, tiny_demo_c
     assert "evil.pt" in refused(lambda: evaluate.main(["--checkpoint", str(evil), "--split", "dev"]))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    shutil.copyfile(exp / "epoch0.pt", run_dir / "epoch0.pt")
-    write_malicious(run_dir / "epoch1.pt", marker, template)
-    assert "epoch1.pt" in refused(lambda: average.main([str(run_dir), "--last", "2"]))
+    shutil.copyfile(exp / "epoch1.pt", run_dir / "epoch1.pt")
+    write_malicious(run_dir / "epoch2.pt", marker, template)
+    assert "epoch2.pt" in refused(lambda: average.main([str(run_dir), "--last", "2"]))
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     write_malicious(resumed / "last.pt", marker, template)

@@ -81,14 +81,14 @@ def test_a_run_stopped_and_resumed_mid_epoch_plans_the_same_batches(tmp_path):
 
 
 def test_a_cap_on_decoded_utterances_below_half_a_dev_batch_still_scores_that_many(tmp_path):
-    # issue 49: 20 dev utterances in one batch and valid_max_utterances=4 crashed at the end of epoch 0
+    # issue 49: 20 dev utterances in one batch and valid_max_utterances=4 crashed at the end of the first epoch
     valid = tiny_valid(tmp_path / "dev20", count=20)
     args = tiny_run(tmp_path, "train.max_epochs=1", "data.max_frames_per_batch=50000", "train.valid_max_utterances=4")
     args = [a if not a.startswith("data.dev=") else f"data.dev=[{valid}]" for a in args]
     assert main(args) == 0
     values = read_scalars(tmp_path / "exp")
     assert len(values["valid/wer"]) == 1
-    assert (tmp_path / "exp" / "epoch0.pt").is_file()
+    assert (tmp_path / "exp" / "epoch1.pt").is_file()
 
 
 def test_a_dev_set_that_cannot_be_read_stops_the_run_with_its_epoch_saved(tmp_path, capsys):
@@ -102,7 +102,7 @@ def test_a_dev_set_that_cannot_be_read_stops_the_run_with_its_epoch_saved(tmp_pa
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "none of the 4 dev utterances could be read" in err and "Traceback" not in err
-    assert (tmp_path / "exp" / "epoch0.pt").is_file() and (tmp_path / "exp" / "last.pt").is_file()
+    assert (tmp_path / "exp" / "epoch1.pt").is_file() and (tmp_path / "exp" / "last.pt").is_file()
     # the dev set mended, --resume goes on from the saved epoch
     shutil.rmtree(valid)
     mended = tiny_valid(tmp_path / "mended", count=4)

@@ -82,6 +82,27 @@ def test_train_tags_are_per_step_and_lr_has_no_best(tmp_path):
     assert _table_rows(table, "train/lr")["run"] == ["20", "2.5", "20", "n/a", "n/a"]
 
 
+def test_a_new_and_an_old_run_compare_on_the_optimizer_step_axis(tmp_path):
+    """A run of today's layout (every scalar at the optimizer step, the epoch a scalar of its own) and one
+    of the older layout (validation at x = epoch number, with valid/step) in one table and one panel."""
+    new = SummaryWriter(log_dir=str(tmp_path / "new"))
+    for step, loss in ((50, 3.0), (100, 2.0)):
+        new.add_scalar("valid/loss", loss, step)
+        new.add_scalar("epoch", step / 50, step)
+    new.close()
+    old = SummaryWriter(log_dir=str(tmp_path / "old" / "tensorboard"))
+    for epoch, (step, loss) in enumerate(((40, 2.5), (80, 1.5)), start=1):
+        old.add_scalar("valid/loss", loss, epoch)
+        old.add_scalar("valid/step", step, epoch)
+    old.close()
+    out = tmp_path / "mixed.png"
+    assert main([str(tmp_path / "new"), str(tmp_path / "old"), "--out", str(out)]) == 0
+    table = out.with_suffix(".md").read_text()
+    assert "final at optimizer step" in table
+    rows = _table_rows(table, "valid/loss")
+    assert rows["new"] == ["2", "2", "100", "2", "100"] and rows["old"] == ["2", "1.5", "80", "1.5", "80"]
+
+
 def test_resumed_run_last_write_of_a_step_wins(tmp_path):
     # A run logs epochs 1-3, crashes, and is resumed from epoch 1 in a new event file:
     # epochs 2-3 are logged again with other values, which are the ones that count.

@@ -86,6 +86,17 @@ def write_events(folder: Path, series: dict[str, list[float]]) -> None:
 
 
 def test_run_curves_are_read_from_tensorboard_events(tmp_path):
+    # Today's layout: every scalar at the optimizer step, the epochs done as `epoch`; the last validation
+    # is where train.max_steps stopped the run, half way through epoch 3.
+    writer = SummaryWriter(log_dir=str(tmp_path / "now"))
+    for step, epoch, loss, wer, minutes in ((40, 1, 3.0, 0.5, 0.5), (80, 2, 2.0, 0.25, 1.0), (100, 2.5, 1.5, 0.25, 1.25)):
+        for tag, value in (("valid/loss", loss), ("valid/wer", wer), ("valid/minutes", minutes), ("epoch", epoch)):
+            writer.add_scalar(tag, value, step)
+    writer.add_scalar("epoch", 0.5, 20)  # a training step's: not a validation
+    writer.close()
+    assert read_run_curves(tmp_path / "now", "now") == RunCurves(
+        [1, 2, 2.5], [3.0, 2.0, 1.5], [0.5, 0.25, 0.25], [40, 80, 100], [0.5, 1.0, 1.25])
+    # The older layout: validation at x = epoch number, the steps in valid/step; older still, epochs only.
     write_events(tmp_path / "new", {"valid/loss": [3.0, 2.0], "valid/wer": [0.5, 0.25], "valid/step": [40, 80],
                                     "valid/minutes": [0.5, 1.0]})
     curves = read_run_curves(tmp_path / "new", "new")

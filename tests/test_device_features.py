@@ -167,7 +167,7 @@ def test_training_with_features_on_the_device_is_training_with_features_in_the_l
     assert "features computed on the device (features.compute_on=device" in (runs["device"] / "train.log").read_text()
     loader, device = (load_checkpoint(runs[w] / "last.pt") for w in ("auto", "device"))
     assert loader["training"]["progress"]["step"] == device["training"]["progress"]["step"] > 2
-    metrics = [load_checkpoint(runs[w] / "epoch0.pt")["training"]["metric"] for w in ("auto", "device")]
+    metrics = [load_checkpoint(runs[w] / "epoch1.pt")["training"]["metric"] for w in ("auto", "device")]
     assert metrics[0] == pytest.approx(metrics[1], rel=1e-4)  # validation on the same features
     for key, weights in loader["model"].items():
         torch.testing.assert_close(device["model"][key], weights, rtol=1e-4, atol=1e-5, msg=key)

@@ -474,7 +474,7 @@ def test_average_last_two_epochs_of_a_real_run(trained):
     exp, _ = trained
     assert average.main([str(exp), "--last", "2"]) == 0
     averaged = load_checkpoint(exp / "avg_last2.pt")
-    first, second = load_checkpoint(exp / "epoch0.pt"), load_checkpoint(exp / "epoch1.pt")
+    first, second = load_checkpoint(exp / "epoch1.pt"), load_checkpoint(exp / "epoch2.pt")
     for name, tensor in averaged["model"].items():
         if tensor.is_floating_point():
             torch.testing.assert_close(tensor, (first["model"][name] + second["model"][name]) / 2)
@@ -488,9 +488,9 @@ def test_average_last_two_epochs_of_a_real_run(trained):
 @pytest.mark.slow
 def test_ensemble_of_two_checkpoints_evaluates_and_names_its_members(trained):
     exp, valid = trained
-    members = [str(exp / "epoch0.pt"), str(exp / "last.pt")]
+    members = [str(exp / "epoch1.pt"), str(exp / "last.pt")]
     assert evaluate.main(["--checkpoint", *members, "--data", str(valid)]) == 0
-    result = json.loads((exp / "eval_ensemble2_epoch0+last_valid").joinpath("wer.json").read_text())  # default folder
+    result = json.loads((exp / "eval_ensemble2_epoch1+last_valid").joinpath("wer.json").read_text())  # default folder
     assert result["checkpoint"] == members and result["utterances"] == 6
     # One checkpoint given twice is that checkpoint: the mean of equal distributions.
     alone = load_recogniser(exp / "last.pt")
@@ -596,11 +596,11 @@ def test_transcribe_with_an_ensemble_and_vtln_matches_the_recogniser(trained, ca
     files = [fsdd_recordings / f"{d}_nicolas_{t}.wav" for d, t in [(3, 0), (7, 2), (1, 4)]]
     bad = tmp_path / "broken.wav"
     bad.write_bytes(b"not audio")
-    argv = [str(exp / "last.pt"), "--with", str(exp / "epoch0.pt"), "--vtln-warps", "0.9,1.0,1.1"]
+    argv = [str(exp / "last.pt"), "--with", str(exp / "epoch1.pt"), "--vtln-warps", "0.9,1.0,1.1"]
     assert transcribe.main([*argv, str(files[0]), str(bad), *map(str, files[1:])]) == 1
     captured = capsys.readouterr()
     assert [line.split("\t")[0] for line in captured.out.splitlines()] == list(map(str, files))
-    recogniser = load_recogniser([exp / "last.pt", exp / "epoch0.pt"])
+    recogniser = load_recogniser([exp / "last.pt", exp / "epoch1.pt"])
     expected = transcribe_speakers(recogniser, file_utterances(files), VTLNSearch((0.9, 1.0, 1.1)))
     assert [line.split("\t", 1)[1] for line in captured.out.splitlines()] == expected.texts
     assert str(bad) in captured.err

@@ -39,7 +39,7 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     args = overrides(tmp_path, "train.max_epochs=2", "train.keep_best=1", "features.mvn=global")
     assert main([str(RECIPE), *args]) == 0
     exp = tmp_path / "exp"
-    for name in ("config.yaml", "train.log", "last.pt", "epoch0.pt", "epoch1.pt"):
+    for name in ("config.yaml", "train.log", "last.pt", "epoch1.pt", "epoch2.pt"):  # epochs count from 1
         assert (exp / name).is_file(), name
     assert len(list(exp.glob("best_epoch*.pt"))) == 1
     assert not (exp / "train.lock").exists()  # the run's lock is released when it ends
@@ -57,12 +57,20 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/grad_norm", "valid/loss", "valid/wer", "valid/cer"} <= tags
-    assert [e.step for e in events.Scalars("valid/loss")] == [1, 2]
-    # The optimizer steps and minutes at each validation, for curves against steps or time.
-    ckpt_steps = [load_checkpoint(exp / f"epoch{e}.pt")["training"]["step"] for e in (0, 1)]
-    assert [e.value for e in events.Scalars("valid/step")] == ckpt_steps and ckpt_steps[0] > 0
+    # Training and validation share one x axis, the optimizer step: each validation at the step its
+    # epoch ended on (the step its checkpoint records); the epoch is a scalar of its own, 1 and 2 there.
+    ckpt_steps = [load_checkpoint(exp / f"epoch{e}.pt")["training"]["step"] for e in (1, 2)]
+    assert [e.step for e in events.Scalars("valid/loss")] == ckpt_steps and 0 < ckpt_steps[0] < ckpt_steps[1]
+    train_steps = [e.step for e in events.Scalars("train/loss")]
+    assert train_steps == list(range(1, ckpt_steps[1] + 1))  # log_every_steps=1
+    epochs = {e.step: e.value for e in events.Scalars("epoch")}
+    assert [epochs[s] for s in ckpt_steps] == [1.0, 2.0]
+    assert 0 < epochs[1] < 1 and sorted(epochs.values()) == [epochs[s] for s in sorted(epochs)]  # rising
     minutes = [e.value for e in events.Scalars("valid/minutes")]
     assert 0 < minutes[0] < minutes[1]
+    log = (exp / "train.log").read_text()
+    assert re.search(r"epoch 1: valid loss", log) and re.search(r"epoch 2: valid loss", log)
+    assert not re.search(r"epoch 0\b", log) and "finished after" in log
     # The gradient norm per module group, before clipping, at the logged steps.
     groups = {tag for tag in tags if tag.startswith("grad_norm/")}
     assert groups == {"grad_norm/listener", "grad_norm/speller", "grad_norm/attention", "grad_norm/ctc"}
@@ -71,7 +79,7 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     # The attention of a few dev utterances, drawn over their features, at every validation,
     # and the last one as a picture in exp_dir.
     images = [tag for tag in events.Tags()["images"] if tag.startswith("alignment/")]
-    assert len(images) == 3 and [e.step for e in events.Images(images[0])] == [1, 2]
+    assert len(images) == 3 and [e.step for e in events.Images(images[0])] == ckpt_steps
     pictures = sorted(p.name for p in exp.glob("alignment_*.png"))
     assert pictures == sorted(f"alignment_{tag.split('/', 1)[1]}.png" for tag in images)
     # A checkpoint is self-contained: config, tokenizer and feature statistics travel with it.
@@ -85,7 +93,7 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     durations = [u.duration for u in train_set.utterances]
     assert ckpt["longest_utterance_seconds"] == max(durations) <= config.data.max_duration
     assert ckpt["mean_utterance_seconds"] == pytest.approx(sum(durations) / len(durations))
-    averaged = average_checkpoints([exp / "epoch0.pt", exp / "epoch1.pt"])
+    averaged = average_checkpoints([exp / "epoch1.pt", exp / "epoch2.pt"])
     assert averaged["longest_utterance_seconds"] == max(durations)
     assert averaged["mean_utterance_seconds"] == ckpt["mean_utterance_seconds"]
 
@@ -209,7 +217,7 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_with_the_same_wei
         env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     log = exp / "train.log"
-    _wait_for(lambda: log.exists() and "epoch 0 step 1 " in log.read_text(), "step 1")  # of 5 in the epoch
+    _wait_for(lambda: log.exists() and "epoch 1 step 1 " in log.read_text(), "step 1")  # of 5 in the epoch
     assert not (exp / "last.pt").exists()
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=300)
@@ -219,7 +227,7 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_with_the_same_wei
     assert final.startswith("stopped by SIGTERM after step ") and "--resume" in final
     progress = load_checkpoint(exp / "last.pt")["training"]["progress"]
     assert progress["epoch"] == 0 and 0 < progress["batch_in_epoch"] and progress["step"] >= 1
-    assert f"after step {progress['step']} (epoch 0, batch {progress['batch_in_epoch']})" in log.read_text()
+    assert f"after step {progress['step']} (epoch 1, batch {progress['batch_in_epoch']})" in log.read_text()
     assert not (exp / "train.lock").exists()
     subprocess.run(
         _train_command(["--resume", *common, f"exp_dir={exp}"]), check=True, env=subprocess_env(), capture_output=True
@@ -239,14 +247,14 @@ def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, ref
                    capture_output=True)
     log = (exp / "train.log").read_text()
     assert f"--resume: {last}: it cannot be read (cannot read checkpoint {last}" in log
-    assert f"resuming from {exp / 'epoch0.pt'} instead" in log
+    assert f"resuming from {exp / 'epoch1.pt'} instead" in log
     assert "--trust-this-file" not in log  # a damaged file is not one of the old format: converting it would not help
     _assert_same_weights(expected, load_checkpoint(last))
     assert "optimizer" not in load_checkpoint(next(exp.glob("best_epoch*.pt")))["training"]  # weights only
 
 
 def test_resume_without_last_pt_falls_back_to_the_newest_epoch_checkpoint(tmp_path, reference):
-    """Issue 49: a full disk before last.pt was first written left epoch0.pt whole; --resume refused."""
+    """Issue 49: a full disk before last.pt was first written left epoch1.pt whole; --resume refused."""
     common, expected, _ = reference
     exp = tmp_path / "exp"
     subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.max_epochs=1"]), check=True, env=subprocess_env(),
@@ -255,7 +263,7 @@ def test_resume_without_last_pt_falls_back_to_the_newest_epoch_checkpoint(tmp_pa
     subprocess.run(_train_command(common + [f"exp_dir={exp}", "--resume"]), check=True, env=subprocess_env(),
                    capture_output=True)
     log = (exp / "train.log").read_text()
-    assert f"--resume: {exp / 'last.pt'}: it is missing; resuming from {exp / 'epoch0.pt'} instead" in log
+    assert f"--resume: {exp / 'last.pt'}: it is missing; resuming from {exp / 'epoch1.pt'} instead" in log
     _assert_same_weights(expected, load_checkpoint(exp / "last.pt"))
 
 
@@ -281,7 +289,7 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_ste
     ]
     process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = exp / "train.log"
-    _wait_for(lambda: log.exists() and "epoch 0 step 1 " in log.read_text(), "step 1")
+    _wait_for(lambda: log.exists() and "epoch 1 step 1 " in log.read_text(), "step 1")
     rank1 = [p for p in _descendants(process.pid) if _environment(p).get("RANK") == "1"
              and "asr.train" in Path(f"/proc/{p}/cmdline").read_text()]
     assert len(rank1) == 1
@@ -359,7 +367,7 @@ def test_dither_at_inference_changes_validation_but_not_training(tmp_path):
     assert plain["model"].keys() == dithered["model"].keys()
     for key, weights in plain["model"].items():
         assert torch.equal(weights, dithered["model"][key]), key
-    metrics = [load_checkpoint(runs[n] / "epoch1.pt")["training"]["metric"] for n in ("plain", "dithered")]
+    metrics = [load_checkpoint(runs[n] / "epoch2.pt")["training"]["metric"] for n in ("plain", "dithered")]
     assert metrics[0] != metrics[1]
 
 
@@ -521,12 +529,12 @@ def test_evaluation_reads_a_folder_in_use_and_a_full_disk_is_one_error(tmp_path,
     lock.acquire()  # a run is going on in that folder: reading it is fine
     try:
         dev = tiny_valid(tmp_path)
-        assert evaluate(["--checkpoint", str(exp / "epoch0.pt"), "--data", str(dev), "--out", str(tmp_path / "ok")]) == 0
+        assert evaluate(["--checkpoint", str(exp / "epoch1.pt"), "--data", str(dev), "--out", str(tmp_path / "ok")]) == 0
         assert json.loads((tmp_path / "ok" / "wer.json").read_text())["utterances"] == 6
         capsys.readouterr()
         fail_writes_to(monkeypatch, "alignment.txt", errno.ENOSPC)
         out = tmp_path / "full"
-        assert evaluate(["--checkpoint", str(exp / "epoch0.pt"), "--data", str(dev), "--out", str(out)]) == 2
+        assert evaluate(["--checkpoint", str(exp / "epoch1.pt"), "--data", str(dev), "--out", str(out)]) == 2
         assert _one_error_line(capsys) == f"error: {out / 'alignment.txt'}: No space left on device"
         # whole files, no partial one: the evaluation's record, then the results written before the failure
         assert sorted(p.name for p in out.iterdir()) == ["evaluation.json", "hyp.txt", "ref.txt"]

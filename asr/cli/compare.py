@@ -9,10 +9,11 @@ one line per run for each ``--tag`` (one panel per tag) into ``--out`` and
 prints a markdown table of each run's final and best value, which is also
 written next to the image (``FILE.md``).
 
-The trainer logs ``train/*`` tags per optimizer step and ``valid/*`` tags per
-epoch, which is what the x axis says. A run that was resumed logs some steps
-twice; for each step the value written last counts, so the curve is the one
-the resumed run actually followed.
+Every curve is drawn against the optimizer step, the axis the trainer logs
+every scalar on (``epoch`` is a tag of its own); runs of older versions, which
+logged validation per epoch, are put on it too (:mod:`asr.curves`). A run
+that was resumed logs some steps twice; for each step the value written last
+counts, so the curve is the one the resumed run actually followed.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import shlex
 import sys
@@ -84,7 +85,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.convergence import Targets, aggregate, read_run_curves
+from asr.convergence import Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.inference import DecodeSettings
 from asr.studies import (
@@ -232,13 +233,13 @@ def score_runs(study: Study, scorings: list[Scoring]) -> dict[str, Path]:
     with ThreadPoolExecutor(max_workers=study.args.jobs) as pool:
         list(pool.map(score_run, study.runs))
     for run in study.runs:
-        loss = load_curves([run.exp_dir], [run.name], ["valid/loss"])["valid/loss"][0]
-        best = loss.best()
+        validations = measure(read_run_curves(run.exp_dir, run.name), Targets())
+        finite = math.isfinite(validations.best_loss)
         timing = run.exp_dir / "study_time.json"
         run.results.update(
-            final_valid_loss=loss.final,
-            best_valid_loss=best[0] if best else None,
-            best_epoch=best[1] if best else None,
+            final_valid_loss=validations.final_loss,
+            best_valid_loss=validations.best_loss if finite else None,
+            best_epoch=validations.best_loss_epoch if finite else None,
             train_seconds=json.loads(timing.read_text())["train_seconds"] if timing.exists() else None,
         )
     return models

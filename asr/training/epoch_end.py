@@ -3,7 +3,7 @@
 ``train.best_metric`` names any validation metric (:mod:`asr.training.metrics`), which says itself
 whether higher is better; the ranking, early stopping (``train.early_stopping_patience`` epochs
 without improvement) and the ``best_epoch{E}.pt`` files follow it. ``epoch{E}.pt`` is written for the
-last ``train.keep_last`` epochs, before anything else can fail, and ``last.pt`` after it. An epoch
+last ``train.keep_last`` epochs (numbered from 1), before anything else can fail, and ``last.pt`` after it. An epoch
 whose validation scored nothing (every decoded dev utterance unreadable, say) is still checkpointed;
 it is only left out of the ranking.
 """

@@ -1,15 +1,26 @@
 """What a run tells its reader: ``train.log`` lines and TensorBoard scalars, figures and files.
 
-:class:`RunLog` is the trainer's one place for output. Per logged optimiser update (every
-``train.log_every_steps``, and the first): ``train/loss``, ``train/lr``, ``train/grad_norm`` and
-``grad_norm/<group>`` (before clipping, :func:`asr.training.step.gradient_groups`), and the value of
-every other schedule in force (``train/ctc_weight``, ``train/max_duration``, ...; a model's scheduled
-regularisers, e.g. ``train/drophead_encoder``). Per validation, at x = epoch + 1: every validation
+:class:`RunLog` is the trainer's one place for output. Every TensorBoard scalar, training and
+validation alike, is logged against the optimizer step (the updates made so far), so train and
+valid curves overlay on one axis and runs of different batch sizes compare; the epoch is a scalar
+of its own, ``epoch``: the epochs done, 2.5 halfway through the third.
+
+Epochs are numbered from 1 everywhere: ``epoch 1`` in ``train.log`` is the first, after which
+``epoch1.pt`` is written and ``epoch`` reaches 1 in TensorBoard.
+
+Per logged optimiser update (every ``train.log_every_steps``, the first, and ``train.max_steps``,
+the last): ``train/loss``, ``train/lr``, ``train/grad_norm`` and ``grad_norm/<group>`` (before
+clipping, :func:`asr.training.step.gradient_groups`), the value of every other schedule in force
+(``train/ctc_weight``, ``train/max_duration``, ...; a model's scheduled regularisers, e.g.
+``train/drophead_encoder``), and ``epoch``. Per validation, at the step it follows: every validation
 metric the model has (``valid/loss``, ``valid/wer``, ``valid/ctc_cer``, ``valid/attention_spearman``,
-... :mod:`asr.training.metrics`), ``valid/step`` and ``valid/minutes`` (so curves can be drawn against
-either), ``train/skipped_utterances``, and for models that expose their attention
+... :mod:`asr.training.metrics`), ``valid/minutes`` (so curves can be drawn against time),
+``epoch``, ``train/skipped_utterances``, and for models that expose their attention
 ``alignment/<utterance>`` images of a few dev utterances, also written as
 ``alignment_<utterance>.png`` (the files hold the last validation's).
+
+Event files written before this layout (no ``epoch`` scalar) logged validation at x = epoch number,
+with ``valid/step`` beside it; :mod:`asr.curves` reads both.
 """
 
 from __future__ import annotations
@@ -49,12 +60,17 @@ def format_metrics(metrics: dict[str, float]) -> str:
 
 
 class RunLog:
-    """``train.log`` (through the ``asr.train`` logger) and, on the main rank, TensorBoard in ``exp_dir``."""
+    """``train.log`` (through the ``asr.train`` logger) and, on the main rank, TensorBoard in ``exp_dir``.
 
-    def __init__(self, exp_dir: Path, log_every_steps: int, main: bool):
+    ``last_step`` (``train.max_steps``) is logged whatever ``log_every_steps`` says: a run's last
+    update is always on its curves."""
+
+    def __init__(self, exp_dir: Path, log_every_steps: int, main: bool, last_step: int | None = None):
         self.exp_dir = exp_dir
         self.log_every_steps = log_every_steps
+        self.last_step = last_step
         self.writer = None
+        self._epoch_written_at: int | None = None  # `epoch` is written once per step
         if main:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -63,11 +79,12 @@ class RunLog:
 
     def logs_step(self, step: int) -> bool:
         """Whether optimiser update ``step`` is logged to TensorBoard."""
-        return self.writer is not None and (step % self.log_every_steps == 0 or step == 1)
+        return self.writer is not None and (step % self.log_every_steps == 0 or step in (1, self.last_step))
 
     def step(self, epoch: int, step: int, loss: float, grad_norm: float | None, group_norms: dict | None,
-             values: dict[str, float]) -> None:
-        """The update ``step`` just made, with the schedules' ``values`` it was made with."""
+             values: dict[str, float], epochs_done: float) -> None:
+        """The update ``step`` just made in epoch number ``epoch`` (from 1), with the schedules'
+        ``values`` it was made with; ``epochs_done`` counts the epochs done with this one's share."""
         if not self.logs_step(step):
             return
         lr = values.get("lr", float("nan"))
@@ -79,19 +96,29 @@ class RunLog:
                 self.writer.add_scalar(f"grad_norm/{group}", norm, step)
             for name, value in values.items():
                 self.writer.add_scalar(f"train/{name}", value, step)
+            self._epoch(step, epochs_done)
         logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
 
-    def validation(self, epoch: int, progress: Progress, metrics: dict[str, float], figures) -> None:
-        """The end of ``epoch``: its metrics in ``train.log`` and, with the skip count and the attention
-        ``figures`` ((utterance id, figure) pairs), in TensorBoard at step epoch + 1."""
+    def validation(self, epoch: int, progress: Progress, metrics: dict[str, float], figures,
+                   epochs_done: float) -> None:
+        """The validation after epoch number ``epoch`` (from 1; ``epochs_done`` short of it when the
+        run stopped inside it): its metrics in ``train.log`` and, with the skip count and the attention
+        ``figures`` ((utterance id, figure) pairs), in TensorBoard at the optimizer step it follows."""
         skipped_text = progress.skipped_text()
+        where = f"epoch {epoch}" if epochs_done == epoch else f"step {progress.step} (epoch {epoch}, not finished)"
         if metrics:
-            logger.info("epoch %d: %s; %s", epoch, format_metrics(metrics), skipped_text)
+            logger.info("%s: %s; %s", where, format_metrics(metrics), skipped_text)
         else:
-            logger.info("epoch %d done; %s", epoch, skipped_text)
+            logger.info("%s done; %s", where, skipped_text)
         if self.writer is not None:
             with writing(self.event_file()):
-                write_epoch_summaries(self.writer, self.exp_dir, epoch, progress, metrics, figures)
+                self._epoch(progress.step, epochs_done)
+                write_epoch_summaries(self.writer, self.exp_dir, progress, metrics, figures)
+
+    def _epoch(self, step: int, epochs_done: float) -> None:
+        if self._epoch_written_at != step:
+            self.writer.add_scalar("epoch", epochs_done, step)
+            self._epoch_written_at = step
 
     def close(self) -> None:
         if self.writer is not None:
@@ -104,22 +131,21 @@ class RunLog:
         return Path(getattr(writer, "_file_name", self.exp_dir / "tensorboard"))
 
 
-def write_epoch_summaries(writer, exp_dir: Path, epoch: int, progress: Progress, metrics: dict[str, float],
-                          figures) -> None:
-    """TensorBoard at the end of an epoch, at step epoch + 1: the skip count, the validation metrics
-    with the optimizer steps and minutes so far, and the attention ``figures`` ((utterance id,
-    figure) pairs), which also go to ``exp_dir/alignment_<utterance>.png``."""
-    writer.add_scalar("train/skipped_utterances", sum(progress.skipped_in_epoch.values()), epoch + 1)
+def write_epoch_summaries(writer, exp_dir: Path, progress: Progress, metrics: dict[str, float], figures) -> None:
+    """TensorBoard after a validation, at optimizer step ``progress.step``: the epoch's skip count, the
+    validation metrics with the minutes so far, and the attention ``figures`` ((utterance id, figure)
+    pairs), which also go to ``exp_dir/alignment_<utterance>.png``."""
+    step = progress.step
+    writer.add_scalar("train/skipped_utterances", sum(progress.skipped_in_epoch.values()), step)
     for name, value in metrics.items():
-        writer.add_scalar(name.replace("valid_", "valid/", 1), value, epoch + 1)
+        writer.add_scalar(name.replace("valid_", "valid/", 1), value, step)
     if metrics:
-        writer.add_scalar("valid/step", progress.step, epoch + 1)
-        writer.add_scalar("valid/minutes", progress.seconds / 60, epoch + 1)
+        writer.add_scalar("valid/minutes", progress.seconds / 60, step)
     for utt_id, figure in figures:
         picture = io.BytesIO()
         figure.savefig(picture, format="png", dpi=100)
         atomic_write(exp_dir / alignment_file_name(utt_id), picture.getvalue())  # whole or not at all
-        writer.add_figure(f"alignment/{utt_id}", figure, epoch + 1)  # closes the figure
+        writer.add_figure(f"alignment/{utt_id}", figure, step)  # closes the figure
     writer.flush()
 
 

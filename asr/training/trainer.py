@@ -15,7 +15,8 @@ The experiment directory (``exp_dir``) receives the resolved ``config.yaml``, ``
 TensorBoard event files (:mod:`asr.training.reporting` lists what is in them), ``last.pt`` (everything
 needed to resume), ``epoch{E}.pt`` for the last ``train.keep_last`` epochs (these can be resumed from
 too, should ``last.pt`` be unreadable or missing) and the best ``train.keep_best`` epochs as
-``best_epoch{E}.pt`` (weights only). Every checkpoint carries the config, tokenizer and feature
+``best_epoch{E}.pt`` (weights only). Epochs are numbered from 1, in those names as in ``train.log``
+and TensorBoard (``epoch1.pt`` is written after the first). Every checkpoint carries the config, tokenizer and feature
 pipeline, so any of them can be used for inference. ``asr.train`` holds ``train.lock`` while it runs
 (:mod:`asr.training.runlock`).
 
@@ -52,7 +53,7 @@ from asr.training.plan import plan_epoch
 from asr.training.reporting import RunLog, setup_logging, write_epoch_summaries  # noqa: F401 (re-exported)
 from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules
 from asr.training.signals import StopSignals, TrainingStopped
-from asr.training.state import Progress, rng_state, seed_everything, set_rng_state
+from asr.training.state import Progress, restore_progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
 from asr.training.validation import Validation, alignment_figures, validate
 from asr.writing import atomic_write
@@ -117,7 +118,7 @@ class Trainer:
         )
         if resume_state is not None:
             self._restore(resume_state)
-        self.log = RunLog(self.exp_dir, self.train_cfg.log_every_steps, self.dist.is_main)
+        self.log = RunLog(self.exp_dir, self.train_cfg.log_every_steps, self.dist.is_main, self.train_cfg.max_steps)
 
     @property
     def writer(self):
@@ -172,7 +173,7 @@ class Trainer:
                         break
         finally:
             self.log.close()
-        logger.info("training finished after %d steps (epoch %d)", self.progress.step, self.progress.epoch)
+        logger.info("training finished after %d steps (%d epochs)", self.progress.step, self.progress.epoch)
         ran = runtime.ran(since=self._runtime_before)
         self.runtime.update(ran)
         runtime.log(logger, ran)
@@ -199,7 +200,7 @@ class Trainer:
         self._save_last()
         if self.dist.enabled:
             torch.distributed.barrier()  # rank 0's checkpoint is on disk before any rank leaves
-        where = f"step {progress.step} (epoch {progress.epoch}, batch {progress.batch_in_epoch})"
+        where = f"step {progress.step} (epoch {progress.epoch + 1}, batch {progress.batch_in_epoch})"
         why = self.stop_signals.name or "a stop signal to another rank"
         message = f"stopped by {why} after {where}; {self.exp_dir / 'last.pt'} written, continue with --resume"
         logger.warning(message)
@@ -215,7 +216,8 @@ class Trainer:
     def _train_epoch(self) -> bool:
         """One epoch (or its remainder after a resume). Returns True when early stopping fired."""
         cfg, progress, sampler = self.train_cfg, self.progress, self.data.sampler
-        epoch = progress.epoch
+        epoch = progress.epoch  # epochs done: seeds this epoch's shuffle; the epoch's number is epoch + 1
+        number = epoch + 1
         sampler.set_epoch(epoch)
         self.data.train_set.set_epoch(epoch)
         if progress.batch_in_epoch == 0 or progress.epoch_first_step is None:
@@ -224,11 +226,11 @@ class Trainer:
         plan = plan_epoch(list(sampler), self.durations, progress.epoch_first_step, cfg.accum_grad, self.schedules)
         if plan.left_out_batches and progress.batch_in_epoch == 0:
             logger.info("epoch %d: %d batches (%d utterances) over the max_duration schedule's cap left out",
-                        epoch, plan.left_out_batches, plan.left_out_utterances)
+                        number, plan.left_out_batches, plan.left_out_utterances)
         planned = len(plan.batches)
         batches = plan.batches[progress.batch_in_epoch :]
         self.model.train()
-        bar = tqdm(total=len(batches), desc=f"epoch {epoch}", disable=None if self.dist.is_main else True, leave=False)
+        bar = tqdm(total=len(batches), desc=f"epoch {number}", disable=None if self.dist.is_main else True, leave=False)
         accumulated, utterances, start = 0, 0, time.time()
         values: dict[str, float] = {}
         for batch in self._loader(batches, self.data.train_set, epoch):
@@ -257,7 +259,8 @@ class Trainer:
             progress.nonfinite_in_a_row = progress.oom_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
-            self.log.step(epoch, progress.step, outcome.loss, update.grad_norm, update.group_norms, values)
+            self.log.step(number, progress.step, outcome.loss, update.grad_norm, update.group_norms, values,
+                          epoch + progress.batch_in_epoch / planned)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self._reached_max_steps():
@@ -271,12 +274,12 @@ class Trainer:
         progress.epoch += 1
         progress.batch_in_epoch = 0
         progress.epoch_first_step = None
-        return self._end_of_epoch(epoch, validation)
+        return self._end_of_epoch(number, validation)
 
     def _count_skips(self, batch) -> None:
         """Log each training item whose audio failed where it was read, and count it by reason for the epoch."""
         for skip in batch.skipped:
-            logger.warning("training item skipped at epoch %d: %s [%s]", self.progress.epoch, skip.message, skip.reason)
+            logger.warning("training item skipped at epoch %d: %s [%s]", self.progress.epoch + 1, skip.message, skip.reason)
             self.progress.count_skip(skip.reason)
 
     def _skipped(self, why: str, ids: list[str]) -> None:
@@ -284,7 +287,7 @@ class Trainer:
         progress = self.progress
         logger.warning(
             "%s at epoch %d batch %d; step skipped, weights unchanged (utterances: %s)",
-            why, progress.epoch, progress.batch_in_epoch, describe(ids),
+            why, progress.epoch + 1, progress.batch_in_epoch, describe(ids),
         )
         if why.startswith("CUDA out of memory"):
             self._out_of_memory(ids)
@@ -339,7 +342,8 @@ class Trainer:
         return result
 
     def _end_of_epoch(self, epoch: int, validation: Validation) -> bool:
-        """Log, rank and checkpoint the finished epoch. Returns True when early stopping fires."""
+        """Log, rank and checkpoint the finished epoch number ``epoch`` (from 1). Returns True when
+        early stopping fires."""
         progress, metrics = self.progress, validation.metrics
         started, before = self._clock
         progress.seconds = before + time.time() - started
@@ -349,7 +353,7 @@ class Trainer:
         figures = []
         if self.writer is not None and metrics:
             figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device)
-        self.log.validation(epoch, progress, metrics, figures)
+        self.log.validation(epoch, progress, metrics, figures, progress.epoch)
         progress.skipped_in_epoch = {}
         self.epoch_end.checkpoint(epoch, progress, metrics, self._payload, self._training_state())
         self._save_last()
@@ -394,10 +398,14 @@ class Trainer:
             raise TrainingError(f"{self.exp_dir / 'last.pt'} has no optimizer state; it cannot be resumed")
         self.optimizer.load_state_dict(training["optimizer"])
         self.schedules.load_state_dict(training.get("scheduler") or {})
-        self.progress = Progress(**training["progress"])
-        self.progress.best = [tuple(b) for b in self.progress.best]
+        self.progress, from_zero = restore_progress(training["progress"])
+        if from_zero:
+            logger.warning("this run was started by an older version, which numbered epochs from 0: its "
+                           "checkpoints so far are named one below their epoch (epoch0.pt is epoch 1); "
+                           "from epoch %d on, names and numbers agree", self.progress.epoch + 1)
         set_rng_state(training["rng"])
-        logger.info("resumed at epoch %d, batch %d, step %d", self.progress.epoch, self.progress.batch_in_epoch, self.progress.step)
+        logger.info("resumed in epoch %d, after batch %d, at step %d",
+                    self.progress.epoch + 1, self.progress.batch_in_epoch, self.progress.step)
 
 
 def training_lengths(utterances) -> dict[str, float]:

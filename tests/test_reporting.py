@@ -1,0 +1,80 @@
+"""asr/training/reporting.py: what a run writes to TensorBoard and train.log, read back from the event
+files; and asr/curves.py reading event files of the older layout onto the same axis."""
+
+import logging
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from asr.curves import EPOCH_AXIS, read_scalars, run_curves
+from asr.training.reporting import RunLog
+from asr.training.state import Progress
+
+STEPS_PER_EPOCH = 3
+
+
+def _train(log: RunLog, progress: Progress, steps: int, metrics: dict[str, float]) -> None:
+    """``steps`` updates of epochs of :data:`STEPS_PER_EPOCH`, with a validation at the end of each epoch
+    and after the last step (as when train.max_steps stops a run inside an epoch)."""
+    for step in range(1, steps + 1):
+        done, in_epoch = divmod(step - 1, STEPS_PER_EPOCH)
+        progress.step = step
+        log.step(done + 1, step, 10.0 / step, 1.0, None, {"lr": 0.5}, done + (in_epoch + 1) / STEPS_PER_EPOCH)
+        if step % STEPS_PER_EPOCH == 0 or step == steps:
+            finished = step % STEPS_PER_EPOCH == 0
+            epochs_done = step / STEPS_PER_EPOCH
+            progress.seconds = 30.0 * step
+            log.validation(done + 1, progress, {"valid_loss": 5.0 / step, **metrics}, [],
+                           epochs_done if not finished else round(epochs_done))
+
+
+def test_training_and_validation_share_the_optimizer_step_axis(tmp_path, caplog):
+    log = RunLog(tmp_path, log_every_steps=2, main=True, last_step=5)
+    progress = Progress()
+    with caplog.at_level(logging.INFO, logger="asr.train"):
+        _train(log, progress, 5, {})
+    log.close()
+    curves = run_curves(tmp_path, "run")
+    # Logged: the first step, every second, and the last (train.max_steps), whatever log_every_steps says.
+    assert curves["train/loss"].steps == [1, 2, 4, 5]
+    # Validation at the optimizer step it follows: after epoch 1 (step 3) and where the run stopped (step 5).
+    assert curves["valid/loss"].steps == [3, 5] and curves["valid/loss"].values == pytest.approx([5 / 3, 1.0])
+    assert curves["valid/minutes"].steps == [3, 5] and curves["valid/minutes"].values == [1.5, 2.5]
+    assert all(c.axis != EPOCH_AXIS for c in curves.values())
+    # The epoch is its own scalar: epochs done, 1 at the end of epoch 1, fractions inside an epoch.
+    epoch = dict(zip(curves["epoch"].steps, curves["epoch"].values))
+    assert epoch == pytest.approx({1: 1 / 3, 2: 2 / 3, 3: 1.0, 4: 4 / 3, 5: 5 / 3})
+    # Step 5 was logged by training and by validation: `epoch` once.
+    assert [s for _, s, _ in read_scalars(tmp_path)["epoch"]].count(5) == 1
+    assert "valid/step" not in curves  # the x axis is the step now
+    # train.log numbers epochs from 1, as the checkpoints and the `epoch` scalar do.
+    lines = [r.getMessage() for r in caplog.records]
+    assert "epoch 1 step 1 loss 10.0000 lr 0.5" in lines
+    assert any(line.startswith("epoch 1: valid loss 1.6667") for line in lines)
+    assert any(line.startswith("step 5 (epoch 2, not finished): valid loss 1.0000") for line in lines)
+
+
+def _old_layout(folder, valid_steps: list[int] | None) -> None:
+    """Events as the trainer wrote them before every scalar was on the step axis: validation at x = the
+    epoch's number, with valid/step beside it (``valid_steps``; None: a run older still, without it)."""
+    writer = SummaryWriter(log_dir=str(folder / "tensorboard"))
+    for step in range(1, 7):
+        writer.add_scalar("train/loss", 6.0 - step, step)
+    for epoch, loss in enumerate([3.0, 2.0], start=1):
+        writer.add_scalar("valid/loss", loss, epoch)
+        if valid_steps is not None:
+            writer.add_scalar("valid/step", valid_steps[epoch - 1], epoch)
+    writer.close()
+
+
+def test_event_files_of_the_older_layout_are_read_on_the_step_axis(tmp_path):
+    _old_layout(tmp_path / "old", valid_steps=[3, 6])
+    curves = run_curves(tmp_path / "old", "old")
+    assert (curves["valid/loss"].steps, curves["valid/loss"].values) == ([3, 6], [3.0, 2.0])
+    assert curves["valid/loss"].axis == curves["train/loss"].axis != EPOCH_AXIS
+    assert (curves["epoch"].steps, curves["epoch"].values) == ([3, 6], [1.0, 2.0])
+    # Older still: no valid/step to place the validations, which stay on the epoch axis and say so.
+    _old_layout(tmp_path / "older", valid_steps=None)
+    older = run_curves(tmp_path / "older", "older")
+    assert (older["valid/loss"].steps, older["valid/loss"].axis) == ([1, 2], EPOCH_AXIS)
+    assert "epoch" not in older and older["train/loss"].axis != EPOCH_AXIS
