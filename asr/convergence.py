@@ -18,7 +18,7 @@ From those, per run (:func:`measure`):
   well above 0, it was still learning when it stopped, and a longer run would do better.
   The best-so-far curve, not the raw one, so a noisy last validation cannot fake a plateau
   or a fall.
-- best and final validation loss and WER.
+- best and final validation loss and WER (in percent, as the trainer logs it).
 
 Over seeds (:func:`mean_std`, :func:`summarise_reached`): the mean and the
 sample standard deviation (n - 1) of each measure; for steps to target, over
@@ -38,10 +38,10 @@ from asr.curves import EPOCH_AXIS, EPOCH_TAG, CompareError, run_curves
 
 @dataclass(frozen=True)
 class Targets:
-    """What counts as converged: a validation loss and a validation WER (a fraction), each optional."""
+    """What counts as converged: a validation loss and a validation WER in percent, each optional."""
 
     loss: float | None = None
-    wer: float | None = None
+    wer_percent: float | None = None
 
 
 @dataclass
@@ -51,7 +51,7 @@ class RunCurves:
 
     epochs: list[float]
     loss: list[float]
-    wer: list[float] | None = None
+    wer: list[float] | None = None  # in percent
     steps: list[int] | None = None
     minutes: list[float] | None = None
 
@@ -73,8 +73,8 @@ class Convergence:
     best_loss: float
     best_loss_epoch: float
     final_loss: float
-    best_wer: float | None
-    final_wer: float | None
+    best_wer_percent: float | None
+    final_wer_percent: float | None
     auc: float | None                 # area under valid/loss over optimizer steps, loss x 1000 steps
     loss_target: Reached | None       # None: not reached (or no target)
     wer_target: Reached | None
@@ -148,11 +148,11 @@ def measure(curves: RunCurves, targets: Targets) -> Convergence:
         best_loss=best_loss,
         best_loss_epoch=best_epoch,
         final_loss=curves.loss[-1],
-        best_wer=min(curves.wer) if curves.wer else None,
-        final_wer=curves.wer[-1] if curves.wer else None,
+        best_wer_percent=min(curves.wer) if curves.wer else None,
+        final_wer_percent=curves.wer[-1] if curves.wer else None,
         auc=auc,
         loss_target=_reached(curves, curves.loss, targets.loss),
-        wer_target=_reached(curves, curves.wer, targets.wer),
+        wer_target=_reached(curves, curves.wer, targets.wer_percent),
         late_fall=late_fall(curves.steps, curves.loss) if curves.steps else None,
     )
 
@@ -197,7 +197,7 @@ def aggregate(measures: list[Convergence]) -> dict:
     """Numbers behind a seed table row: per measure its mean, sample std (None for one run) and
     count; per target, the same of the steps and minutes of the runs that reached it."""
     summary: dict = {"runs": len(measures)}
-    for name in ("auc", "late_fall", "best_loss", "final_loss", "best_wer", "final_wer", "epochs", "steps"):
+    for name in ("auc", "late_fall", "best_loss", "final_loss", "best_wer_percent", "final_wer_percent", "epochs", "steps"):
         values = [getattr(m, name) for m in measures if getattr(m, name) is not None]
         mean, std = mean_std(values) if values else (None, None)
         summary[name] = {"mean": mean, "std": std, "n": len(values)}

@@ -1,13 +1,14 @@
 """Learning curves read from TensorBoard event files: load, tabulate and plot them.
 
 The trainer logs every scalar, ``train/*`` and ``valid/*`` alike, against the
-optimizer step, and the epochs done as the scalar ``epoch``
-(:mod:`asr.training.reporting`). Event files of the older layout, which have no
-``epoch`` scalar, logged ``valid/*`` at x = the epoch's number with the optimizer
-steps as ``valid/step``: :func:`run_curves` puts those on the step axis too
-(and makes their ``epoch`` curve), so old and new runs compare on one axis. Only
-a run older still, without ``valid/step``, keeps its validation on the epoch
-axis, and its curves say so (:attr:`Curve.axis`).
+optimizer step, the epochs done as the scalar ``epoch``, and WER, CER and the
+other shares in percent (:mod:`asr.training.reporting`). Event files of the
+older layout, which have no ``epoch`` scalar, logged ``valid/*`` at x = the
+epoch's number with the optimizer steps as ``valid/step``, and the shares as
+fractions: :func:`run_curves` puts those on the step axis and in percent too
+(and makes their ``epoch`` curve), so old and new runs compare on one axis in
+one unit. Only a run older still, without ``valid/step``, keeps its validation
+on the epoch axis, and its curves say so (:attr:`Curve.axis`).
 
 A run that was resumed logs some steps twice; for each step the value
 written last counts, so the curve is the one the resumed run actually
@@ -23,8 +24,17 @@ from pathlib import Path
 EVENT_GLOB = "events.out.tfevents.*"
 EPOCH_TAG = "epoch"  # the epochs done, at the optimizer step; its absence marks the older layout
 STEP_AXIS, EPOCH_AXIS = "optimizer step", "epoch"
-# The older layout's tags logged at x = the epoch's number (with the optimizer steps in valid/step).
+# The older layout's tags logged at x = the epoch's number (with the optimizer steps in valid/step),
+# and those of them it logged as fractions (today's layout: percent).
 _OLD_PER_EPOCH = ("valid/", "train/skipped_utterances")
+_OLD_FRACTIONS = ("valid/wer", "valid/cer", "valid/ctc_cer", "valid/attention_at_end")
+# The trainer's tags in percent: its metrics that are shares (asr.training.metrics, ``percent``).
+PERCENT_TAGS = _OLD_FRACTIONS
+
+
+def tag_label(tag: str) -> str:
+    """A tag as an axis or column names it, with its unit: ``valid/wer (%)``."""
+    return f"{tag} (%)" if tag in PERCENT_TAGS else tag
 LOWER_IS_BETTER = ("loss", "wer", "cer", "ppl", "perplexity", "error")
 HIGHER_IS_BETTER = ("acc", "accuracy", "bleu")
 
@@ -112,13 +122,15 @@ def run_curves(exp_dir: str | Path, label: str) -> dict[str, Curve]:
 
 def _from_epoch_axis(curves: dict[str, Curve], label: str) -> dict[str, Curve]:
     """The older layout: its per-epoch tags moved to the optimizer steps that ``valid/step`` gives
-    for each epoch, and the ``epoch`` curve made from it; without ``valid/step`` they stay on the
-    epoch axis."""
+    for each epoch (without ``valid/step`` they stay on the epoch axis), its fractions put in
+    percent, and the ``epoch`` curve made from ``valid/step``."""
     step_of: dict[int, int] = {}
     if "valid/step" in curves:
         step_of = {epoch: round(step) for epoch, step in zip(curves["valid/step"].steps, curves["valid/step"].values)}
     moved = {}
     for tag, curve in curves.items():
+        if tag in _OLD_FRACTIONS:
+            curve = Curve(label, tag, curve.steps, [100 * v for v in curve.values])
         if not tag.startswith(_OLD_PER_EPOCH):
             moved[tag] = curve
         elif step_of and all(epoch in step_of for epoch in curve.steps):
@@ -163,11 +175,12 @@ def markdown_table(curves: dict[str, list[Curve]]) -> str:
     for tag, runs in curves.items():
         unit = axis_label(runs)
         direction = better_direction(tag)
-        best_header = f"best ({direction})" if direction else "best"
+        percent = " %" if tag in PERCENT_TAGS else ""
+        best_header = f"best{percent} ({direction})" if direction else f"best{percent}"
         lines = [
             f"### {tag}",
             "",
-            f"| run | points | final | final at {unit} | {best_header} | best at {unit} |",
+            f"| run | points | final{percent} | final at {unit} | {best_header} | best at {unit} |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for c in runs:
@@ -225,7 +238,7 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom
         if zoomed:
             ax.set_ylim(*limits)
         ax.set_xlabel(axis_label(runs))
-        ax.set_ylabel(tag)
+        ax.set_ylabel(tag_label(tag))
         notes = ([f"smoothed {smoothing:g}"] if smoothing > 0 else []) + (["y axis fits points 2+"] if zoomed else [])
         ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))
         ax.grid(True, alpha=0.3)
@@ -299,7 +312,7 @@ def plot_bands(panels: dict[str, list[Band]], out: Path, xlabel: str, spread: st
         cut = " (cut to the shortest run)" if any(b.cut for b in bands) else ""
         ax.set_title(f"{tag}: mean over seeds, band {what}{cut}" + (", y axis fits points 2+" if zoom and points else ""))
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(tag)
+        ax.set_ylabel(tag_label(tag))
         ax.grid(True, alpha=0.3)
     _legends(fig, axes[:, 0])
     _write(fig, out)

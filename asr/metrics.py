@@ -116,6 +116,14 @@ def error_rates(refs: list[str], hyps: list[str], ids: list[str] | None = None) 
     }
 
 
+def rates_in_percent(rates: dict) -> dict:
+    """:func:`error_rates` (or one bin of :func:`error_rates_by_length`) as people read it and
+    ``wer.json`` stores it: ``wer`` and ``cer`` become ``wer_percent`` and ``cer_percent`` (25.0, not
+    0.25), so a key never leaves its unit to be guessed; the counts stay as they are."""
+    shown = {key: value for key, value in rates.items() if key not in ("wer", "cer")}
+    return {"wer_percent": 100 * rates["wer"], "cer_percent": 100 * rates["cer"], **shown}
+
+
 def align_words(refs: list[str], hyps: list[str], ids: list[str] | None = None) -> list[UtteranceAlignment]:
     """The word alignment of each utterance, after the same normalisation as :func:`error_rates`."""
     norm_refs, norm_hyps = normalized_pairs(refs, hyps, ids)
@@ -224,13 +232,13 @@ def error_rates_by_length(refs: list[str], hyps: list[str], ids: list[str] | Non
 
 
 def length_table(bins: list[dict]) -> str:
-    """The by-length breakdown as printed lines: ``words  utts  WER  S  D  I  N``."""
+    """The by-length breakdown (bins :func:`rates_in_percent`) as printed lines: ``words  utts  WER %  S  D  I  N``."""
     lines = [f"{'words':>7} {'utts':>5} {'WER %':>7} {'S':>5} {'D':>5} {'I':>5} {'N':>6}"]
     for b in bins:
         low, high = b["words"]
         label = str(low) if low == high else f"{low}-{high}"
         lines.append(
-            f"{label:>7} {b['utterances']:>5} {100 * b['wer']:>7.2f} {b['substitutions']:>5} "
+            f"{label:>7} {b['utterances']:>5} {b['wer_percent']:>7.2f} {b['substitutions']:>5} "
             f"{b['deletions']:>5} {b['insertions']:>5} {b['ref_words']:>6}"
         )
     return "\n".join(lines)

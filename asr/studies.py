@@ -261,7 +261,8 @@ def evaluate_run(name: str, checkpoints: list[Path], folder: Path, scoring: Scor
     ``folder/eval_<checkpoint name>_<split>`` (``_vtln`` added with VTLN, then
     ``_adapt`` with speaker adaptation), with its settings in ``decode.yaml``
     there. It is reused when its ``wer.json`` is newer than every checkpoint
-    and was made with the same settings.
+    and was made with the same settings (and states WER in percent: one of an older version, with
+    fractions, is made again).
     """
     stem = checkpoints[0].stem
     prefix = "eval" if stem == "last" else f"eval_{stem}"
@@ -270,7 +271,7 @@ def evaluate_run(name: str, checkpoints: list[Path], folder: Path, scoring: Scor
     wanted = scoring.settings.to_dict()
     if result.exists() and all(result.stat().st_mtime >= c.stat().st_mtime for c in checkpoints):
         previous = json.loads(result.read_text())
-        if previous.get("settings") == wanted:
+        if previous.get("settings") == wanted and "wer_percent" in previous:
             return previous
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode.yaml").write_text(yaml.safe_dump(wanted, sort_keys=False))
@@ -309,17 +310,23 @@ def has_split(recipe: Path, overrides: list[str], split: str) -> bool:
 
 
 def pooled(runs: list[Run], split: str) -> float | None:
-    """Word errors summed over words summed, across ``runs`` (None if any lacks the score)."""
+    """WER in percent: word errors summed over words summed, across ``runs`` (None if any lacks the score)."""
     scores = [r.results.get(split) for r in runs]
     if any(s is None for s in scores):
         return None
     errors = sum(s["substitutions"] + s["deletions"] + s["insertions"] for s in scores)
     words = sum(s["ref_words"] for s in scores)
-    return errors / words if words else None
+    return 100 * errors / words if words else None
+
+
+def wer_of(score: dict | None) -> float | None:
+    """The WER in percent of an evaluation's ``wer.json`` (None for none)."""
+    return None if score is None else score["wer_percent"]
 
 
 def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}"
+    """A value in percent, as the tables print it."""
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _num(value: float | None) -> str:
@@ -344,7 +351,7 @@ def results_table(runs: list[Run], grid: dict[str, list[str]], scorings: list[Sc
         epoch = r.get("best_epoch")
         best = f"{_num(r.get('best_valid_loss'))} ({'n/a' if epoch is None else f'{epoch:g}'})"
         cells = [run.values[k] for k in keys] + [_num(r.get("final_valid_loss")), best]
-        cells += [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings]
+        cells += [_pct(wer_of(r.get(s.name))) for s in scorings]
         minutes = r.get("train_seconds")
         cells.append("n/a" if minutes is None else f"{minutes / 60:.1f}")
         rows.append(cells)
@@ -387,7 +394,7 @@ def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, s
     rows = []
     for ensemble in ensembles:
         r = ensemble.results
-        rows.append([ensemble.values[k] for k in others] + [_pct(r[s.name]["wer"]) if r.get(s.name) else "n/a" for s in scorings])
+        rows.append([ensemble.values[k] for k in others] + [_pct(wer_of(r.get(s.name))) for s in scorings])
     return markdown_table(header, len(others), rows)
 
 
@@ -409,8 +416,8 @@ def _target_headers(targets: Targets, unit: str) -> list[str]:
     headers = []
     if targets.loss is not None:
         headers.append(f"{unit} to valid loss <= {targets.loss:g}")
-    if targets.wer is not None:
-        headers.append(f"{unit} to valid WER <= {100 * targets.wer:g}%")
+    if targets.wer_percent is not None:
+        headers.append(f"{unit} to valid WER <= {targets.wer_percent:g}%")
     return headers
 
 
@@ -433,9 +440,10 @@ def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targ
             rows.append(cells + ["n/a"] * (len(header) - len(keys)))
             continue
         cells += [f"{c.epochs:g}", "n/a" if c.steps is None else str(c.steps)]
-        cells += [_reached_text(r) for r, t in ((c.loss_target, targets.loss), (c.wer_target, targets.wer)) if t is not None]
+        targets_given = ((c.loss_target, targets.loss), (c.wer_target, targets.wer_percent))
+        cells += [_reached_text(r) for r, t in targets_given if t is not None]
         cells += [_num(c.auc), _num(c.late_fall), f"{_num(c.best_loss)} ({c.best_loss_epoch:g})", _num(c.final_loss),
-                  _pct(c.best_wer), _pct(c.final_wer)]
+                  _pct(c.best_wer_percent), _pct(c.final_wer_percent)]
         rows.append(cells)
     return markdown_table(header, len(keys), rows)
 
@@ -454,16 +462,16 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
         measured = [r.convergence for r in group if r.convergence is not None]
         cells = list(values.values()) + [str(len(group))]
         for field_name in ("step", "minutes"):
-            for target, name in ((targets.loss, "loss_target"), (targets.wer, "wer_target")):
+            for target, name in ((targets.loss, "loss_target"), (targets.wer_percent, "wer_target")):
                 if target is not None:
                     cells.append(summarise_reached([getattr(c, name) for c in measured], field_name))
         cells += [format_mean_std([c.auc for c in measured]),
                   format_mean_std([c.late_fall for c in measured], 2),
                   format_mean_std([c.best_loss for c in measured]),
                   format_mean_std([c.final_loss for c in measured]),
-                  format_mean_std([c.best_wer for c in measured], 3, 100),
-                  format_mean_std([c.final_wer for c in measured], 3, 100)]
-        cells += [format_mean_std([r.results[s.name]["wer"] if r.results.get(s.name) else None for r in group], 3, 100)
+                  format_mean_std([c.best_wer_percent for c in measured], 3),
+                  format_mean_std([c.final_wer_percent for c in measured], 3)]
+        cells += [format_mean_std([wer_of(r.results.get(s.name)) for r in group], 3)
                   for s in scorings]
         cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))
         rows.append(cells)
@@ -481,5 +489,5 @@ def length_table(runs: list[Run], scorings: list[Scoring]) -> str:
     for run in runs:
         for scoring in scorings:
             found = {tuple(b["words"]): b for b in (run.results.get(scoring.name) or {}).get("by_length", [])}
-            rows.append([run.name, scoring.name] + [_pct(found[b]["wer"]) if b in found else "n/a" for b in bins])
+            rows.append([run.name, scoring.name] + [_pct(found[b]["wer_percent"]) if b in found else "n/a" for b in bins])
     return markdown_table(header, 2, rows)

@@ -42,7 +42,7 @@ def test_rates(checkpoint: Path, data: str, name: str, options: list[str]) -> di
     if evaluate(["--checkpoint", str(checkpoint), "--data", data, "--out", str(out), "--overwrite", *options]) != 0:
         raise SystemExit(f"asr.evaluate failed on {checkpoint}")
     summary = json.loads((out / "wer.json").read_text())
-    return {"wer": summary["wer"], "cer": summary["cer"]}
+    return {"wer_percent": summary["wer_percent"], "cer_percent": summary["cer_percent"]}
 
 
 @torch.no_grad()
@@ -67,7 +67,7 @@ def alignment(checkpoint: Path, data: str, long_seconds: float, batch_size: int 
 
 
 def summary(rows: list[dict], key: str) -> str:
-    values = [100 * r[key] for r in rows]
+    values = [r[key] for r in rows]
     spread = statistics.stdev(values) if len(values) > 1 else float("nan")
     return f"{statistics.mean(values):.1f} ± {spread:.1f}%"
 
@@ -94,11 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         attention = (f"{r['long_utterances']} | {r['spearman']:.3f} | {100 * r['at_end']:.1f}% | {r['aligned']}"
                      if "spearman" in r else "- | - | - | -")
-        print(f"| {r['model']} | {r['checkpoint']} | {100 * r['wer']:.1f}% | {100 * r['cer']:.1f}% | {attention} |")
+        print(f"| {r['model']} | {r['checkpoint']} | {r['wer_percent']:.1f}% | {r['cer_percent']:.1f}% | {attention} |")
     for group in ("las", "ctc"):
         chosen = [r for r in rows if r["model"] == group]
         if chosen:
-            print(f"{group}: {len(chosen)} model(s), test WER {summary(chosen, 'wer')}, CER {summary(chosen, 'cer')}")
+            print(f"{group}: {len(chosen)} model(s), test WER {summary(chosen, 'wer_percent')}, "
+                  f"CER {summary(chosen, 'cer_percent')}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

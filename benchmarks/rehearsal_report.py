@@ -51,7 +51,7 @@ def test_rates(exp: Path, data: str, out: Path, epochs: set[int] | None) -> list
         if evaluate(["--checkpoint", str(checkpoint), "--data", data, "--out", str(folder)]) != 0:
             raise SystemExit(f"asr.evaluate failed on {checkpoint}")
         summary = json.loads((folder / "wer.json").read_text())
-        rows.append({"epoch": epoch, "wer": summary["wer"], "cer": summary["cer"]})
+        rows.append({"epoch": epoch, "wer_percent": summary["wer_percent"], "cer_percent": summary["cer_percent"]})
     return rows
 
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps({"test": rows, "attention": aligned}, indent=2) + "\n")
     print("| epoch | test WER | test CER |\n| ---: | ---: | ---: |")
     for row in rows:
-        print(f"| {row['epoch']} | {100 * row['wer']:.1f}% | {100 * row['cer']:.1f}% |")
+        print(f"| {row['epoch']} | {row['wer_percent']:.1f}% | {row['cer_percent']:.1f}% |")
     print(json.dumps(aligned, indent=2))
     return 0
 

@@ -58,8 +58,11 @@ def test_several_tags_and_default_tag(two_runs, tmp_path, monkeypatch):
     main([str(p) for p in two_runs] + ["--tag", "valid/wer", "--tag", "valid/loss", "--out", str(out)])
     table = out.with_suffix(".md").read_text()
     wer = _table_rows(table, "valid/wer")
-    assert wer["run_a"][1:4] == ["0.25", "4", "0.25"] and wer["run_b"][1:4] == ["0.625", "3", "0.625"]
-    assert "epoch" in table.split("### valid/wer", 1)[1].splitlines()[2]
+    # These runs are of the older layout (no `epoch` scalar), which logged WER as a fraction: read in percent.
+    assert wer["run_a"][1:4] == ["25", "4", "25"] and wer["run_b"][1:4] == ["62.5", "3", "62.5"]
+    header = table.split("### valid/wer", 1)[1].splitlines()[2]
+    assert "epoch" in header and "final % |" in header  # nor valid/step to put them on the step axis
+    assert "final |" in table.split("### valid/loss", 1)[1].splitlines()[2]  # a loss has no unit to state
     # Without --tag and --out: valid/loss, written to compare_valid_loss.png in the working folder.
     monkeypatch.chdir(tmp_path)
     main([str(p) for p in two_runs])

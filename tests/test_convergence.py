@@ -29,7 +29,7 @@ from asr.curves import CompareError, band, plot_bands
 from asr.studies import Run, Scoring, convergence_table, seed_table
 
 # A run validated after 3 epochs of 100 optimizer steps each, 2 minutes per epoch.
-CURVES = RunCurves(epochs=[1, 2, 3], loss=[3.0, 2.0, 1.5], wer=[0.9, 0.5, 0.25], steps=[100, 200, 300],
+CURVES = RunCurves(epochs=[1, 2, 3], loss=[3.0, 2.0, 1.5], wer=[90.0, 50.0, 25.0], steps=[100, 200, 300],
                    minutes=[2.0, 4.0, 6.0])
 
 
@@ -58,13 +58,13 @@ def test_late_fall_reads_the_best_loss_so_far_over_the_last_quarter():
 
 
 def test_measure_gives_steps_minutes_and_epochs_to_each_target():
-    result = measure(CURVES, Targets(loss=2.0, wer=0.3))
+    result = measure(CURVES, Targets(loss=2.0, wer_percent=30))
     assert result.loss_target == Reached(epoch=2, step=200, minutes=4.0)
     assert result.wer_target == Reached(epoch=3, step=300, minutes=6.0)
     # AUC over optimizer steps in thousands: 0.1 * (3 + 2) / 2 + 0.1 * (2 + 1.5) / 2 = 0.25 + 0.175
     assert result.auc == pytest.approx(0.425)
     assert (result.best_loss, result.best_loss_epoch, result.final_loss) == (1.5, 3, 1.5)
-    assert (result.best_wer, result.final_wer, result.epochs, result.steps) == (0.25, 0.25, 3, 300)
+    assert (result.best_wer_percent, result.final_wer_percent, result.epochs, result.steps) == (25.0, 25.0, 3, 300)
     assert result.late_fall is None  # three validations: too few
     longer = RunCurves(epochs=[1, 2, 3, 4, 5], loss=[3.0, 2.0, 1.5, 1.4, 1.3], steps=[100, 200, 300, 400, 500])
     assert measure(longer, Targets()).late_fall == pytest.approx(1.0)
@@ -72,7 +72,7 @@ def test_measure_gives_steps_minutes_and_epochs_to_each_target():
     assert measure(CURVES, Targets()).wer_target is None
     # A run from before valid/step was logged: epochs only, no AUC.
     old = measure(RunCurves(epochs=[1, 2], loss=[2.0, 1.0]), Targets(loss=1.0))
-    assert old.loss_target == Reached(epoch=2) and old.auc is None and old.best_wer is None
+    assert old.loss_target == Reached(epoch=2) and old.auc is None and old.best_wer_percent is None
     assert old.late_fall is None
 
 
@@ -89,18 +89,19 @@ def test_run_curves_are_read_from_tensorboard_events(tmp_path):
     # Today's layout: every scalar at the optimizer step, the epochs done as `epoch`; the last validation
     # is where train.max_steps stopped the run, half way through epoch 3.
     writer = SummaryWriter(log_dir=str(tmp_path / "now"))
-    for step, epoch, loss, wer, minutes in ((40, 1, 3.0, 0.5, 0.5), (80, 2, 2.0, 0.25, 1.0), (100, 2.5, 1.5, 0.25, 1.25)):
+    for step, epoch, loss, wer, minutes in ((40, 1, 3.0, 50, 0.5), (80, 2, 2.0, 25, 1.0), (100, 2.5, 1.5, 25, 1.25)):
         for tag, value in (("valid/loss", loss), ("valid/wer", wer), ("valid/minutes", minutes), ("epoch", epoch)):
             writer.add_scalar(tag, value, step)
     writer.add_scalar("epoch", 0.5, 20)  # a training step's: not a validation
     writer.close()
     assert read_run_curves(tmp_path / "now", "now") == RunCurves(
-        [1, 2, 2.5], [3.0, 2.0, 1.5], [0.5, 0.25, 0.25], [40, 80, 100], [0.5, 1.0, 1.25])
-    # The older layout: validation at x = epoch number, the steps in valid/step; older still, epochs only.
+        [1, 2, 2.5], [3.0, 2.0, 1.5], [50, 25, 25], [40, 80, 100], [0.5, 1.0, 1.25])
+    # The older layout: validation at x = epoch number, the steps in valid/step, WER as a fraction (read
+    # in percent); older still, epochs only.
     write_events(tmp_path / "new", {"valid/loss": [3.0, 2.0], "valid/wer": [0.5, 0.25], "valid/step": [40, 80],
                                     "valid/minutes": [0.5, 1.0]})
     curves = read_run_curves(tmp_path / "new", "new")
-    assert curves == RunCurves([1, 2], [3.0, 2.0], [0.5, 0.25], [40, 80], [0.5, 1.0])
+    assert curves == RunCurves([1, 2], [3.0, 2.0], [50.0, 25.0], [40, 80], [0.5, 1.0])
     write_events(tmp_path / "old", {"valid/loss": [3.0, 2.0]})
     assert read_run_curves(tmp_path / "old", "old") == RunCurves([1, 2], [3.0, 2.0])
     write_events(tmp_path / "none", {"valid/wer": [0.5]})
@@ -132,11 +133,11 @@ def fake_study() -> tuple[list[Run], dict[str, list[str]]]:
                                               ("both", [1.0, 1.5, 2.0], [100, 300, None])]:
         for seed, final, step in zip(grid["train.seed"], final_losses, reached_steps):
             c = Convergence(epochs=4, steps=400, best_loss=final, best_loss_epoch=4, final_loss=final,
-                            best_wer=final / 10, final_wer=final / 10, auc=final * 2,
+                            best_wer_percent=final * 10, final_wer_percent=final * 10, auc=final * 2,
                             loss_target=None if step is None else Reached(step // 100, step, step / 100),
                             wer_target=None, late_fall=final / 4)
             run = Run({"model.layer_norm": norm, "train.seed": seed}, Path(f"runs/{norm}-{seed}"), convergence=c)
-            run.results = {"dev": {"wer": final / 20}, "train_seconds": 120.0}
+            run.results = {"dev": {"wer_percent": final * 5}, "train_seconds": 120.0}
             runs.append(run)
     return runs, grid
 

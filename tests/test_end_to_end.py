@@ -28,7 +28,8 @@ def test_train_then_evaluate_then_transcribe(tmp_path, fsdd_recordings):
     evaluated = _run("asr.evaluate", "--checkpoint", str(checkpoint), "--data", str(dev))
     assert "WER" in evaluated.stdout
     scores = json.loads((exp / f"eval_last_{dev.name}" / "wer.json").read_text())  # the default folder
-    assert scores["utterances"] == 6 and scores["skipped"] == 0 and 0 <= scores["cer"]
+    # in percent, which insertions can take past 100
+    assert scores["utterances"] == 6 and scores["skipped"] == 0 and 0 <= scores["cer_percent"]
 
     audio = [fsdd_recordings / "4_jackson_1.wav", fsdd_recordings / "8_george_3.wav"]
     transcribed = _run("asr.transcribe", str(checkpoint), *map(str, audio))

@@ -223,12 +223,13 @@ def test_evaluate_writes_consistent_reports_on_librispeech_layout(untrained, lib
     assert {i: t for i, t in refs} == expected_refs
     s, d, i, n = (result[k] for k in ("substitutions", "deletions", "insertions", "ref_words"))
     assert n == sum(len(t.split()) for t in expected_refs.values())
-    assert result["wer"] == pytest.approx((s + d + i) / n)
+    assert result["wer_percent"] == pytest.approx(100 * (s + d + i) / n)  # in percent, as the key says
+    assert "wer" not in result and "cer" not in result  # no second unit beside it
     assert s + d + result["hits"] == n
     alignment = (out / "alignment.txt").read_text()
     assert alignment.count("\nREF: ") + alignment.startswith("REF: ") == 5
     assert _alignment_totals(alignment) == [s, d, i, n]
-    assert f"WER {100 * result['wer']:.2f}% (S={s} D={d} I={i} N={n})" in printed
+    assert f"WER {result['wer_percent']:.2f}% (S={s} D={d} I={i} N={n})" in printed
     assert "on 5 utterances" in printed and "real-time factor" in printed
     assert result["rtf"] == pytest.approx(result["decode_seconds"] / result["audio_seconds"])
 
@@ -430,7 +431,7 @@ def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
         assert result["beam"] == int(beam) and result["utterances"] == 6
         assert len((out / "hyp.txt").read_text().splitlines()) == 6
         s, d, i, n = (result[k] for k in ("substitutions", "deletions", "insertions", "ref_words"))
-        assert result["wer"] == pytest.approx((s + d + i) / n)
+        assert result["wer_percent"] == pytest.approx(100 * (s + d + i) / n)
         assert _alignment_totals((out / "alignment.txt").read_text()) == [s, d, i, n]
         # The by-length breakdown partitions the utterances and the errors.
         bins = result["by_length"]
@@ -554,8 +555,9 @@ def test_evaluate_with_speaker_adaptation_scores_every_round(trained, tmp_path, 
     assert adaptation["ctc_agreement"] is False and adaptation["disagreed"] == 0  # the filter is off by default
     assert adaptation["seed"] == 0
     # Round 0 is plain decoding; the last round is what the hypotheses and the WER are.
-    assert len(adaptation["wer_per_round"]) == 3
-    assert adaptation["wer_per_round"][0] == plain["wer"] and adaptation["wer_per_round"][2] == result["wer"]
+    per_round = adaptation["wer_percent_per_round"]
+    assert len(per_round) == 3
+    assert per_round[0] == pytest.approx(plain["wer_percent"]) and per_round[2] == pytest.approx(result["wer_percent"])
     assert "WER before adaptation and after each round" in capsys.readouterr().out
     for bad, reason in ((["--adapt-rounds", "1", "--adapt-epochs", "0"], "at least one round and one epoch"),
                         (["--adapt-rounds", "1", "--adapt-lr", "-1"], "learning rate must be positive"),

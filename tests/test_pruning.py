@@ -225,5 +225,5 @@ def test_a_model_trained_with_layerdrop_evaluates_pruned(tmp_path, capsys):
     whole, pruned = (json.loads((tmp_path / name / "wer.json").read_text()) for name in ("whole", "pruned"))
     assert pruned["pruning"][0]["kept"] == {"encoder": [0, 2], "decoder": [0]}
     assert pruned["parameters"] < whole["parameters"] == pruned["pruning"][0]["parameters_before"]
-    assert 0.0 <= pruned["wer"] and pruned["utterances"] == whole["utterances"]
+    assert 0.0 <= pruned["wer_percent"] and pruned["utterances"] == whole["utterances"]
     assert "pruned to encoder layers 0,2 of 3, decoder layers 0 of 2" in capsys.readouterr().out

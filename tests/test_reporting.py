@@ -78,3 +78,31 @@ def test_event_files_of_the_older_layout_are_read_on_the_step_axis(tmp_path):
     older = run_curves(tmp_path / "older", "older")
     assert (older["valid/loss"].steps, older["valid/loss"].axis) == ([1, 2], EPOCH_AXIS)
     assert "epoch" not in older and older["train/loss"].axis != EPOCH_AXIS
+
+
+def test_shares_are_logged_in_percent_and_the_readers_know_which(tmp_path, caplog):
+    from asr.curves import PERCENT_TAGS
+    from asr.training.metrics import METRICS
+
+    log = RunLog(tmp_path, log_every_steps=1, main=True)
+    progress = Progress()
+    with caplog.at_level(logging.INFO, logger="asr.train"):
+        _train(log, progress, 3, {"valid_wer": 0.125, "valid_attention_spearman": 0.5})
+    log.close()
+    curves = run_curves(tmp_path, "run")
+    # WER as a person reads it, in TensorBoard as in train.log; a correlation is no share.
+    assert curves["valid/wer"].values == [12.5] and curves["valid/attention_spearman"].values == [0.5]
+    assert any("WER 12.50%, attention_spearman 0.5000" in r.getMessage() for r in caplog.records)
+    # asr.curves names the unit of the tags the trainer logs in percent: every metric that is a share.
+    assert set(PERCENT_TAGS) == {name.replace("valid_", "valid/") for name, cls in METRICS.items() if cls.percent}
+
+
+def test_event_files_of_the_older_layout_have_their_fractions_read_in_percent(tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("valid/wer", 0.25, 1)
+    writer.add_scalar("valid/step", 10, 1)
+    writer.add_scalar("valid/attention_spearman", 0.5, 1)
+    writer.close()
+    curves = run_curves(tmp_path, "old")
+    assert (curves["valid/wer"].steps, curves["valid/wer"].values) == ([10], [25.0])
+    assert curves["valid/attention_spearman"].values == [0.5]

@@ -115,7 +115,7 @@ def test_a_kaldi_dir_and_a_manifest_train_and_evaluate_from_the_command_line(doo
             assert evaluate.main(args) == 0, name
         summary = json.loads((tmp_path / f"eval_{name}" / "wer.json").read_text())
         assert summary["utterances"] == 5 and summary["skipped"] == 0, name
-        results[name] = (summary["wer"], summary["cer"], (tmp_path / f"eval_{name}" / "hyp.txt").read_text())
+        results[name] = (summary["wer_percent"], summary["cer_percent"], (tmp_path / f"eval_{name}" / "hyp.txt").read_text())
     assert len(set(results.values())) == 1, results
 
 

@@ -169,13 +169,13 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
         # Adaptation starts from the same VTLN decoding, then fine-tunes one round.
         adaptation = row["test_vtln_adapt"]["adaptation"]
         assert adaptation["rounds"] == 1 and adaptation["warps"] == row["test_vtln"]["vtln_warps"]
-        assert adaptation["wer_per_round"][0] == row["test_vtln"]["wer"]
-        assert adaptation["wer_per_round"][1] == row["test_vtln_adapt"]["wer"]
+        assert adaptation["wer_percent_per_round"][0] == pytest.approx(row["test_vtln"]["wer_percent"])
+        assert adaptation["wer_percent_per_round"][1] == pytest.approx(row["test_vtln_adapt"]["wer_percent"])
     assert ensemble["test"]["checkpoint"] == [str(f / "last.pt") for f in folders]
     assert (out / "ensembles" / "held_out_speaker-george" / "eval_test_vtln" / "wer.json").exists()
     table = (out / "results.md").read_text()
     assert "test WER % (VTLN)" in table and "test WER % (VTLN, adapted, 1 round)" in table and "Ensembles: the mean next-token distribution of 2 runs" in table
-    assert f"| george | {100 * ensemble['dev']['wer']:.2f} | {100 * ensemble['test']['wer']:.2f} |" in table
+    assert f"| george | {ensemble['dev']['wer_percent']:.2f} | {ensemble['test']['wer_percent']:.2f} |" in table
 
     # The seeds' convergence: per run from its curves, and mean ± std per setting (here the one fold).
     for name in runs:

@@ -119,4 +119,4 @@ def test_training_and_evaluation_only_read_the_prepared_corpus(tmp_path, monkeyp
     assert folder.is_dir()
     assert evaluate.main(["--checkpoint", str(checkpoint), "--split", "test", "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "wer.json").read_text())
-    assert (again["utterances"], again["wer"]) == (scored["utterances"], scored["wer"])
+    assert (again["utterances"], again["wer_percent"]) == (scored["utterances"], scored["wer_percent"])

@@ -32,10 +32,11 @@ message naming the folder and what differs: ``--out`` picks another folder,
 
 The files: ``evaluation.json``; ``hyp.txt`` and ``ref.txt`` (``<utterance id>
 <text>`` per line, sorted by id), ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
-and insertions marked) and ``wer.json`` (``{"wer": ..., "cer": ...,
+and insertions marked) and ``wer.json`` (``{"wer_percent": 12.5, "cer_percent": ...,
 "utterances": ...}`` plus the counts, timing and the settings, and
 ``by_length``: WER and S/D/I per bin of reference length in words, one bin per
-length up to 10 words, else 1-5, 6-10, 11-20, 21-40, 41-80, 81+). Prints the
+length up to 10 words, else 1-5, 6-10, 11-20, 21-40, 41-80, 81+). WER and CER are
+in percent there as everywhere a person reads them, and the keys say so. Prints the
 WER line, the by-length table and the real-time factor: wall time of feature extraction plus search
 (and adaptation), divided by the audio duration.
 
@@ -44,7 +45,7 @@ next-token distributions; they must share tokenizer and features). The
 search and the test-time strategies (VTLN, speaker adaptation) are the shared
 options of :mod:`asr.cli.options`; with VTLN, ``wer.json`` gets the chosen
 warp and every candidate's mean score per speaker, and with adaptation the
-WER before adaptation and after every round.
+WER before adaptation and after every round (``wer_percent_per_round``).
 
 ``wer.json`` also records the model's ``parameters``. With ``--prune-layers``
 (LayerDrop pruning, :mod:`asr.models.pruning`) each model is decoded with some
@@ -84,7 +85,7 @@ from asr.data.sources import read_source
 from asr.data.utterance import Utterance
 from asr.experiment import experiment_config_from_dict
 from asr.inference import CorpusResult, DecodeSettings, load_recogniser, settings_tag, transcribe_speakers
-from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table
+from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table, rates_in_percent
 from asr.models import runtime
 from asr.writing import WriteError, atomic_write
 
@@ -290,8 +291,8 @@ def write_results(out: Path, scored: list[tuple[Utterance, str]], result: Corpus
     refs = [u.text for u, _ in scored]
     hyps = [text for _, text in scored]
     audio_seconds = sum(u.duration for u, _ in scored)
-    rates = error_rates(refs, hyps, ids)
-    by_length = error_rates_by_length(refs, hyps, ids)
+    rates = rates_in_percent(error_rates(refs, hyps, ids))
+    by_length = [rates_in_percent(b) for b in error_rates_by_length(refs, hyps, ids)]
     atomic_write(out / "hyp.txt", "".join(f"{i} {h}\n" for i, h in zip(ids, hyps)))
     atomic_write(out / "ref.txt", "".join(f"{i} {r}\n" for i, r in zip(ids, refs)))
     atomic_write(out / "alignment.txt", alignment_report(refs, hyps, ids))
@@ -323,7 +324,8 @@ def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: li
         rounds = [dict(zip((u.id for u in decoded), texts)) for texts in result.rounds]
         summary["adaptation"] = {
             **settings.to_dict()["adaptation"],
-            "wer_per_round": [error_rates([refs[i] for i in ids], [r[i] for i in ids], ids)["wer"] for r in rounds],
+            "wer_percent_per_round": [100 * error_rates([refs[i] for i in ids], [r[i] for i in ids], ids)["wer"]
+                                      for r in rounds],
             "warps": result.warps,
             "untranscribed": result.counts["untranscribed"],
             "disagreed": result.counts["disagreed"],
@@ -334,14 +336,14 @@ def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: li
 
 def print_summary(summary: dict, where: str, report: SkipReport, out: Path) -> None:
     print(
-        f"WER {100 * summary['wer']:.2f}% (S={summary['substitutions']} D={summary['deletions']} "
-        f"I={summary['insertions']} N={summary['ref_words']}) CER {100 * summary['cer']:.2f}% "
+        f"WER {summary['wer_percent']:.2f}% (S={summary['substitutions']} D={summary['deletions']} "
+        f"I={summary['insertions']} N={summary['ref_words']}) CER {summary['cer_percent']:.2f}% "
         f"on {summary['utterances']} utterances of {where}" + (f" ({report.counts_text()} skipped)" if len(report) else "")
     )
     if len(summary["by_length"]) > 1:
         print("by reference length:\n" + length_table(summary["by_length"]))
     if "adaptation" in summary:
-        per_round = " -> ".join(f"{100 * w:.2f}%" for w in summary["adaptation"]["wer_per_round"])
+        per_round = " -> ".join(f"{w:.2f}%" for w in summary["adaptation"]["wer_percent_per_round"])
         print(f"WER before adaptation and after each round: {per_round}")
     rtf = f"{summary['rtf']:.4f}" if summary["rtf"] is not None else "n/a"
     print(f"real-time factor {rtf} ({summary['decode_seconds']:.1f} s for {summary['audio_seconds']:.1f} s of audio); results in {out}")

@@ -195,7 +195,7 @@ def check_targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--target-loss must be positive, got {args.target_loss}")
     if args.target_wer is not None and not 0 < args.target_wer <= 100:
         parser.error(f"--target-wer is a percentage in (0, 100], got {args.target_wer}")
-    return Targets(args.target_loss, None if args.target_wer is None else args.target_wer / 100)
+    return Targets(args.target_loss, args.target_wer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,8 +316,8 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
     wanted = []
     if targets.loss is not None:
         wanted.append(f"valid loss <= {targets.loss:g}")
-    if targets.wer is not None:
-        wanted.append(f"valid WER <= {100 * targets.wer:g}%")
+    if targets.wer_percent is not None:
+        wanted.append(f"valid WER <= {targets.wer_percent:g}%")
     lines = ["## Convergence", "",
              "From each run's validation curves (one point per epoch; valid WER on the first "
              "train.valid_max_utterances dev utterances). Steps to a target: optimizer steps at the first "

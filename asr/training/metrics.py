@@ -27,8 +27,12 @@ name                           better  what it says
                                        collapsed onto the end
 =============================  ======  ===============================================================
 
-A new metric is a subclass with ``name``, ``higher_is_better``, :meth:`add` and :meth:`result`,
-registered with :func:`register`.
+A metric that is a share (WER, CER, ``valid_attention_at_end``) says so with ``percent = True``: it is
+computed and ranked as a fraction, and shown in percent wherever a person reads it (``train.log``,
+TensorBoard; :func:`as_shown`), as ``asr.evaluate`` and ``asr.study`` show WER.
+
+A new metric is a subclass with ``name``, ``higher_is_better``, :meth:`add` and :meth:`result`
+(and ``percent`` when it is a share), registered with :func:`register`.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class ValidBatch:
 class ValidationMetric(ABC):
     name: ClassVar[str]
     higher_is_better: ClassVar[bool] = False
+    percent: ClassVar[bool] = False  # a share: shown to people in percent (as_shown)
 
     @staticmethod
     def applies(model) -> bool:
@@ -90,6 +95,22 @@ def higher_is_better(name: str) -> bool:
     """Whether a larger ``name`` is an improvement (unknown names: lower is better)."""
     cls = METRICS.get(name)
     return bool(cls is not None and cls.higher_is_better)
+
+
+def in_percent(name: str) -> bool:
+    """Whether metric ``name`` is a share, shown in percent."""
+    cls = METRICS.get(name)
+    return bool(cls is not None and cls.percent)
+
+
+def as_shown(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` as people read them (``train.log``, TensorBoard): shares in percent, the rest as they are."""
+    return {name: 100 * value if in_percent(name) else value for name, value in metrics.items()}
+
+
+def format_value(name: str, value: float) -> str:
+    """One metric's value for a log line: ``"12.30%"`` for a share, ``"0.9120"`` otherwise."""
+    return f"{100 * value:.2f}%" if in_percent(name) else f"{value:.4f}"
 
 
 def check_metric_name(name: str, key: str) -> None:
@@ -195,17 +216,17 @@ class _ErrorRate(ValidationMetric):
 
 @register
 class WordErrorRate(_ErrorRate):
-    name, key = "valid_wer", "wer"
+    name, key, percent = "valid_wer", "wer", True
 
 
 @register
 class CharacterErrorRate(_ErrorRate):
-    name, key = "valid_cer", "cer"
+    name, key, percent = "valid_cer", "cer", True
 
 
 @register
 class CTCCharacterErrorRate(_ErrorRate):
-    name, key = "valid_ctc_cer", "cer"
+    name, key, percent = "valid_ctc_cer", "cer", True
 
     @staticmethod
     def applies(model) -> bool:
@@ -276,6 +297,7 @@ class AttentionSpearman(_Attention):
 @register
 class AttentionAtEnd(_Attention):
     name = "valid_attention_at_end"
+    percent = True
 
     def add(self, view: ValidBatch) -> None:
         for measures, steps in self.utterances(view):

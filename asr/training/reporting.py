@@ -14,13 +14,14 @@ clipping, :func:`asr.training.step.gradient_groups`), the value of every other s
 (``train/ctc_weight``, ``train/max_duration``, ...; a model's scheduled regularisers, e.g.
 ``train/drophead_encoder``), and ``epoch``. Per validation, at the step it follows: every validation
 metric the model has (``valid/loss``, ``valid/wer``, ``valid/ctc_cer``, ``valid/attention_spearman``,
-... :mod:`asr.training.metrics`), ``valid/minutes`` (so curves can be drawn against time),
+... :mod:`asr.training.metrics`; WER, CER and the other shares in percent, as in ``train.log``,
+``wer.json`` and every table), ``valid/minutes`` (so curves can be drawn against time),
 ``epoch``, ``train/skipped_utterances``, and for models that expose their attention
 ``alignment/<utterance>`` images of a few dev utterances, also written as
 ``alignment_<utterance>.png`` (the files hold the last validation's).
 
 Event files written before this layout (no ``epoch`` scalar) logged validation at x = epoch number,
-with ``valid/step`` beside it; :mod:`asr.curves` reads both.
+with ``valid/step`` beside it, and WER and CER as fractions; :mod:`asr.curves` reads both.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import logging
 import sys
 from pathlib import Path
 
+from asr.training.metrics import as_shown, in_percent
 from asr.training.state import Progress
 from asr.training.validation import alignment_file_name
 from asr.writing import atomic_write, writing
@@ -38,24 +40,18 @@ logger = logging.getLogger("asr.train")
 
 # train.log's epoch line shows these first (in this order), then any other metric the run has
 _HEADLINE = ("valid_loss", "valid_wer", "valid_cer")
-_PERCENT = ("wer", "cer", "at_end")
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
-    """``"valid loss 1.2345, WER 12.30%, CER 5.10%, ctc_cer 7.00%, attention_spearman 0.912"``."""
-    names = [n for n in _HEADLINE if n in metrics] + sorted(n for n in metrics if n not in _HEADLINE)
+def format_metrics(shown: dict[str, float]) -> str:
+    """``"valid loss 1.2345, WER 12.30%, CER 5.10%, ctc_cer 7.00%, attention_spearman 0.9120"`` from
+    metrics as shown (:func:`asr.training.metrics.as_shown`: shares already in percent)."""
+    names = [n for n in _HEADLINE if n in shown] + sorted(n for n in shown if n not in _HEADLINE)
     parts = []
     for name in names:
         short = name.removeprefix("valid_")
-        value = metrics[name]
-        if short in ("wer", "cer"):
-            parts.append(f"{short.upper()} {100 * value:.2f}%")
-        elif short.endswith(_PERCENT):
-            parts.append(f"{short} {100 * value:.2f}%")
-        elif short == "loss":
-            parts.append(f"valid loss {value:.4f}")
-        else:
-            parts.append(f"{short} {value:.4f}")
+        label = short.upper() if short in ("wer", "cer") else "valid loss" if short == "loss" else short
+        value = shown[name]
+        parts.append(f"{label} {value:.2f}%" if in_percent(name) else f"{label} {value:.4f}")
     return ", ".join(parts)
 
 
@@ -102,10 +98,12 @@ class RunLog:
     def validation(self, epoch: int, progress: Progress, metrics: dict[str, float], figures,
                    epochs_done: float) -> None:
         """The validation after epoch number ``epoch`` (from 1; ``epochs_done`` short of it when the
-        run stopped inside it): its metrics in ``train.log`` and, with the skip count and the attention
-        ``figures`` ((utterance id, figure) pairs), in TensorBoard at the optimizer step it follows."""
+        run stopped inside it): its ``metrics`` (as computed: shares as fractions; shown in percent) in
+        ``train.log`` and, with the skip count and the attention ``figures`` ((utterance id, figure)
+        pairs), in TensorBoard at the optimizer step it follows."""
         skipped_text = progress.skipped_text()
         where = f"epoch {epoch}" if epochs_done == epoch else f"step {progress.step} (epoch {epoch}, not finished)"
+        metrics = as_shown(metrics)
         if metrics:
             logger.info("%s: %s; %s", where, format_metrics(metrics), skipped_text)
         else:

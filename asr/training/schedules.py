@@ -183,8 +183,11 @@ class LearningRateSchedule(Schedule):
             return None
         self.decays += 1
         self.without_improvement = 0
+        from asr.training.metrics import format_value  # the best as train.log shows it (WER in percent)
+
         return (f"learning rate x{config.decay_factor} (now {self.value(step):.3g}): {config.plateau_metric} "
-                f"has not improved on {self.best:.4g} for {config.plateau_patience} validation(s)")
+                f"has not improved on {format_value(config.plateau_metric, self.best)} for "
+                f"{config.plateau_patience} validation(s)")
 
     def state_dict(self) -> dict:
         return {"decays": self.decays, "best": self.best, "without_improvement": self.without_improvement}
