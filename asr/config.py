@@ -61,6 +61,18 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys, the form overrides take: ``{"model.layer_norm": "both", ...}``.
+    Lists and other values are leaves; an empty section is left out."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, _join(prefix, str(key))))
+        else:
+            flat[_join(prefix, str(key))] = value
+    return flat
+
+
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 

@@ -157,6 +157,49 @@ def load_curves(exp_dirs: list[Path], labels: list[str], tags: list[str]) -> dic
     return curves
 
 
+def run_settings(exp_dir: str | Path) -> dict | None:
+    """The run's resolved config (its ``config.yaml``) as dotted keys, without its folder (``exp_dir``)
+    and the ``runtime`` record; None when the folder has no readable ``config.yaml``."""
+    import yaml
+
+    from asr.config import flatten
+
+    try:
+        config = yaml.safe_load((Path(exp_dir) / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return {key: value for key, value in flatten(config).items() if key != "exp_dir" and not key.startswith("runtime.")}
+
+
+def differing_settings(exp_dirs: list[Path], labels: list[str]) -> tuple[dict[str, dict[str, object]], list[str]]:
+    """What tells the runs apart: key -> {run label: value} for every config key whose value is not the
+    same in all runs (a key a run lacks counts as differing), and the labels of the runs without a
+    ``config.yaml``, whose settings are unknown."""
+    settings = {label: run_settings(exp_dir) for exp_dir, label in zip(exp_dirs, labels)}
+    known = {label: found for label, found in settings.items() if found is not None}
+    keys = sorted({key for found in known.values() for key in found})
+    missing = object()
+    differing = {}
+    for key in keys:
+        values = {label: found.get(key, missing) for label, found in known.items()}
+        if len({repr(v) for v in values.values()}) > 1:
+            differing[key] = {label: ("(not set)" if v is missing else v) for label, v in values.items()}
+    return differing, [label for label, found in settings.items() if found is None]
+
+
+def settings_lines(differing: dict[str, dict[str, object]], unknown: list[str], runs: int) -> list[str]:
+    """The differing settings as lines for a title and a report: ``model.layer_norm: both (ln), none (no-ln)``."""
+    lines = [f"{key}: " + ", ".join(f"{value} ({label})" for label, value in values.items())
+             for key, values in differing.items()]
+    if not lines and runs - len(unknown) > 1:
+        lines.append("the runs' configs are the same (apart from exp_dir)")
+    if unknown:
+        lines.append(f"settings unknown (no config.yaml): {', '.join(unknown)}")
+    return lines
+
+
 def axis_label(runs: list[Curve]) -> str:
     """The x-axis of a panel: what its curves' steps count (the runs on each, should they differ)."""
     axes = {c.axis for c in runs}
@@ -169,9 +212,12 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
-def markdown_table(curves: dict[str, list[Curve]]) -> str:
-    """One table per tag: run, points, final value (and its step), best value (and its step)."""
+def markdown_table(curves: dict[str, list[Curve]], settings: list[str] | None = None) -> str:
+    """One table per tag: run, points, final value (and its step), best value (and its step); under a
+    list of the ``settings`` that differ between the runs (:func:`settings_lines`), when given."""
     sections = []
+    if settings:
+        sections.append("Runs differ in:\n\n" + "\n".join(f"- {line}" for line in settings))
     for tag, runs in curves.items():
         unit = axis_label(runs)
         direction = better_direction(tag)
@@ -216,8 +262,14 @@ def zoom_limits(runs: list[Curve], smoothing: float = 0.0) -> tuple[float, float
     return low - margin, high + margin
 
 
-def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom: bool = False) -> None:
-    """One panel per tag, one line per run; written as a PNG to ``out``.
+# Lines of differing settings a figure's title shows; the rest are counted (the .md lists them all).
+TITLE_LINES = 4
+
+
+def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom: bool = False,
+         settings: list[str] | None = None) -> None:
+    """One panel per tag, one line per run; written as a PNG to ``out``, titled with the ``settings``
+    that differ between the runs (:func:`settings_lines`), when given.
 
     zoom: fit the y axis to the points after each curve's first, which (for a
           loss after one epoch) is often so much higher that it flattens
@@ -243,6 +295,9 @@ def plot(curves: dict[str, list[Curve]], out: Path, smoothing: float = 0.0, zoom
         ax.set_title(tag + (f" ({', '.join(notes)})" if notes else ""))
         ax.grid(True, alpha=0.3)
     _legends(fig, axes[:, 0])
+    if settings:
+        shown = settings[:TITLE_LINES] + ([f"... and {len(settings) - TITLE_LINES} more"] if len(settings) > TITLE_LINES else [])
+        fig.suptitle("\n".join(shown), fontsize="small")
     _write(fig, out)
 
 

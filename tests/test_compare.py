@@ -155,3 +155,19 @@ def test_zoom_fits_the_points_after_the_first():
     # Points 2+ span 1.75 .. 3.0; the first points (3.5 and 4.0) fall outside, the rest inside with a 5% margin.
     assert (low, high) == pytest.approx((1.75 - 0.0625, 3.0 + 0.0625))
     assert zoom_limits([Curve("c", "valid/loss", [1], [5.0])]) is None  # one point: nothing to fit
+
+
+def test_the_title_and_table_name_the_keys_that_differ(two_runs, tmp_path, capsys):
+    run_a, run_b = two_runs
+    (run_a / "config.yaml").write_text("exp_dir: exp/a\nmodel: {layer_norm: both, hidden: 8}\nruntime: {device: cpu}\n")
+    (run_b / "config.yaml").write_text("exp_dir: exp/b\nmodel: {layer_norm: none, hidden: 8}\nruntime: {device: cuda}\n")
+    out = tmp_path / "ln.png"
+    assert main([str(run_a), str(run_b), "--out", str(out), "--labels", "ln", "no-ln"]) == 0
+    table = out.with_suffix(".md").read_text()
+    # The one key that differs, with each run's value; not exp_dir, not the runtime record, not equal keys.
+    assert table.startswith("Runs differ in:\n\n- model.layer_norm: both (ln), none (no-ln)\n\n### valid/loss")
+    assert "hidden" not in table and "device" not in table and "exp_dir" not in table
+    third = tmp_path / "run_c"
+    _write_run(third, RUN_B)  # no config.yaml: its settings cannot be compared
+    main([str(run_a), str(third), "--out", str(out)])
+    assert "- settings unknown (no config.yaml): run_c" in out.with_suffix(".md").read_text()

@@ -106,3 +106,48 @@ def test_event_files_of_the_older_layout_have_their_fractions_read_in_percent(tm
     curves = run_curves(tmp_path, "old")
     assert (curves["valid/wer"].steps, curves["valid/wer"].values) == ([10], [25.0])
     assert curves["valid/attention_spearman"].values == [0.5]
+
+
+def _tensor_summaries(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_the_settings_go_beside_the_curves_and_the_run_is_named_after_its_folder(tmp_path):
+    from tensorboard.plugins.hparams import metadata
+
+    exp = tmp_path / "ln_both"
+    exp.mkdir()
+    log = RunLog(exp, log_every_steps=1, main=True)
+    config = {"exp_dir": str(exp), "model": {"layer_norm": "both", "listener": {"num_layers": 3}},
+              "train": {"max_steps": 30, "schedules": {}, "betas": [0.9, 0.98], "max_epochs": None}}
+    log.settings(config, ["model.layer_norm=both", "train.max_steps=30"], "python -m asr.train r.yaml x=1")
+    log.close()
+    # The event file is in exp_dir itself: `tensorboard --logdir` above it calls the run "ln_both".
+    assert list(exp.glob("events.out.tfevents.*")) and not (exp / "tensorboard").exists()
+    events = _tensor_summaries(exp)
+    start = metadata.parse_session_start_info_plugin_data(
+        events.SummaryMetadata(metadata.SESSION_START_INFO_TAG).plugin_data.content)
+    hparams = {k: v.string_value or v.number_value or v.bool_value for k, v in start.hparams.items()}
+    assert hparams["overrides"] == "model.layer_norm=both train.max_steps=30"
+    assert hparams["model.layer_norm"] == "both" and hparams["model.listener.num_layers"] == 3
+    assert hparams["train.betas"] == "[0.9, 0.98]" and hparams["train.max_epochs"] == "null"
+    assert "exp_dir" not in hparams  # the run's name says it
+    # No experiment summary of its own: TensorBoard gathers every run's and lists the differing keys first.
+    assert metadata.EXPERIMENT_TAG not in events.Tags()["tensors"]
+    text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "    model:\n      layer_norm: both\n" in text
+    command = events.Tensors("command line/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert command.strip() == "python -m asr.train r.yaml x=1"
+
+
+def test_a_run_begun_in_exp_dir_tensorboard_goes_on_writing_there(tmp_path):
+    _old_layout(tmp_path, valid_steps=[3, 6])  # events in tmp_path/tensorboard, as older versions wrote them
+    log = RunLog(tmp_path, log_every_steps=1, main=True)
+    log.step(3, 7, 0.5, None, None, {}, 2.5)
+    log.close()
+    assert not list(tmp_path.glob("events.out.tfevents.*"))  # one run in TensorBoard, not two
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2

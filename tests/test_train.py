@@ -50,10 +50,10 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     assert set(recorded["lnlstm_backends_ran"]["cpu"]) == set(recorded["lnlstm_backends"])
     assert "runtime: lnlstm_backends:" in (exp / "train.log").read_text()
     assert load_experiment_config(exp / "config.yaml").model.lnlstm_backend == "auto"  # loads as a recipe
-    assert list((exp / "tensorboard").glob("events.out.tfevents.*"))
+    assert list(exp.glob("events.out.tfevents.*"))  # in exp_dir itself: TensorBoard names the run "exp"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(exp / "tensorboard"))
+    events = EventAccumulator(str(exp))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"train/loss", "train/lr", "train/grad_norm", "valid/loss", "valid/wer", "valid/cer"} <= tags
@@ -69,6 +69,10 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     minutes = [e.value for e in events.Scalars("valid/minutes")]
     assert 0 < minutes[0] < minutes[1]
     log = (exp / "train.log").read_text()
+    # The command line and its overrides in the log and, with the resolved config, in TensorBoard.
+    assert f"overrides: {' '.join(args)}" in log and "command line: python -m asr.train" in log
+    assert "config/text_summary" in events.Tags()["tensors"]
+    assert events.SummaryMetadata("_hparams_/session_start_info").plugin_data.plugin_name == "hparams"
     assert re.search(r"epoch 1: valid loss", log) and re.search(r"epoch 2: valid loss", log)
     assert not re.search(r"epoch 0\b", log) and "finished after" in log
     # The gradient norm per module group, before clipping, at the logged steps.
@@ -490,7 +494,7 @@ def test_no_space_for_tensorboard_events_is_one_error_naming_the_event_file(tmp_
     monkeypatch.setattr(RecordWriter, "write", full)
     assert main(tiny_run(tmp_path, "train.max_steps=2")) == 2
     line = _one_error_line(capsys)
-    folder = tmp_path / "exp" / "tensorboard"
+    folder = tmp_path / "exp"
     # the event file, or its folder when the file's first write (as TensorBoard opens it) fails
     event_file = "/events\\.out\\.tfevents\\.[^/ ]+" if records else ""
     assert re.fullmatch(f"error: {re.escape(str(folder))}{event_file}: No space left on device", line), line

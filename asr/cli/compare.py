@@ -7,7 +7,8 @@ Reads the TensorBoard event files the trainer writes (every
 ``events.out.tfevents.*`` under each experiment folder, at any depth), plots
 one line per run for each ``--tag`` (one panel per tag) into ``--out`` and
 prints a markdown table of each run's final and best value, which is also
-written next to the image (``FILE.md``).
+written next to the image (``FILE.md``). The image's title and the table say
+which config keys differ between the runs, from each folder's ``config.yaml``.
 
 Every curve is drawn against the optimizer step, the axis the trainer logs
 every scalar on (``epoch`` is a tag of its own); runs of older versions, which
@@ -22,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.curves import CompareError, load_curves, markdown_table, plot
+from asr.curves import CompareError, differing_settings, load_curves, markdown_table, plot, settings_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         curves = load_curves(args.exp_dirs, labels, tags)
     except CompareError as err:
         parser.error(str(err))
-    table = markdown_table(curves)
-    plot(curves, out, args.smooth, args.zoom)
+    settings = settings_lines(*differing_settings(args.exp_dirs, labels), len(labels))
+    table = markdown_table(curves, settings)
+    plot(curves, out, args.smooth, args.zoom, settings)
     table_path = out.with_suffix(".md")
     table_path.write_text(table)
     sys.stdout.write(table)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             lock = RunLock(config.exp_dir)
             Path(config.exp_dir).mkdir(parents=True, exist_ok=True)
             lock.acquire()
-        Trainer(config, resume=args.resume).fit()
+        command = "python -m asr.train " + shlex.join(sys.argv[1:] if argv is None else argv)
+        Trainer(config, resume=args.resume, overrides=args.overrides, command=command).fit()
         if dist.is_available() and dist.is_initialized():
             # rank 0 still writes checkpoints after the last collective: no rank takes its end of
             # the process group down while another is busy (not on the error path: a rank that

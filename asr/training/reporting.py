@@ -20,6 +20,13 @@ metric the model has (``valid/loss``, ``valid/wer``, ``valid/ctc_cer``, ``valid/
 ``alignment/<utterance>`` images of a few dev utterances, also written as
 ``alignment_<utterance>.png`` (the files hold the last validation's).
 
+Beside the curves, the run's settings (:meth:`RunLog.settings`): every resolved config key as an
+hparam, with ``overrides`` (the command line's ``key=value``), so TensorBoard's HParams view lists
+the runs with their settings and final metrics, the keys that differ between them first; and the
+resolved ``config.yaml`` and the command line as text. The event files go straight into ``exp_dir``,
+so TensorBoard names the run after its folder (``tensorboard --logdir exp`` shows ``fsdd_las``; a run
+begun by an older version goes on writing into its ``exp_dir/tensorboard``).
+
 Event files written before this layout (no ``epoch`` scalar) logged validation at x = epoch number,
 with ``valid/step`` beside it, and WER and CER as fractions; :mod:`asr.curves` reads both.
 """
@@ -27,9 +34,14 @@ with ``valid/step`` beside it, and WER and CER as fractions; :mod:`asr.curves` r
 from __future__ import annotations
 
 import io
+import json
 import logging
 import sys
 from pathlib import Path
+
+import yaml
+
+from asr.config import flatten
 
 from asr.training.metrics import as_shown, in_percent
 from asr.training.state import Progress
@@ -70,8 +82,29 @@ class RunLog:
         if main:
             from torch.utils.tensorboard import SummaryWriter
 
-            with writing(exp_dir / "tensorboard"):  # it writes its first event file at once
-                self.writer = SummaryWriter(log_dir=str(exp_dir / "tensorboard"))
+            folder = event_folder(exp_dir)
+            with writing(folder):  # it writes its first event file at once
+                self.writer = SummaryWriter(log_dir=str(folder))
+
+    def settings(self, config: dict, overrides: list[str], command: str) -> None:
+        """The run's settings in TensorBoard: ``config`` (the resolved recipe, a nested dict) as hparams
+        with ``overrides`` first, and as text with the ``command`` line."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard.summary import hparams
+
+        values = {"overrides": " ".join(overrides) or "(none)"}
+        values.update({key: hparam_value(value) for key, value in flatten(config).items() if key != "exp_dir"})
+        # The session's hparams only: without an experiment summary of its own, TensorBoard gathers
+        # the hparams of every run it shows, marks those that differ and lists them first.
+        _, session_start, _ = hparams(values, {})
+        text = yaml.safe_dump(config, sort_keys=False)
+        with writing(self.event_file()):
+            self.writer.file_writer.add_summary(session_start)
+            # indented four spaces: TensorBoard's Markdown shows it as written
+            self.writer.add_text("config", "".join(f"    {line}\n" for line in text.splitlines()), 0)
+            self.writer.add_text("command line", f"    {command}", 0)
+            self.writer.flush()
 
     def logs_step(self, step: int) -> bool:
         """Whether optimiser update ``step`` is logged to TensorBoard."""
@@ -145,6 +178,21 @@ def write_epoch_summaries(writer, exp_dir: Path, progress: Progress, metrics: di
         atomic_write(exp_dir / alignment_file_name(utt_id), picture.getvalue())  # whole or not at all
         writer.add_figure(f"alignment/{utt_id}", figure, step)  # closes the figure
     writer.flush()
+
+
+def event_folder(exp_dir: Path) -> Path:
+    """Where a run's TensorBoard events go: ``exp_dir`` itself, so the run is named after its folder;
+    ``exp_dir/tensorboard`` for a run begun there by an older version, so it stays one run."""
+    older = exp_dir / "tensorboard"
+    return older if any(older.glob("events.out.tfevents.*")) else exp_dir
+
+
+def hparam_value(value) -> str | int | float | bool:
+    """A config value as TensorBoard's hparams take it: numbers, strings and booleans as they are,
+    anything else (None, lists, mappings) as its JSON text."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value)
 
 
 def setup_logging(log_file: Path | None) -> None:

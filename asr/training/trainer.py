@@ -69,14 +69,21 @@ class TrainingError(RuntimeError):
 class Trainer:
     """Owns the model, the optimiser and the loops; one instance per process."""
 
-    def __init__(self, config: ExperimentConfig, resume: bool = False):
+    def __init__(self, config: ExperimentConfig, resume: bool = False, overrides: list[str] | None = None,
+                 command: str | None = None):
+        """``overrides`` (``key.sub=value``) and ``command`` are what the run was started with, recorded
+        in ``train.log`` and TensorBoard; ``config`` already has the overrides applied."""
         self.config = config
+        self.overrides = list(overrides or [])
         self.train_cfg = config.train
         self.dist = init_distributed(device_kind(config.train.device))
         self.device = resolve_device(config.train.device, self.dist.local_rank)
         self.exp_dir = Path(config.exp_dir)
         self.exp_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(self.exp_dir / "train.log" if self.dist.is_main else None)
+        self.command = command or "python -m asr.train (called from Python)"
+        logger.info("command line: %s", self.command)
+        logger.info("overrides: %s", " ".join(self.overrides) or "none")
         # resolved before config.yaml is written, so the run records where its features were computed
         chosen = config.features.compute_on
         config.features.compute_on = resolve_compute_on(chosen, self.device.type)
@@ -119,6 +126,7 @@ class Trainer:
         if resume_state is not None:
             self._restore(resume_state)
         self.log = RunLog(self.exp_dir, self.train_cfg.log_every_steps, self.dist.is_main, self.train_cfg.max_steps)
+        self.log.settings(experiment_config_to_dict(self.config), self.overrides, self.command)
 
     @property
     def writer(self):
