@@ -30,14 +30,14 @@ EPOCH_PREFIX = "epoch"
 BEST_PREFIX = "best_epoch"
 
 
-def _epoch_of(path: Path, prefix: str) -> int | None:
+def epoch_of(path: Path, prefix: str) -> int | None:
     """E of ``{prefix}{E}.pt``, or None for any other name (``epoch3_copy.pt`` is not ours)."""
     number = path.stem.removeprefix(prefix)
     return int(number) if path.stem.startswith(prefix) and number.isdigit() else None
 
 
 def _numbered(exp_dir: Path, prefix: str) -> list[tuple[int, Path]]:
-    found = [(_epoch_of(p, prefix), p) for p in exp_dir.glob(f"{prefix}*.pt")]
+    found = [(epoch_of(p, prefix), p) for p in exp_dir.glob(f"{prefix}*.pt")]
     return sorted((e, p) for e, p in found if e is not None)
 
 

@@ -138,6 +138,8 @@ def test_the_settings_go_beside_the_curves_and_the_run_is_named_after_its_folder
     assert "exp_dir" not in hparams  # the run's name says it
     # No experiment summary of its own: TensorBoard gathers every run's and lists the differing keys first.
     assert metadata.EXPERIMENT_TAG not in events.Tags()["tensors"]
+    # and a chart of train/loss and valid/loss over each other (CUSTOM SCALARS)
+    assert events.SummaryMetadata("custom_scalars__config__").plugin_data.plugin_name == "custom_scalars"
     text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "    model:\n      layer_norm: both\n" in text
     command = events.Tensors("command line/text_summary")[0].tensor_proto.string_val[0].decode()
@@ -151,3 +153,36 @@ def test_a_run_begun_in_exp_dir_tensorboard_goes_on_writing_there(tmp_path):
     log.close()
     assert not list(tmp_path.glob("events.out.tfevents.*"))  # one run in TensorBoard, not two
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+
+
+def test_the_end_summary_names_the_best_checkpoint_the_files_and_the_next_commands(tmp_path):
+    from asr.training.reporting import end_summary
+
+    for name in ("last.pt", "epoch3.pt", "epoch4.pt", "best_epoch3.pt", "epoch4_copy.pt"):
+        (tmp_path / name).write_bytes(b"")
+    progress = Progress(epoch=4, step=400, seconds=150.0, best=[(0.125, 3), (0.25, 4)])
+    lines = end_summary(tmp_path, progress, "train.max_epochs=4", "valid_wer", {"valid_loss": 1.5, "valid_wer": 0.25}, 4)
+    text = "\n".join(lines)
+    assert lines[0] == "training finished (train.max_epochs=4) after 400 steps, 4 epochs, 2.5 min"
+    assert f"best: epoch 3, valid_wer 12.50% ({tmp_path / 'best_epoch3.pt'})" in lines  # WER in percent
+    assert "last validation, at step 400: valid loss 1.5000, WER 25.00%" in lines
+    assert "epoch3.pt .. epoch4.pt, best_epoch*.pt (1)" in text and f"tensorboard --logdir {tmp_path.parent}" in text
+    assert f"next: python -m asr.average {tmp_path} --last 2" in lines
+    assert f"python -m asr.evaluate --checkpoint {tmp_path / 'avg_last2.pt'} --split dev" in text
+    # Stopped by train.max_steps inside its first epoch: nothing ranked, no epoch kept; last.pt is the model.
+    (tmp_path / "mid").mkdir()
+    lines = end_summary(tmp_path / "mid", Progress(step=30, batch_in_epoch=30), "train.max_steps=30", "valid_loss",
+                        {"valid_loss": 2.0}, 0.25)
+    assert lines[0].startswith("training finished (train.max_steps=30) after 30 steps, 0.25 epochs")
+    assert "best: no epoch ranked by valid_loss (train.best_metric) yet" in lines
+    assert f"next: python -m asr.evaluate --checkpoint {tmp_path / 'mid' / 'last.pt'} --split dev" in "\n".join(lines)
+
+
+def test_a_run_is_refused_before_it_writes_anything(tmp_path):
+    from asr.training.trainer import refusal
+
+    assert refusal(tmp_path / "new", resume=False) is None
+    assert "--resume: no checkpoint to resume from" in refusal(tmp_path / "new", resume=True)
+    (tmp_path / "last.pt").write_bytes(b"")
+    assert "already holds a run (last.pt); pass --resume" in refusal(tmp_path, resume=False)
+    assert refusal(tmp_path, resume=True) is None

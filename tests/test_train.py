@@ -22,7 +22,7 @@ from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run
 from asr.averaging import average_checkpoints
 from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
-from asr.curves import read_scalars
+from asr.curves import read_scalars, run_curves
 from asr.experiment import load_experiment_config
 from asr.schedulers import cosine_lambda
 from asr.training import Trainer, TrainingError
@@ -49,6 +49,8 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     assert {"listener.layers.0", "speller.cells.0"} <= chosen
     assert set(recorded["lnlstm_backends_ran"]["cpu"]) == set(recorded["lnlstm_backends"])
     assert "runtime: lnlstm_backends:" in (exp / "train.log").read_text()
+    # the environment's overrides of the recipe (ASR_* variables), named so; none here
+    assert "runtime: environment_overrides: {}" in (exp / "train.log").read_text()
     assert load_experiment_config(exp / "config.yaml").model.lnlstm_backend == "auto"  # loads as a recipe
     assert list(exp.glob("events.out.tfevents.*"))  # in exp_dir itself: TensorBoard names the run "exp"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -74,7 +76,7 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     assert "config/text_summary" in events.Tags()["tensors"]
     assert events.SummaryMetadata("_hparams_/session_start_info").plugin_data.plugin_name == "hparams"
     assert re.search(r"epoch 1: valid loss", log) and re.search(r"epoch 2: valid loss", log)
-    assert not re.search(r"epoch 0\b", log) and "finished after" in log
+    assert not re.search(r"epoch 0\b", log) and "training finished (train.max_epochs=2) after" in log
     # The gradient norm per module group, before clipping, at the logged steps.
     groups = {tag for tag in tags if tag.startswith("grad_norm/")}
     assert groups == {"grad_norm/listener", "grad_norm/speller", "grad_norm/attention", "grad_norm/ctc"}
@@ -102,10 +104,37 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     assert averaged["mean_utterance_seconds"] == ckpt["mean_utterance_seconds"]
 
 
-def test_a_second_run_in_the_same_directory_needs_resume(tmp_path):
+def test_a_second_run_in_the_same_directory_needs_resume(tmp_path, capsys):
     args = [str(RECIPE), *overrides(tmp_path, "train.max_steps=1")]
     assert main(args) == 0
+    exp = tmp_path / "exp"
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in exp.rglob("*")}
+    capsys.readouterr()
     assert main(args) == 2  # refuses to overwrite without --resume
+    assert "already holds a run (last.pt); pass --resume" in capsys.readouterr().err
+    # and writes nothing into the folder it was refused from: not a line of its train.log
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in exp.rglob("*")} == before
+
+
+def test_max_steps_inside_an_epoch_validates_there_logs_its_last_step_and_ends_with_a_summary(tmp_path):
+    """The tiny run's first epoch has 5 updates: stopped after 3, logged every 2."""
+    args = overrides(tmp_path, "train.max_steps=3", "train.log_every_steps=2")
+    assert main([str(RECIPE), *args]) == 0
+    exp = tmp_path / "exp"
+    curves = run_curves(exp, "run")
+    assert curves["train/loss"].steps == [1, 2, 3]  # the last step is logged, whatever log_every_steps says
+    assert curves["valid/loss"].steps == [3]  # validated where it stopped, on the training's axis
+    epochs = dict(zip(curves["epoch"].steps, curves["epoch"].values))
+    assert 0 < epochs[3] < 1  # inside the first epoch
+    assert not list(exp.glob("epoch*.pt"))  # not an epoch: nothing ranked or kept as one
+    log = (exp / "train.log").read_text()
+    assert re.search(r"step 3 \(epoch 1, not finished\): valid loss \d", log)
+    assert "training finished (train.max_steps=3) after 3 steps" in log
+    assert f"next: python -m asr.evaluate --checkpoint {exp / 'last.pt'} --split dev" in log
+    # asr.compare draws it: its valid/loss exists now
+    from asr.cli.compare import main as compare
+
+    assert compare([str(exp), "--tag", "valid/loss", "--tag", "train/loss", "--out", str(tmp_path / "c.png")]) == 0
 
 
 def test_unknown_config_key_is_an_error_naming_it(tmp_path, capsys):

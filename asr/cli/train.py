@@ -41,6 +41,7 @@ from asr.data.report import DataError
 from asr.experiment import load_experiment_config
 from asr.training import Trainer, TrainingError
 from asr.training.runlock import RunLock, RunLockError
+from asr.training.trainer import refusal
 from asr.training.signals import StopNow, TrainingStopped
 from asr.writing import WriteError
 
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_experiment_config(args.recipe, args.overrides)
         check_demo_prepared(config.data, prepare_command(args.recipe, args.overrides))
+        refused = refusal(Path(config.exp_dir), args.resume)
+        if refused:  # before the lock and the folder are made: a refused run writes nothing
+            raise TrainingError(refused)
         if int(os.environ.get("RANK", "0")) == 0:  # one lock for the whole job, taken by its rank 0
             lock = RunLock(config.exp_dir)
             Path(config.exp_dir).mkdir(parents=True, exist_ok=True)

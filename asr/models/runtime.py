@@ -22,8 +22,10 @@ from asr.models.speller import Speller
 
 def describe(model: nn.Module, device: torch.device | str) -> dict:
     """The backend each LN-LSTM of ``model`` runs on ``device`` (by module name; the speller's cells
-    take single steps), what the recipe asked for, the overrides in effect, the flags the C++
-    operator was built with (None where it was not loaded) and the CUDA-graph switches.
+    take single steps), what the recipe asked for, the environment variables overriding it
+    (``environment_overrides``, :mod:`asr.models.overrides`; the command line's overrides are in the
+    recipe already), the flags the C++ operator was built with (None where it was not loaded) and the
+    CUDA-graph switches.
 
     Choosing a backend may build the C++ operator or compile the Triton kernels, as the
     first forward pass would."""
@@ -54,7 +56,7 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
             "lnlstm": env.get("ASR_LNLSTM_CUDA_GRAPHS", all(switches["lnlstm"])) if switches["lnlstm"] else None,
             "speller": env.get("ASR_SPELLER_CUDA_GRAPHS", all(switches["speller"])) if switches["speller"] else None,
         },
-        "overrides": env,
+        "environment_overrides": env,
     }
 
 

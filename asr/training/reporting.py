@@ -23,9 +23,14 @@ metric the model has (``valid/loss``, ``valid/wer``, ``valid/ctc_cer``, ``valid/
 Beside the curves, the run's settings (:meth:`RunLog.settings`): every resolved config key as an
 hparam, with ``overrides`` (the command line's ``key=value``), so TensorBoard's HParams view lists
 the runs with their settings and final metrics, the keys that differ between them first; and the
-resolved ``config.yaml`` and the command line as text. The event files go straight into ``exp_dir``,
+resolved ``config.yaml`` and the command line as text; and charts that draw ``train/loss`` and
+``valid/loss`` over each other (:data:`OVERLAYS`, CUSTOM SCALARS). The event files go straight into ``exp_dir``,
 so TensorBoard names the run after its folder (``tensorboard --logdir exp`` shows ``fsdd_las``; a run
 begun by an older version goes on writing into its ``exp_dir/tensorboard``).
+
+A run ends with a summary in ``train.log`` (:func:`end_summary`): why it stopped, the best
+checkpoint and its metric, the last validation, where its files are, and the commands to run next.
+On a terminal, log lines are written above the progress bar, never into it (:mod:`asr.console`).
 
 Event files written before this layout (no ``epoch`` scalar) logged validation at x = epoch number,
 with ``valid/step`` beside it, and WER and CER as fractions; :mod:`asr.curves` reads both.
@@ -36,14 +41,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 
 import yaml
 
+from asr.averaging import epoch_of
 from asr.config import flatten
+from asr.console import ProgressBarHandler
 
-from asr.training.metrics import as_shown, in_percent
+from asr.training.metrics import as_shown, format_value, in_percent
 from asr.training.state import Progress
 from asr.training.validation import alignment_file_name
 from asr.writing import atomic_write, writing
@@ -77,6 +85,7 @@ class RunLog:
         self.exp_dir = exp_dir
         self.log_every_steps = log_every_steps
         self.last_step = last_step
+        self.main = main
         self.writer = None
         self._epoch_written_at: int | None = None  # `epoch` is written once per step
         if main:
@@ -101,6 +110,8 @@ class RunLog:
         text = yaml.safe_dump(config, sort_keys=False)
         with writing(self.event_file()):
             self.writer.file_writer.add_summary(session_start)
+            # TensorBoard's CUSTOM SCALARS: training and validation loss drawn in one chart, on the step axis
+            self.writer.add_custom_scalars(OVERLAYS)
             # indented four spaces: TensorBoard's Markdown shows it as written
             self.writer.add_text("config", "".join(f"    {line}\n" for line in text.splitlines()), 0)
             self.writer.add_text("command line", f"    {command}", 0)
@@ -146,6 +157,12 @@ class RunLog:
                 self._epoch(progress.step, epochs_done)
                 write_epoch_summaries(self.writer, self.exp_dir, progress, metrics, figures)
 
+    def summary(self, lines: list[str]) -> None:
+        """The run's closing lines (:func:`end_summary`), in ``train.log`` (the main rank's)."""
+        if self.main:
+            for line in lines:
+                logger.info("%s", line)
+
     def _epoch(self, step: int, epochs_done: float) -> None:
         if self._epoch_written_at != step:
             self.writer.add_scalar("epoch", epochs_done, step)
@@ -180,6 +197,51 @@ def write_epoch_summaries(writer, exp_dir: Path, progress: Progress, metrics: di
     writer.flush()
 
 
+def end_summary(exp_dir: Path, progress: Progress, why: str, best_metric: str, last_metrics: dict[str, float],
+                epochs_done: float) -> list[str]:
+    """What a finished run says last: why and where it stopped, the best checkpoint and its ``best_metric``
+    (from ``progress.best``), the ``last_metrics`` validated (as computed: shares as fractions), the files
+    in ``exp_dir``, and the next commands (average the last epochs, evaluate, compare)."""
+    folder = shlex.quote(str(exp_dir))
+    epochs = f"{epochs_done:g} epoch" + ("" if epochs_done == 1 else "s")
+    lines = [f"training finished ({why}) after {progress.step} steps, {epochs}, {progress.seconds / 60:.1f} min"]
+    kept = sorted(number for path in exp_dir.glob("epoch*.pt") if (number := epoch_of(path, "epoch")) is not None)
+    best_files = {epoch_of(path, "best_epoch") for path in exp_dir.glob("best_epoch*.pt")}
+    if progress.best:
+        value, epoch = progress.best[0]
+        where = f"best_epoch{epoch}.pt" if epoch in best_files else f"epoch {epoch}"
+        lines.append(f"best: epoch {epoch}, {best_metric} {format_value(best_metric, value)} ({exp_dir / where})")
+    else:
+        lines.append(f"best: no epoch ranked by {best_metric} (train.best_metric) yet")
+    if last_metrics:
+        lines.append(f"last validation, at step {progress.step}: {format_metrics(as_shown(last_metrics))}")
+    epochs_kept = f"epoch{kept[0]}.pt .. epoch{kept[-1]}.pt" if len(kept) > 1 else ", ".join(f"epoch{e}.pt" for e in kept)
+    lines.append(f"in {exp_dir}: last.pt" + (f", {epochs_kept}" if kept else "") +
+                 (f", best_epoch*.pt ({len(best_files)})" if best_files else "") + ", config.yaml, train.log, "
+                 f"TensorBoard events (tensorboard --logdir {shlex.quote(str(exp_dir.parent))})")
+    if len(kept) > 1:
+        count = min(len(kept), 5)
+        model = exp_dir / f"avg_last{count}.pt"
+        lines.append(f"next: python -m asr.average {folder} --last {count}")
+        lines.append(f"      python -m asr.evaluate --checkpoint {shlex.quote(str(model))} --split dev  "
+                     "(or --split test, or --data DIR)")
+    else:
+        model = exp_dir / (f"best_epoch{progress.best[0][1]}.pt" if progress.best and progress.best[0][1] in best_files
+                           else "last.pt")
+        lines.append(f"next: python -m asr.evaluate --checkpoint {shlex.quote(str(model))} --split dev  "
+                     "(or --split test, or --data DIR)")
+    lines.append(f"      python -m asr.compare {folder} OTHER_RUN --tag valid/loss --tag train/loss")
+    return lines
+
+
+# Charts of several tags each, for TensorBoard's CUSTOM SCALARS tab (every run writes the same layout).
+# The tags are regular expressions there: anchored, so valid/loss is not also valid/loss_without_context.
+OVERLAYS = {"train and valid": {
+    "loss: train/loss and valid/loss": ["Multiline", ["^train/loss$", "^valid/loss$"]],
+    "error rates (%): valid/wer, valid/cer, valid/ctc_cer": ["Multiline", ["^valid/wer$", "^valid/cer$", "^valid/ctc_cer$"]],
+}}
+
+
 def event_folder(exp_dir: Path) -> Path:
     """Where a run's TensorBoard events go: ``exp_dir`` itself, so the run is named after its folder;
     ``exp_dir/tensorboard`` for a run begun there by an older version, so it stays one run."""
@@ -204,7 +266,7 @@ def setup_logging(log_file: Path | None) -> None:
             root.removeHandler(handler)
             handler.close()
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    handlers = [logging.StreamHandler(sys.stderr)]
+    handlers = [ProgressBarHandler(sys.stderr)]
     if log_file is not None:
         handlers.append(_LogFileHandler(log_file))
     for handler in handlers:

@@ -21,7 +21,10 @@ pipeline, so any of them can be used for inference. ``asr.train`` holds ``train.
 (:mod:`asr.training.runlock`).
 
 ``last.pt`` is written when an epoch's batches are done, before its validation, so a validation that
-fails loses no training: ``--resume`` validates that epoch again. A stop signal ends the loop at the
+fails loses no training: ``--resume`` validates that epoch again. A run that ``train.max_steps`` stops
+inside an epoch is validated there too, at its last step (logged, not ranked: the epoch is not done),
+so its curves end where it did. The run ends with a summary (:func:`asr.training.reporting.end_summary`).
+A run refused (:func:`refusal`) writes nothing into its folder. A stop signal ends the loop at the
 next step boundary with ``last.pt`` written (:mod:`asr.training.signals`); a batch that runs out of
 CUDA memory is skipped like a non-finite one, logged with its size and counted with the epoch's
 skipped utterances.
@@ -38,6 +41,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from asr.averaging import epoch_of
 from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
@@ -50,7 +54,7 @@ from asr.training.distributed import all_agree, device_kind, init_distributed, r
 from asr.training.epoch_end import EpochEnd
 from asr.training.metrics import higher_is_better
 from asr.training.plan import plan_epoch
-from asr.training.reporting import RunLog, setup_logging, write_epoch_summaries  # noqa: F401 (re-exported)
+from asr.training.reporting import RunLog, end_summary, setup_logging, write_epoch_summaries  # noqa: F401 (re-exported)
 from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules
 from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, restore_progress, rng_state, seed_everything, set_rng_state
@@ -79,6 +83,9 @@ class Trainer:
         self.dist = init_distributed(device_kind(config.train.device))
         self.device = resolve_device(config.train.device, self.dist.local_rank)
         self.exp_dir = Path(config.exp_dir)
+        refused = refusal(self.exp_dir, resume)
+        if refused:  # before anything is written: a refused run leaves the folder as it found it
+            raise TrainingError(refused)
         self.exp_dir.mkdir(parents=True, exist_ok=True)
         setup_logging(self.exp_dir / "train.log" if self.dist.is_main else None)
         self.command = command or "python -m asr.train (called from Python)"
@@ -90,6 +97,8 @@ class Trainer:
         logger.info("features computed on the %s (features.compute_on=%s, training on %s)",
                     config.features.compute_on, chosen, self.device)
         self.progress = Progress()
+        self.last_metrics: dict[str, float] = {}  # of the latest validation, for the run's summary
+        self._planned = 0  # batches planned for the epoch in progress
         self.stop_signals = StopSignals()  # installed while fit() runs
         resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
@@ -136,11 +145,7 @@ class Trainer:
     def _resume_state(self, resume: bool) -> dict | None:
         last = self.exp_dir / "last.pt"
         if not resume:
-            if last.exists():
-                raise TrainingError(
-                    f"{self.exp_dir} already holds a run (last.pt); pass --resume to continue it or choose another exp_dir"
-                )
-            return None
+            return None  # (a folder holding a run was refused before anything was written: refusal())
         if not last.is_file():
             return self._resume_fallback(last, "it is missing")
         logger.info("resuming from %s", last)
@@ -153,7 +158,7 @@ class Trainer:
         """``last.pt`` is missing (a full disk before it was first written) or cannot be read (cut short
         by a copy, say): resume from the newest readable ``epoch{E}.pt``, which carries the same training
         state at the end of its epoch."""
-        numbered = [(int(p.stem[5:]), p) for p in self.exp_dir.glob("epoch*.pt") if p.stem[5:].isdigit()]
+        numbered = _epoch_checkpoints(self.exp_dir)
         for _, path in sorted(numbered, reverse=True):
             try:
                 state = load_checkpoint(path)
@@ -173,20 +178,30 @@ class Trainer:
 
     def fit(self) -> Progress:
         self._clock = (time.time(), self.progress.seconds)  # a resumed run continues its clock
+        why = f"train.max_epochs={self.train_cfg.max_epochs}"
         try:
             with self.stop_signals:
                 while self.progress.epoch < self.train_cfg.max_epochs and not self._reached_max_steps():
                     self._stop_if_asked()
-                    if self._train_epoch():  # early stopping fired
+                    if self._train_epoch():
+                        why = f"early stopping: train.early_stopping_patience={self.train_cfg.early_stopping_patience}"
                         break
         finally:
             self.log.close()
-        logger.info("training finished after %d steps (%d epochs)", self.progress.step, self.progress.epoch)
+        if self._reached_max_steps():
+            why = f"train.max_steps={self.train_cfg.max_steps}"
         ran = runtime.ran(since=self._runtime_before)
         self.runtime.update(ran)
         runtime.log(logger, ran)
         self._write_config()
+        self.log.summary(end_summary(self.exp_dir, self.progress, why, self.train_cfg.best_metric, self.last_metrics,
+                                     self._epochs_done()))
         return self.progress
+
+    def _epochs_done(self) -> float:
+        """Epochs done, with the share of the one in progress (a run that train.max_steps stopped inside it)."""
+        planned = self._planned
+        return self.progress.epoch + (self.progress.batch_in_epoch / planned if planned else 0.0)
 
     def _write_config(self) -> None:
         """config.yaml: the resolved recipe, and once the model exists a ``runtime:`` section (which code
@@ -235,7 +250,7 @@ class Trainer:
         if plan.left_out_batches and progress.batch_in_epoch == 0:
             logger.info("epoch %d: %d batches (%d utterances) over the max_duration schedule's cap left out",
                         number, plan.left_out_batches, plan.left_out_utterances)
-        planned = len(plan.batches)
+        planned = self._planned = len(plan.batches)
         batches = plan.batches[progress.batch_in_epoch :]
         self.model.train()
         bar = tqdm(total=len(batches), desc=f"epoch {number}", disable=None if self.dist.is_main else True, leave=False)
@@ -274,11 +289,14 @@ class Trainer:
             if self._reached_max_steps():
                 break
         bar.close()
-        if self._reached_max_steps() and progress.batch_in_epoch < planned:
-            self._save_last()
-            return False
         self._save_last()  # the epoch's training is kept before its validation runs
         validation = self.validate()
+        if self._reached_max_steps() and progress.batch_in_epoch < planned:
+            # stopped inside the epoch: validated where it stopped, for the curves and the summary; the
+            # epoch is not done, so it is neither ranked nor checkpointed as one (last.pt has the weights)
+            self._report(number, validation, self._epochs_done())
+            self._save_last()
+            return False
         progress.epoch += 1
         progress.batch_in_epoch = 0
         progress.epoch_first_step = None
@@ -353,15 +371,10 @@ class Trainer:
         """Log, rank and checkpoint the finished epoch number ``epoch`` (from 1). Returns True when
         early stopping fires."""
         progress, metrics = self.progress, validation.metrics
-        started, before = self._clock
-        progress.seconds = before + time.time() - started
         for line in self.schedules.observe(progress.step, metrics):
             logger.info(line)
         self.epoch_end.rank(progress, epoch, metrics)
-        figures = []
-        if self.writer is not None and metrics:
-            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device)
-        self.log.validation(epoch, progress, metrics, figures, progress.epoch)
+        self._report(epoch, validation, progress.epoch)
         progress.skipped_in_epoch = {}
         self.epoch_end.checkpoint(epoch, progress, metrics, self._payload, self._training_state())
         self._save_last()
@@ -371,6 +384,18 @@ class Trainer:
                 f"epoch {epoch} is saved in {self.exp_dir}. Fix the dev set, then continue with --resume"
             )
         return self.epoch_end.should_stop(progress)
+
+    def _report(self, epoch: int, validation: Validation, epochs_done: float) -> None:
+        """A validation in train.log and TensorBoard (with attention pictures) after ``epochs_done`` epochs,
+        in epoch number ``epoch``; the run's clock is brought up to it."""
+        progress, metrics = self.progress, validation.metrics
+        started, before = self._clock
+        progress.seconds = before + time.time() - started
+        figures = []
+        if self.writer is not None and metrics:
+            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device)
+        self.log.validation(epoch, progress, metrics, figures, epochs_done)
+        self.last_metrics = metrics
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -414,6 +439,23 @@ class Trainer:
         set_rng_state(training["rng"])
         logger.info("resumed in epoch %d, after batch %d, at step %d",
                     self.progress.epoch + 1, self.progress.batch_in_epoch, self.progress.step)
+
+
+def refusal(exp_dir: Path, resume: bool) -> str | None:
+    """Why a run into ``exp_dir`` is refused before it writes anything, or None: without ``--resume``, a
+    folder that holds a run (``last.pt``); with it, a folder with no checkpoint to resume from."""
+    last = exp_dir / "last.pt"
+    if not resume and last.exists():
+        return f"{exp_dir} already holds a run (last.pt); pass --resume to continue it or choose another exp_dir"
+    if resume and not last.exists() and not _epoch_checkpoints(exp_dir):
+        return f"--resume: no checkpoint to resume from at {last} (nor any epoch{{E}}.pt beside it)"
+    return None
+
+
+def _epoch_checkpoints(exp_dir: Path) -> list[tuple[int, Path]]:
+    """(E, path) of every ``epoch{E}.pt`` in ``exp_dir``."""
+    found = [(epoch_of(path, "epoch"), path) for path in exp_dir.glob("epoch*.pt")]
+    return [(epoch, path) for epoch, path in found if epoch is not None]
 
 
 def training_lengths(utterances) -> dict[str, float]:
