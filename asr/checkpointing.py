@@ -89,11 +89,49 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
             raise
 
 
+# The first bytes of files people give where a checkpoint belongs, and what they are.
+_NOT_CHECKPOINTS = ((b"RIFF", "a WAV audio file"), (b"fLaC", "a FLAC audio file"), (b"OggS", "an Ogg audio file"),
+                    (b"ID3", "an MP3 audio file"), (b"\xff\xfb", "an MP3 audio file"), (b"NIST_1A", "a SPHERE audio file"))
+
+
+def not_a_checkpoint(path: str | Path) -> str | None:
+    """What ``path`` is when it is plainly not a checkpoint (a folder, audio, text), else None.
+
+    A checkpoint is a ``torch.save`` file: a zip archive or a pickle. This looks at the first bytes only,
+    so an error can say what was given instead (and never suggest converting an audio file)."""
+    path = Path(path)
+    if path.is_dir():
+        return "a folder"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None  # load_checkpoint says why it cannot be read
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"\x80"):
+        return None
+    for magic, what in _NOT_CHECKPOINTS:
+        if head.startswith(magic):
+            return what
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return "a text file" if text and all(c.isprintable() or c.isspace() for c in text) else None
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint onto the CPU without running any code in it; a clear error if it is not one."""
     path = Path(path)
+    if path.is_dir():
+        found = path / "last.pt"
+        hint = f"; its checkpoint is {found}" if found.is_file() else " (it holds no last.pt)"
+        raise CheckpointError(f"{path} is a folder, not a checkpoint{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    what = not_a_checkpoint(path)
+    if what is not None:
+        raise CheckpointError(f"{path} is not a checkpoint: it is {what} (a checkpoint is a .pt file written by "
+                              "asr.train or asr.average)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

@@ -10,6 +10,7 @@ full dotted path, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -59,6 +60,86 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigKey:
+    """One key of a config, as ``--show-config`` lists it."""
+
+    key: str          # dotted, as an override names it: model.listener.num_layers
+    value: Any        # in this config (plain data)
+    default: Any      # the dataclass's default (plain data; None when the field has none)
+    meaning: str      # the comment beside (or above) the field in its class
+
+
+def describe_config(obj: Any, prefix: str = "") -> list[ConfigKey]:
+    """Every leaf key of config dataclass ``obj`` with its value, its default and its meaning, the
+    comment written beside the field (or on the lines just above it) in the class that defines it."""
+    keys = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        path = _join(prefix, f.name)
+        if dataclasses.is_dataclass(value):
+            keys += describe_config(value, path)
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        keys.append(ConfigKey(path, to_dict(value), to_dict(default), _field_comment(type(obj), f.name)))
+    return keys
+
+
+def _field_comment(cls: type, name: str) -> str:
+    """The comment on field ``name``'s line in the source of a class in ``cls``'s MRO that declares it
+    (the first that comments it: a subclass may redeclare a default alone), or the comment lines just
+    above it; "" when there is none."""
+    import re
+
+    declaration = re.compile(rf"^\s+{re.escape(name)}\s*:")
+    for owner in cls.__mro__:
+        if name not in getattr(owner, "__annotations__", {}):
+            continue
+        lines = _source_lines(owner)
+        for index, line in enumerate(lines):
+            if not declaration.match(line):
+                continue
+            trailing = re.search(r"\s#", line)
+            if trailing:
+                comment = line[trailing.end() :]
+                # a trailing comment may go on below, its '#' in the same column
+                column = trailing.end() - 1
+                for following in lines[index + 1 :]:
+                    if following[:column].strip() or following[column : column + 1] != "#":
+                        break
+                    comment += " " + following[column + 1 :].strip()
+                return comment.strip()
+            # else the comment lines above it, or above the fields without comments of their own that
+            # it follows: one comment for a group of fields, as in "the chunk, the bias and the noise"
+            above = []
+            for previous in reversed(lines[:index]):
+                stripped = previous.strip()
+                if stripped.startswith("#"):
+                    above.insert(0, stripped.lstrip("#").strip())
+                elif above or re.search(r"\s#", previous) or not re.match(r"^\s+\w+\s*:", previous):
+                    break
+            if above:
+                return " ".join(above)
+            break
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _source_lines(cls: type) -> list[str]:
+    """The lines of ``cls``'s source (none when it cannot be found); read once per class."""
+    import inspect
+
+    try:
+        return inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return []
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, Any]:

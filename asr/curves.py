@@ -144,16 +144,27 @@ def _from_epoch_axis(curves: dict[str, Curve], label: str) -> dict[str, Curve]:
     return moved
 
 
-def load_curves(exp_dirs: list[Path], labels: list[str], tags: list[str]) -> dict[str, list[Curve]]:
-    """tag -> one :class:`Curve` per run (in the order given). A missing tag names the run and its tags."""
+def gather_curves(exp_dirs: list[Path], labels: list[str], tags: list[str]) -> tuple[dict[str, list[Curve]], list[str]]:
+    """tag -> the :class:`Curve` of every run that has it (in the order given), and one line per tag a
+    run lacks, naming the run and the tags it has. A tag no run has is left out."""
     curves: dict[str, list[Curve]] = {tag: [] for tag in tags}
+    missing = []
     for exp_dir, label in zip(exp_dirs, labels):
         found = run_curves(exp_dir, label)
         for tag in tags:
-            if tag not in found:
+            if tag in found:
+                curves[tag].append(found[tag])
+            else:
                 have = ", ".join(sorted(found)) or "none"
-                raise CompareError(f"run {label} ({exp_dir}) has no scalar tag '{tag}'; its tags are: {have}")
-            curves[tag].append(found[tag])
+                missing.append(f"run {label} ({exp_dir}) has no scalar tag '{tag}'; its tags are: {have}")
+    return {tag: runs for tag, runs in curves.items() if runs}, missing
+
+
+def load_curves(exp_dirs: list[Path], labels: list[str], tags: list[str]) -> dict[str, list[Curve]]:
+    """tag -> one :class:`Curve` per run (in the order given). A missing tag names the run and its tags."""
+    curves, missing = gather_curves(exp_dirs, labels, tags)
+    if missing:
+        raise CompareError(missing[0])
     return curves
 
 

@@ -26,14 +26,14 @@ from features.config import FeatureConfig
 class TrainConfig:
     """Optimisation and bookkeeping (the ``train:`` section)."""
 
-    max_epochs: int = 20
+    max_epochs: int = 20                # epochs to train (numbered from 1 in logs and checkpoint names)
     max_steps: int | None = None        # stop after this many optimizer steps (None: run all epochs)
-    seed: int = 0
+    seed: int = 0                       # weight initialisation and every random draw of training
     device: str = "auto"                # auto = cuda when available, else cpu
-    optimizer: Literal["adam", "adamw"] = "adam"
+    optimizer: Literal["adam", "adamw"] = "adam"  # adamw decouples weight_decay from the gradient
     lr: float = 1e-3                    # peak rate for inverse_sqrt/linear_warmup; for noam the constant k (peak = k / sqrt(d_model * warmup))
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's moment decay rates
+    weight_decay: float = 0.0           # an L2 penalty (adam) or a decoupled decay (adamw); 0 = none
     # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | cosine | constant | plateau.
     # Post-norm Transformers need warmup; see docs/normalization.md.
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
@@ -50,7 +50,7 @@ class TrainConfig:
     keep_best: int = 3                  # best_epoch{E}.pt checkpoints kept by best_metric
     keep_last: int = 5                  # epoch{E}.pt checkpoints kept (for asr.average --last N)
     save_every_steps: int = 0           # also write last.pt every N steps (0: only at epoch ends)
-    log_every_steps: int = 10
+    log_every_steps: int = 10           # training scalars every N updates (and the first and the last)
     max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
     max_oom_batches_in_a_row: int = 3   # batches in a row skipped for CUDA out of memory before the run stops
     # Decoding for the per-validation WER and CER: beam size (1 and no CTC weight = greedy), the CTC
@@ -79,7 +79,7 @@ class TrainConfig:
 
 @dataclass
 class ExperimentConfig:
-    exp_dir: str = "exp/default"
+    exp_dir: str = "exp/default"        # the run's folder: config.yaml, train.log, TensorBoard events, checkpoints
     features: FeatureConfig = field(default_factory=FeatureConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = None           # the config class model.type names (asr.models.registry)

@@ -62,6 +62,7 @@ SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant",
 class SchedulerConfig:
     """How the learning rate moves over updates (the ``optimizer.lr`` is scaled by it)."""
 
+    # how the rate moves over the updates: warmup and decay as each kind's function says (below)
     kind: Literal["noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau"] = "noam"
     # Where the peak falls as a share of the run matters, not the count: 25k updates put it at
     # ~80% of recipes/librispeech100_transformer.yaml's 100 epochs (see the recipe); on small data

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -34,11 +35,12 @@ from asr.convergence import (
     read_run_curves,
     summarise_reached,
 )
-from asr.data.corpus import check_demo_prepared, load_split
-from asr.data.demo import DemoCorpusNotPrepared, prepare_command
-from asr.data.report import DataError, SkipReport
-from asr.experiment import load_experiment_config
-from asr.inference import DecodeSettings
+
+if TYPE_CHECKING:
+    from asr.inference import DecodeSettings
+
+# The recipe's config and data readers (and torch with them) are imported where they are used, so
+# that ``asr.study --help`` answers at once.
 
 logger = logging.getLogger("asr.study")
 
@@ -137,6 +139,8 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
 
 def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path) -> list[Run]:
     """Every combination of the grid as a :class:`Run`, each config validated before anything trains."""
+    from asr.experiment import load_experiment_config
+
     runs = []
     for combination in itertools.product(*grid.values()):
         values = dict(zip(grid, combination))
@@ -155,6 +159,10 @@ def check_demo_corpora(recipe: Path, overrides: list[str], runs: list[Run]) -> N
     The runs only read it, so it is made once, before the study, not per run: the error
     lists the command that prepares each missing corpus (runs that differ only in options
     that do not change the corpus share one)."""
+    from asr.data.corpus import check_demo_prepared
+    from asr.data.demo import DemoCorpusNotPrepared, prepare_command
+    from asr.experiment import load_experiment_config
+
     unprepared: dict[str, str] = {}  # corpus key -> the command that prepares it
     for run in runs:
         config = load_experiment_config(recipe, [*overrides, *run.overrides()])
@@ -225,7 +233,7 @@ class Scoring:
     optionally test-time VTLN and speaker adaptation)."""
 
     split: str
-    settings: DecodeSettings = DecodeSettings()
+    settings: DecodeSettings = field(default_factory=lambda: _plain_settings())
 
     @property
     def name(self) -> str:
@@ -239,6 +247,13 @@ class Scoring:
             rounds = self.settings.adaptation.rounds
             how.append(f"adapted, {rounds} round" + ("s" if rounds > 1 else ""))
         return f"{self.split} WER %" + (f" ({', '.join(how)})" if how else "")
+
+
+def _plain_settings() -> DecodeSettings:
+    """The default decoding: the search alone."""
+    from asr.inference import DecodeSettings
+
+    return DecodeSettings()
 
 
 def scorings_for(splits: list[str], settings: DecodeSettings) -> list[Scoring]:
@@ -289,6 +304,8 @@ def evaluate_run(name: str, checkpoints: list[Path], folder: Path, scoring: Scor
 
 def check_average(last: int, recipe: Path, overrides: list[str]) -> None:
     """Refuse ``--average-last`` values the runs cannot provide, before anything trains."""
+    from asr.experiment import load_experiment_config
+
     train = load_experiment_config(recipe, overrides).train
     if last < 0:
         raise StudyError(f"--average-last must be 0 (off) or more, got {last}")
@@ -301,6 +318,10 @@ def check_average(last: int, recipe: Path, overrides: list[str]) -> None:
 
 def has_split(recipe: Path, overrides: list[str], split: str) -> bool:
     """Whether the recipe (with these overrides) defines any ``split`` data."""
+    from asr.data.corpus import load_split
+    from asr.data.report import DataError, SkipReport
+    from asr.experiment import load_experiment_config
+
     config = load_experiment_config(recipe, overrides)
     try:
         utterances, _ = load_split(config.data, split, SkipReport())

@@ -19,7 +19,7 @@ COMPUTE_ON = ("auto", "loader", "device")
 class SpecAugmentConfig:
     """SpecAugment (Park et al. 2019), applied in training only, after MVN."""
 
-    enabled: bool = False
+    enabled: bool = False         # masks training utterances (the share: train.schedules.spec_augment)
     freq_masks: int = 2           # number of frequency masks per utterance
     freq_mask_width: int = 27     # maximum width F (bins), LibriSpeech "LD" policy
     time_masks: int = 2           # number of time masks per utterance
@@ -75,7 +75,7 @@ class MicrophoneConfig:
 
     probability: float = 0.0  # share of training utterances coloured; 0 disables
     highpass_hz: list[float] = field(default_factory=lambda: [50.0, 400.0])  # uniform per utterance
-    bands: int = 2
+    bands: int = 2                # peaking filters per utterance
     gain_db: list[float] = field(default_factory=lambda: [-10.0, 10.0])  # per band, uniform
 
     def __post_init__(self) -> None:
@@ -114,7 +114,7 @@ class BandLimitConfig:
     probability: float = 0.0   # share of training utterances band-limited; 0 disables
     narrow_share: float = 0.5  # of those, the share resampled through narrow_rate; the rest low-passed
     narrow_rate: int = 8000    # Hz
-    cutoff_hz: list[float] = field(default_factory=lambda: [3000.0, 7000.0])
+    cutoff_hz: list[float] = field(default_factory=lambda: [3000.0, 7000.0])  # low-pass cutoff, uniform in this range
 
     def __post_init__(self) -> None:
         _check_probability("augment.band_limit.probability", self.probability)
@@ -143,11 +143,11 @@ class AugmentConfig:
 class FeatureConfig:
     """How audio becomes a (T, D) feature matrix; one code path for training and inference."""
 
-    kind: Literal["fbank", "mfcc"] = "fbank"
+    kind: Literal["fbank", "mfcc"] = "fbank"  # log mel filterbank energies, or MFCCs computed from them
     sample_rate: int = 16000       # audio at another rate is resampled to this
     num_mel_bins: int = 80         # mel filters for fbank (and the filterbank under MFCC)
     num_ceps: int = 13             # MFCC coefficients: 13 or 40
-    frame_length_ms: float = 25.0
+    frame_length_ms: float = 25.0  # analysis window
     frame_shift_ms: float = 10.0   # 10 ms shift -> 100 frames per second
     deltas: bool = False           # append delta and delta-delta (triples the dimension)
     dither: float = 0.0            # Gaussian dither in int16 units (Kaldi's 1.0 = one LSB) in training; 0 disables
@@ -165,7 +165,7 @@ class FeatureConfig:
     # uniformly from this [low, high] range. Unlike speed perturbation it keeps tempo and duration
     # and moves only the spectral envelope. [] disables; [0.9, 1.1] is the paper's range.
     vtlp: list[float] = field(default_factory=list)
-    mvn: Literal["none", "utterance", "global"] = "none"
+    mvn: Literal["none", "utterance", "global"] = "none"  # mean-variance normalisation (docs/normalization.md)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     # Training-only waveform augmentation (rooms, noise, microphones, band limits), after speed perturbation.
     augment: AugmentConfig = field(default_factory=AugmentConfig)

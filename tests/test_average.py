@@ -150,3 +150,21 @@ def test_a_damaged_checkpoint_is_named_as_damaged_and_never_sent_to_the_unsafe_c
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(path)
     assert str(path) in str(err.value) and "--trust-this-file" not in str(err.value)
+
+
+@pytest.mark.parametrize("given, what", [
+    (b"RIFF\x24\x00\x00\x00WAVEfmt ", "a WAV audio file"),
+    (b"fLaC\x00\x00\x00\x22", "a FLAC audio file"),
+    (b"07:01:02 INFO asr.train: epoch 1: valid loss 1.2\n", "a text file"),
+])
+def test_a_file_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path, given, what):
+    path = tmp_path / "given.pt"
+    path.write_bytes(given)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value) == (f"{path} is not a checkpoint: it is {what} (a checkpoint is a .pt file written by "
+                              "asr.train or asr.average)")
+    # a run folder names its last.pt
+    _write(tmp_path / "last.pt", 1, metric=1.0)
+    with pytest.raises(CheckpointError, match=f"{tmp_path} is a folder, not a checkpoint; its checkpoint is "):
+        load_checkpoint(tmp_path)

@@ -131,6 +131,18 @@ def test_missing_tag_names_the_run_and_its_tags(two_runs, tmp_path, capsys):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_a_tag_one_run_lacks_is_drawn_for_the_others_with_a_warning(two_runs, tmp_path, capsys):
+    out = tmp_path / "partial.png"
+    # run_b logged no training steps: its train/loss is missing, its valid/loss is drawn
+    assert main([str(p) for p in two_runs] + ["--tag", "valid/loss", "--tag", "train/loss", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "warning: run run_b" in captured.err and "no scalar tag 'train/loss'" in captured.err
+    table = out.with_suffix(".md").read_text()
+    assert set(_table_rows(table, "train/loss")) == {"run_a"} and set(_table_rows(table, "valid/loss")) == {"run_a", "run_b"}
+    assert "Not drawn:" in table and "run run_b" in table.split("Not drawn:", 1)[1]
+    assert out.is_file()
+
+
 def test_folder_without_events_and_label_count_are_errors(two_runs, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()

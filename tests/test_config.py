@@ -1,9 +1,11 @@
 """Typed config loading: unknown keys, type errors and overrides name the key."""
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
+from helpers import PROJECT_ROOT
 
 from asr.config import ConfigError, apply_overrides, from_dict, parse_override, to_dict
 
@@ -67,3 +69,29 @@ def test_round_trip_through_plain_dict():
 def test_a_single_string_for_a_list_of_strings_is_a_one_item_list():
     cfg = from_dict(Outer, apply_overrides({}, ["paths=some/folder"]))
     assert cfg.paths == ["some/folder"]
+
+
+@pytest.mark.parametrize("recipe", sorted((PROJECT_ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_recipe_key_has_a_value_a_default_and_a_meaning(recipe):
+    from asr.config import describe_config
+    from asr.experiment import load_experiment_config
+
+    keys = describe_config(load_experiment_config(recipe))
+    assert len({k.key for k in keys}) == len(keys) > 100
+    assert [k.key for k in keys if not k.meaning] == []  # a new field needs its comment
+
+
+def test_show_config_lists_the_keys_and_trains_nothing(tmp_path, capsys):
+    from asr.cli.train import main
+
+    exp = tmp_path / "exp"
+    recipe = PROJECT_ROOT / "recipes" / "fsdd_las.yaml"
+    assert main([str(recipe), "train.max_steps=30", f"exp_dir={exp}", "--show-config"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if " train.max_steps " in line)
+    assert line.startswith("* train.max_steps") and "= 30" in line and "[default null]" in line
+    assert "stop after this many optimizer steps" in line
+    assert re.search(r"^  train\.seed +=", out, re.M)  # at its default: no mark
+    assert not exp.exists()  # nothing written, nothing trained
+    assert main([str(recipe), "train.max_stepz=3", "--show-config"]) == 2
+    assert "unknown config key 'train.max_stepz'" in capsys.readouterr().err

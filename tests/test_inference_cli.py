@@ -662,3 +662,51 @@ def test_ensemble_members_must_agree_on_dither_when_it_applies_at_inference(untr
         load_recogniser([variant("c.pt", 1.0, True), variant("d.pt", 0.5, True)])
     with pytest.raises(CheckpointError, match="feature pipelines differ"):
         load_recogniser([variant("e.pt", 1.0, True), variant("f.pt", 1.0, False)])
+
+
+def test_transcribe_checks_what_it_was_given_before_loading_anything(tmp_path, librivox_mini, capsys):
+    """Issue 50: swapped arguments, a run folder or a log given as the checkpoint are named for what they
+    are, and the unsafe converter (--trust-this-file) is never suggested for them."""
+    flac = str(next(librivox_mini.rglob("*.flac")))
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run / "last.pt", {"config": {}, "model": {}})
+    (run / "train.log").write_text("07:01:02 INFO asr.train: epoch 1: valid loss 1.2\n")
+    cases = [
+        ([flac, str(run / "last.pt")], f"{flac} is a FLAC audio file, not a checkpoint: the checkpoint comes first"),
+        ([str(run), flac], f"{run} is a run folder, not a checkpoint; did you mean {run / 'last.pt'}?"),
+        ([str(run / "train.log"), flac], f"{run / 'train.log'} is not a checkpoint: it is a text file"),
+        ([str(run / "last.pt"), str(run / "last.pt")], "is a checkpoint, not audio: give one checkpoint first"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            transcribe.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err, err
+        assert "--trust-this-file" not in err and "Traceback" not in err
+
+
+def test_a_progress_bar_moves_per_batch_and_the_transcripts_do_not_change():
+    """transcribe_speakers tells its progress per batch for a strategy that takes utterances one by one
+    (a bar that moves while asr.evaluate decodes), per speaker for one that works per speaker."""
+    from asr.inference import SpeakerResult
+
+    class Echo:
+        """A strategy that 'transcribes' each utterance as its id, and notes the lists it was given."""
+
+        def __init__(self, per_speaker):
+            self.per_speaker, self.calls = per_speaker, []
+
+        def run(self, recogniser, utterances, options, batch_size):
+            self.calls.append([u.id for u in utterances])
+            return SpeakerResult([u.id for u in utterances])
+
+    utterances = [Utterance(f"u{i}", Path(f"u{i}.wav"), "x", 1.0, "ab"[i % 2]) for i in range(7)]
+    for per_speaker, runs in ((False, [3, 3, 1]), (True, [4, 3])):
+        strategy, told = Echo(per_speaker), []
+        result = transcribe_speakers(None, utterances, strategy, batch_size=3, progress=told.append)
+        assert result.texts == [u.id for u in utterances] and told == runs
+        assert [len(c) for c in strategy.calls] == runs
+    quiet = Echo(False)
+    transcribe_speakers(None, utterances, quiet, batch_size=3)  # no bar: one run, as before
+    assert [len(c) for c in quiet.calls] == [7]

@@ -9,6 +9,7 @@ import io
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -570,3 +571,15 @@ def test_a_second_start_on_the_same_corpus_computes_nothing(dev_copy, librivox_m
     os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**6))
     build_training_data(config, None)
     assert (info.calls, bpe.calls, stats.calls) == (1, 0, 1)
+
+
+def test_map_chunks_shows_a_bar_on_a_terminal_and_none_for_no_items(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for items, drawn in (([], False), (list(range(20)), True)):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        list(map_chunks(_square_all, items, 0, 10, "audio headers of test"))
+        assert ("audio headers of test" in terminal.getvalue()) == drawn  # never an empty "0file" bar

@@ -12,10 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.averaging import average_checkpoints, select_checkpoints
-from asr.checkpointing import CheckpointError, save_checkpoint
-from asr.writing import WriteError
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asr.average", description=__doc__.split("\n\n")[0])
@@ -25,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--best", type=int, metavar="N", help="average the N best best_epoch{E}.pt by validation metric")
     parser.add_argument("--out", type=Path, metavar="FILE", help="default: EXP_DIR/avg_last{N}.pt or avg_best{N}.pt")
     args = parser.parse_args(argv)
+    # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
+    from asr.averaging import average_checkpoints, select_checkpoints
+    from asr.checkpointing import CheckpointError, save_checkpoint
+    from asr.writing import WriteError
+
     count = args.last if args.last is not None else args.best
     if count < 1:
         parser.error(f"the number of checkpoints must be at least 1, got {count}")

@@ -26,13 +26,6 @@ import logging
 import sys
 from pathlib import Path
 
-from asr.config import ConfigError
-from asr.data.corpus import check_demo_prepared
-from asr.data.demo import prepare_command
-from asr.data.report import DataError
-from asr.data.validation import check_folders, check_splits
-from asr.experiment import load_experiment_config
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asr.check", description=__doc__.split("\n\n")[0])
@@ -45,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 0:
         parser.error(f"--jobs must be >= 0, got {args.jobs}")
+    # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
+    from asr.config import ConfigError
+    from asr.data.corpus import check_demo_prepared
+    from asr.data.demo import prepare_command
+    from asr.data.report import DataError
+    from asr.data.validation import check_folders, check_splits
+    from asr.experiment import load_experiment_config
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     first = Path(args.sources[0])
     try:

@@ -9,9 +9,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.checkpointing import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
-from asr.writing import WriteError
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -29,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         help="required: reading the old format can run code inside the file, so convert only files you trust",
     )
     args = parser.parse_args(argv)
+    # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
+    from asr.checkpointing import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
+    from asr.writing import WriteError
+
     if not args.trust_this_file:
         parser.error(
             f"converting {args.source} unpickles it in full, which runs any code inside it; "

@@ -9,6 +9,9 @@ one line per run for each ``--tag`` (one panel per tag) into ``--out`` and
 prints a markdown table of each run's final and best value, which is also
 written next to the image (``FILE.md``). The image's title and the table say
 which config keys differ between the runs, from each folder's ``config.yaml``.
+A run that lacks a tag is left out of that panel with a warning (on stderr and
+in the table), and a tag no run has is left out; only when nothing is left to
+draw is it an error.
 
 Every curve is drawn against the optimizer step, the axis the trainer logs
 every scalar on (``epoch`` is a tag of its own); runs of older versions, which
@@ -23,7 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.curves import CompareError, differing_settings, load_curves, markdown_table, plot, settings_lines
+from asr.curves import CompareError, differing_settings, gather_curves, markdown_table, plot, settings_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,11 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     if out.suffix.lower() != ".png":
         parser.error(f"--out must name a .png file, got {out}")
     try:
-        curves = load_curves(args.exp_dirs, labels, tags)
+        curves, missing = gather_curves(args.exp_dirs, labels, tags)
     except CompareError as err:
         parser.error(str(err))
+    for line in missing:
+        print(f"warning: {line}; left out of that panel", file=sys.stderr)
+    if not curves:
+        parser.error(f"no run has any of the tags {', '.join(tags)}:\n" + "\n".join(missing))
     settings = settings_lines(*differing_settings(args.exp_dirs, labels), len(labels))
     table = markdown_table(curves, settings)
+    if missing:
+        table += "\nNot drawn:\n\n" + "".join(f"- {line}\n" for line in missing)
     plot(curves, out, args.smooth, args.zoom, settings)
     table_path = out.with_suffix(".md")
     table_path.write_text(table)

@@ -73,21 +73,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.config import ConfigError
-from asr.data import report as reasons
-from asr.data.corpus import check_demo_prepared, load_split
-from asr.data.demo import prepare_command
-from asr.data.report import DataError, SkipReport
-from asr.data.sources import read_source
-from asr.data.utterance import Utterance
-from asr.experiment import experiment_config_from_dict
-from asr.inference import CorpusResult, DecodeSettings, load_recogniser, settings_tag, transcribe_speakers
-from asr.metrics import alignment_report, error_rates, error_rates_by_length, length_table, rates_in_percent
-from asr.models import runtime
-from asr.writing import WriteError, atomic_write
+
+if TYPE_CHECKING:
+    from asr.data.report import SkipReport
+    from asr.data.utterance import Utterance
+    from asr.inference import CorpusResult, DecodeSettings
+
+# The modules below import torch and the data readers: each function imports what it uses, so that
+# --help (and a usage error) answer at once.
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     settings = decode_settings(args, parser)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from tqdm import tqdm
+
+    from asr.checkpointing import CheckpointError
+    from asr.console import ProgressBarHandler
+    from asr.data.report import SkipReport
+    from asr.inference import load_recogniser, transcribe_speakers
+    from asr.models import runtime
+    from asr.writing import WriteError, atomic_write
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
+                        handlers=[ProgressBarHandler(sys.stderr)])
     checkpoints = [Path(c) for c in args.checkpoint]
     for path in checkpoints:  # cheap checks first, so a typo fails before the model is loaded
         if not path.is_file():
@@ -152,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     # Decode in order of length (less padding; beam search ends sooner), report in id order.
     by_length = sorted(utterances, key=lambda u: u.duration)
     start = time.perf_counter()
-    result = transcribe_speakers(recogniser, by_length, settings.strategy(), settings.decoding, settings.batch_size)
+    # a bar on a terminal (per batch; per speaker with VTLN or adaptation); log lines go above it
+    with tqdm(total=len(by_length), desc="decoding", unit="utt", disable=None, leave=False) as bar:
+        result = transcribe_speakers(recogniser, by_length, settings.strategy(), settings.decoding, settings.batch_size,
+                                     progress=bar.update)
     elapsed = time.perf_counter() - start
     for skip in result.skipped:
         report.add(skip)
@@ -197,6 +206,8 @@ def default_out(checkpoints: list[Path], data: str | None, split: str | None, se
     """``eval_<model>_<data>[_<settings tag>]`` beside the first checkpoint: the model is the
     checkpoint's file stem (``last``, ``avg_last5``), or ``ensemble<N>_`` and the members' distinct
     stems joined by ``+``; the data is the folder or manifest name (``--data``) or the split."""
+    from asr.inference import settings_tag
+
     stems = list(dict.fromkeys(c.stem for c in checkpoints))
     model = "+".join(stems) if len(checkpoints) == 1 else f"ensemble{len(checkpoints)}_" + "+".join(stems)
     # abspath, not resolve: `--data .` is named after the folder, a symlinked manifest after the link
@@ -259,6 +270,15 @@ def _flat(settings: dict, prefix: str = "") -> dict:
 
 def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple[list[Utterance], str]:
     """The utterances to score (with a transcript) and a description of where they come from."""
+    from asr.checkpointing import CheckpointError, load_checkpoint
+    from asr.config import ConfigError
+    from asr.data import report as reasons
+    from asr.data.corpus import check_demo_prepared, load_split
+    from asr.data.demo import prepare_command
+    from asr.data.report import DataError
+    from asr.data.sources import read_source
+    from asr.experiment import experiment_config_from_dict
+
     try:
         if args.data:
             where = args.data
@@ -286,6 +306,9 @@ def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple
 
 def write_results(out: Path, scored: list[tuple[Utterance, str]], result: CorpusResult, report: SkipReport, elapsed: float) -> dict:
     """``hyp.txt``, ``ref.txt`` and ``alignment.txt`` in id order; returns the summary's counts and timing."""
+    from asr.metrics import alignment_report, error_rates, error_rates_by_length, rates_in_percent
+    from asr.writing import atomic_write
+
     scored = sorted(scored, key=lambda pair: pair[0].id)
     ids = [u.id for u, _ in scored]
     refs = [u.text for u, _ in scored]
@@ -312,6 +335,8 @@ def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: li
     """What VTLN chose and, with adaptation, the WER before it and after every round (the
     references score each round here; adaptation itself never reads them). ``decoded`` are the
     utterances in the order ``result`` is aligned with."""
+    from asr.metrics import error_rates
+
     summary = {}
     if settings.vtln_warps:
         summary["vtln_warps"] = result.warps
@@ -335,6 +360,8 @@ def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: li
 
 
 def print_summary(summary: dict, where: str, report: SkipReport, out: Path) -> None:
+    from asr.metrics import length_table
+
     print(
         f"WER {summary['wer_percent']:.2f}% (S={summary['substitutions']} D={summary['deletions']} "
         f"I={summary['insertions']} N={summary['ref_words']}) CER {summary['cer_percent']:.2f}% "

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
-from asr.config import ConfigError
-from asr.inference.adaptation import ADAPTABLE, AdaptationSettings
-from asr.inference.settings import DecodeSettings, load_settings, parse_warps
-from asr.models.pruning import parse_pruning
+from asr.inference.config import ADAPTABLE, AdaptationSettings
+
+if TYPE_CHECKING:
+    from asr.inference.settings import DecodeSettings
 
 # option -> field of DecodingOptions
 _SEARCH = {
@@ -92,6 +93,11 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
 
 def decode_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DecodeSettings:
     """The settings the options describe (over the ``--decode-config`` file's); a bad one is a usage error."""
+    # here, not at the top: --help needs none of it (and it imports torch)
+    from asr.config import ConfigError
+    from asr.inference.settings import DecodeSettings, load_settings, parse_warps
+    from asr.models.pruning import parse_pruning
+
     try:
         base = load_settings(args.decode_config) if args.decode_config else DecodeSettings()
         search = {field: getattr(args, option) for option, field in _SEARCH.items() if getattr(args, option) is not None}

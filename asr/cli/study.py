@@ -83,11 +83,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.convergence import Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
-from asr.inference import DecodeSettings
 from asr.studies import (
     Run,
     Scoring,
@@ -112,7 +112,9 @@ from asr.studies import (
     short_key,
     train_run,
 )
-from asr.training.validation import ALIGNMENT_PREFIX
+
+if TYPE_CHECKING:
+    from asr.inference import DecodeSettings
 
 logger = logging.getLogger("asr.study")
 
@@ -363,6 +365,8 @@ def band_plot(study: Study) -> Path:
 
 def alignment_section(study: Study) -> list[str]:
     """``alignments.png``: every run's last attention picture of one dev utterance, side by side."""
+    from asr.training.validation import ALIGNMENT_PREFIX
+
     pictures = {r.name: {p.name: p for p in r.exp_dir.glob(f"{ALIGNMENT_PREFIX}*.png")} for r in study.runs}
     common = sorted(set.intersection(*(set(p) for p in pictures.values()))) if pictures else []
     if not common:

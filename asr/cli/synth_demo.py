@@ -21,13 +21,12 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.config import ConfigError, apply_overrides
-from asr.data import espeak, pico, piper
-from asr.data.demo import corpus_folder, prepare_corpus
-from asr.data.librispeech import default_cache_dir
-from asr.experiment import ExperimentConfig, experiment_config_from_dict, load_experiment_config
+
+if TYPE_CHECKING:
+    from asr.experiment import ExperimentConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", help="recipe YAML (e.g. recipes/demo.yaml), or a checkpoint (.pt) trained with one")
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value, as given to asr.train")
     args = parser.parse_args(argv)
+    # imported once the arguments are parsed: --help needs none of it (torch, the synthesisers)
+    from asr.checkpointing import CheckpointError
+    from asr.data import espeak, pico, piper
+    from asr.data.demo import corpus_folder, prepare_corpus
+    from asr.data.librispeech import default_cache_dir
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.source, args.overrides)
@@ -53,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_config(source: str, overrides: list[str]) -> ExperimentConfig:
     """The experiment config of a recipe, or the one a checkpoint holds, with ``overrides`` applied."""
+    from asr.checkpointing import load_checkpoint
+    from asr.experiment import experiment_config_from_dict, load_experiment_config
+
     if Path(source).suffix != ".pt":
         return load_experiment_config(source, overrides)
     data = apply_overrides(load_checkpoint(source)["config"], overrides)

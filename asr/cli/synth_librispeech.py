@@ -21,9 +21,6 @@ import os
 import sys
 from pathlib import Path
 
-from asr.data.books import TextSourceError
-from asr.data.synth_librispeech import Options, SynthCorpusError, generate
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -47,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    # imported once the arguments are parsed: --help needs none of it (torch, the synthesisers)
+    from asr.data.books import TextSourceError
+    from asr.data.synth_librispeech import Options, SynthCorpusError, generate
+
     try:
         options = Options(hours=args.hours, seed=args.seed)
     except ValueError as err:

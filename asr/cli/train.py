@@ -9,7 +9,10 @@ Several processes with DistributedDataParallel (gloo on CPU, nccl on GPUs)::
     torchrun --nproc_per_node=2 -m asr.train recipes/fsdd_las.yaml
 
 What the run writes into its ``exp_dir`` is listed in :mod:`asr.training.trainer`.
-``--resume`` may come anywhere among the arguments.
+``--resume`` may come anywhere among the arguments. ``--show-config`` lists every key of the recipe
+(with the overrides applied) with its value, its default and what it means, and trains nothing::
+
+    python -m asr.train recipes/fsdd_las.yaml train.max_steps=30 --show-config
 
 One run at a time per ``exp_dir``: the run holds ``exp_dir/train.lock`` (:mod:`asr.training.runlock`).
 SIGTERM, SIGINT or SIGUSR1 stop it after the step in progress with a resumable
@@ -30,20 +33,7 @@ import sys
 import threading
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from asr.checkpointing import CheckpointError
 from asr.config import ConfigError
-from asr.data.corpus import check_demo_prepared
-from asr.data.demo import prepare_command
-from asr.data.report import DataError
-from asr.experiment import load_experiment_config
-from asr.training import Trainer, TrainingError
-from asr.training.runlock import RunLock, RunLockError
-from asr.training.trainer import refusal
-from asr.training.signals import StopNow, TrainingStopped
-from asr.writing import WriteError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,12 +41,62 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("recipe", help="recipe YAML (e.g. recipes/fsdd_las.yaml)")
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     parser.add_argument("--resume", action="store_true", help="continue the run in exp_dir from last.pt")
+    parser.add_argument("--show-config", action="store_true",
+                        help="list every config key with its value, default and meaning, and exit")
     return parser
+
+
+def show_config(recipe: str, overrides: list[str]) -> str:
+    """Every key of the recipe with the overrides applied: ``key = value  [default D]  meaning``, a ``*``
+    before the keys not at their default."""
+    from asr.config import describe_config
+    from asr.experiment import load_experiment_config
+
+    keys = describe_config(load_experiment_config(recipe, overrides))
+    width = max(len(k.key) for k in keys)
+    shown = [(k, _plain(k.value), _plain(k.default)) for k in keys]
+    value_width = min(max(len(value) for _, value, _ in shown), 24)
+    changed = sum(value != default for _, value, default in shown)
+    lines = [f"# {recipe}" + (f" with {' '.join(overrides)}" if overrides else "") +
+             f": {len(keys)} keys, {changed} not at their default (*); override any as key=value"]
+    for key, value, default in shown:
+        mark = "*" if value != default else " "
+        lines.append(f"{mark} {key.key:<{width}} = {value:<{value_width}}  [default {default}]  {key.meaning}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _plain(value) -> str:
+    """A value as it would be written in a recipe or an override (``null``, ``[0.9, 0.98]``, ``true``)."""
+    import json
+
+    return json.dumps(value) if not isinstance(value, str) else value
 
 
 def main(argv: list[str] | None = None) -> int:
     # intermixed: "RECIPE --resume key=value" as well as "RECIPE key=value --resume"
     args = build_parser().parse_intermixed_args(argv)
+    if args.show_config:
+        try:
+            sys.stdout.write(show_config(args.recipe, args.overrides))
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        return 0
+    # imported once the arguments are parsed: --help and --show-config need none of it (torch)
+    import torch
+    import torch.distributed as dist
+
+    from asr.checkpointing import CheckpointError
+    from asr.data.corpus import check_demo_prepared
+    from asr.data.demo import prepare_command
+    from asr.data.report import DataError
+    from asr.experiment import load_experiment_config
+    from asr.training import Trainer, TrainingError
+    from asr.training.runlock import RunLock, RunLockError
+    from asr.training.signals import StopNow, TrainingStopped
+    from asr.training.trainer import refusal
+    from asr.writing import WriteError
+
     lock = None
     previous_hook = threading.excepthook
     threading.excepthook = _quiet_tensorboard_write_errors(previous_hook)

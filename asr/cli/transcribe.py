@@ -18,6 +18,10 @@ trained on is decoded in pieces cut at pauses, and stderr says so
 (``--segment-seconds`` sets the length, 0 decodes every file whole). With ``--prune-layers`` (LayerDrop pruning) the layers kept
 and the parameters of each model are printed on stderr; give the option after
 the audio files (or end its values with ``--``), since it takes several words.
+
+What it was given is checked before any model is loaded: audio where a checkpoint belongs (the
+checkpoint comes first), a run folder (its ``last.pt`` is suggested), a text file, or a
+checkpoint among the audio files is one error line saying so.
 """
 
 from __future__ import annotations
@@ -26,15 +30,17 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import soundfile
-
-from asr.checkpointing import CheckpointError
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.data.report import Skip, SkipReport
-from asr.data.utterance import Utterance
-from asr.inference import DecodeSettings, PlainDecoding, Recogniser, load_recogniser, transcribe_speakers
-from asr.models import runtime
+
+if TYPE_CHECKING:
+    from asr.data.report import Skip, SkipReport
+    from asr.data.utterance import Utterance
+    from asr.inference import DecodeSettings, Recogniser
+
+# The modules that import torch and soundfile are imported where they are used, so that --help (and a
+# usage error) answer at once.
 
 SPEAKER = "files"  # what the files are taken as in VTLN and adaptation: one speaker
 
@@ -54,7 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         help="print which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs)",
     )
     args = parser.parse_args(argv)
+    for problem in argument_problems(args.checkpoint, args.others, args.audio):
+        parser.error(problem)
     settings = decode_settings(args, parser)
+    from asr.checkpointing import CheckpointError
+    from asr.data.report import SkipReport
+    from asr.data.utterance import Utterance
+    from asr.inference import PlainDecoding, load_recogniser
+    from asr.models import runtime
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("asr.inference.recogniser").setLevel(logging.INFO)  # says when a recording is cut in pieces
     checkpoints = [args.checkpoint, *args.others]
@@ -80,8 +94,33 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if report else 0
 
 
+def argument_problems(checkpoint: str, others: list[str], audio: list[str]) -> list[str]:
+    """What is wrong with the paths given, before anything is loaded: a checkpoint argument that is
+    audio, a folder or text, or an audio argument that is a checkpoint (first problem first)."""
+    from asr.checkpointing import not_a_checkpoint
+
+    problems = []
+    for path in [checkpoint, *others]:
+        what = not_a_checkpoint(path) if Path(path).exists() else None
+        if what == "a folder":
+            last = Path(path) / "last.pt"
+            hint = f"did you mean {last}?" if last.is_file() else "it holds no last.pt"
+            problems.append(f"{path} is a run folder, not a checkpoint; {hint}")
+        elif what is not None and "audio" in what:
+            problems.append(f"{path} is {what}, not a checkpoint: the checkpoint comes first "
+                            "(python -m asr.transcribe CHECKPOINT AUDIO [AUDIO ...])")
+        elif what is not None:
+            problems.append(f"{path} is not a checkpoint: it is {what} (a .pt file written by asr.train or asr.average)")
+    for path in audio:
+        if Path(path).is_file() and not_a_checkpoint(path) is None and Path(path).suffix == ".pt":
+            problems.append(f"{path} is a checkpoint, not audio: give one checkpoint first and others with --with")
+    return problems
+
+
 def _transcribe(recogniser: Recogniser, utterances: list[Utterance], settings: DecodeSettings, report: SkipReport) -> None:
     """Print each file's transcript, or its error on stderr; with a strategy, what it chose."""
+    from asr.inference import transcribe_speakers
+
     result = transcribe_speakers(recogniser, utterances, settings.strategy(), settings.decoding, settings.batch_size)
     for skip in result.skipped:
         report.add(skip)
@@ -104,6 +143,8 @@ def _print_skip(skip: Skip) -> None:
 
 def _duration(path: str) -> float:
     """Seconds of audio from the file's header (0 when it cannot be read: decoding will say why)."""
+    import soundfile
+
     try:
         info = soundfile.info(path)
         return info.frames / info.samplerate

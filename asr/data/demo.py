@@ -109,8 +109,8 @@ class DemoConfig:
     # 3000 utterances are about 1.6 hours of audio: enough for a small model to learn the
     # ~100-word vocabulary in minutes on a CPU; generating them takes well under a minute.
     train_utterances: int = 3000
-    dev_utterances: int = 300
-    test_utterances: int = 300
+    dev_utterances: int = 300  # spoken by the training voices
+    test_utterances: int = 300  # spoken by test_voices, which training never hears
     # "<language>+<variant>" voices; dev uses the training voices, test must use others (held out)
     train_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_VOICES))
     # Shorthand for many voices: when given, train_voices becomes every accent with every
@@ -118,7 +118,7 @@ class DemoConfig:
     # config lists the voices themselves. Names: asr.data.espeak.available_variants().
     train_accents: list[str] = field(default_factory=list)
     train_variants: list[str] = field(default_factory=list)
-    test_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TEST_VOICES))
+    test_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TEST_VOICES))  # held out: none in train_voices
     digit_fraction: float = 0.4  # share of utterances that are digit strings; the rest are commands
     digits_per_utterance: list[int] = field(default_factory=lambda: [1, 7])  # inclusive range of digits
     # Per-utterance draws, uniform in the inclusive [low, high] ranges below.

@@ -90,7 +90,8 @@ def map_chunks(
             _Chunks(function, chunks), batch_size=None, num_workers=workers, collate_fn=_as_is,
             generator=torch.Generator().manual_seed(0),
         )
-    with tqdm(total=len(items), desc=desc, unit=unit, disable=None, leave=False) as bar:
+    # disable=None: a bar on a terminal only; none at all for no items (an empty bar says nothing)
+    with tqdm(total=len(items), desc=desc, unit=unit, disable=None if items else True, leave=False) as bar:
         for index, result in enumerate(results):
             bar.update(len(chunks[index]))
             yield result

@@ -3,15 +3,26 @@
     recogniser = load_recogniser("exp/fsdd_las/avg_last5.pt")
     settings = DecodeSettings(DecodingOptions(beam_size=4, ctc_weight=0.3), vtln_warps=(0.9, 1.0, 1.1))
     result = transcribe_speakers(recogniser, utterances, settings.strategy(), settings.decoding)
+
+The names below are imported when first used, so that a command's ``--help`` (which reads
+:mod:`asr.inference.config`) does not import torch.
 """
 
-from asr.inference.adaptation import AdaptationSettings, SelfTraining
-from asr.inference.recogniser import Recogniser, Transcription, load_recogniser
-from asr.inference.settings import DecodeSettings, load_settings, parse_warps, settings_from_dict, settings_tag
-from asr.inference.strategies import CorpusResult, PlainDecoding, SpeakerResult, Strategy, VTLNSearch, transcribe_speakers
+from importlib import import_module
 
-__all__ = [
-    "AdaptationSettings", "CorpusResult", "DecodeSettings", "PlainDecoding", "Recogniser", "SelfTraining",
-    "SpeakerResult", "Strategy", "Transcription", "VTLNSearch", "load_recogniser", "load_settings", "parse_warps",
-    "settings_from_dict", "settings_tag", "transcribe_speakers",
-]
+_WHERE = {
+    "AdaptationSettings": "config", "SelfTraining": "adaptation",
+    "Recogniser": "recogniser", "Transcription": "recogniser", "load_recogniser": "recogniser",
+    "DecodeSettings": "settings", "load_settings": "settings", "parse_warps": "settings",
+    "settings_from_dict": "settings", "settings_tag": "settings",
+    "CorpusResult": "strategies", "PlainDecoding": "strategies", "SpeakerResult": "strategies",
+    "Strategy": "strategies", "VTLNSearch": "strategies", "transcribe_speakers": "strategies",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(f"asr.inference.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'asr.inference' has no attribute {name!r}")

@@ -49,6 +49,7 @@ from asr.data.batching import BucketBatchSampler, collate
 from asr.data.dataset import SpeechDataset
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions
+from asr.inference.config import ADAPTABLE, AdaptationSettings  # noqa: F401 (re-exported)
 from asr.inference.recogniser import Recogniser
 from asr.inference.strategies import PlainDecoding, SpeakerResult, Strategy
 from asr.models.norms import ScaleNorm
@@ -56,35 +57,8 @@ from asr.training.step import TrainingStep, describe
 
 logger = logging.getLogger("asr.adapt")
 
-ADAPTABLE = ("all", "norms")
 # The layers whose parameters "norms" adapts (FixNorm has none).
 NORM_LAYERS = (torch.nn.LayerNorm, ScaleNorm)
-
-
-@dataclass(frozen=True)
-class AdaptationSettings:
-    """How each speaker is adapted (the defaults are those measured best in docs/results.md)."""
-
-    rounds: int = 3
-    epochs: int = 4        # passes over the speaker's utterances per round
-    lr: float = 3e-4
-    seed: int = 0          # dropout, augmentation and batch order
-    # What is fine-tuned: "all" parameters, or "norms": only the gains and biases of the
-    # normalisation layers (LayerNorm, ScaleNorm): a per-speaker re-normalisation that
-    # leaves every weight matrix as trained.
-    parameters: str = "all"
-    # Train only on the transcripts the CTC head's best path agrees with. Off by default: where
-    # the CTC head shares the decoder's confusion for a speaker, it keeps the wrong transcripts
-    # of that word and drops the right ones, and the rounds then amplify the confusion.
-    ctc_agreement: bool = False
-
-    def __post_init__(self) -> None:
-        if self.rounds < 1 or self.epochs < 1:
-            raise ValueError(f"adaptation needs at least one round and one epoch, got {self.rounds} and {self.epochs}")
-        if not self.lr > 0:
-            raise ValueError(f"the adaptation learning rate must be positive, got {self.lr}")
-        if self.parameters not in ADAPTABLE:
-            raise ValueError(f"adaptation parameters must be one of {', '.join(ADAPTABLE)}, got {self.parameters!r}")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ utterances, options, batch_size) -> SpeakerResult``.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -111,13 +112,21 @@ def transcribe_speakers(
     strategy: Strategy,
     options: DecodingOptions = DecodingOptions(),
     batch_size: int = 16,
+    progress: Callable[[int], None] | None = None,
 ) -> CorpusResult:
     """Run ``strategy`` on ``utterances`` (speaker by speaker when it works per speaker, by
-    ``Utterance.speaker``; each speaker starts from the recogniser as given)."""
+    ``Utterance.speaker``; each speaker starts from the recogniser as given).
+
+    ``progress``, when given (a progress bar's ``update``), is told how many utterances each run of
+    the strategy has just finished: a speaker's, or for a strategy that takes utterances one by one
+    (not ``per_speaker``), a batch's, as the batches it decodes are the same either way."""
+    groups: dict[str, list[int]] = defaultdict(list)
     if strategy.per_speaker:
-        groups: dict[str, list[int]] = defaultdict(list)
         for i, utt in enumerate(utterances):
             groups[utt.speaker].append(i)
+    elif progress is not None:
+        groups = {f"batch {start}": list(range(start, min(start + batch_size, len(utterances))))
+                  for start in range(0, len(utterances), batch_size)}
     else:
         groups = {"": list(range(len(utterances)))}
     texts: list[str | None] = [None] * len(utterances)
@@ -138,5 +147,7 @@ def transcribe_speakers(
                 for position, i in enumerate(indices):
                     round_texts[i] = found_texts[position]
         result.counts.update(found.counts)
+        if progress is not None:
+            progress(len(indices))
     result.skipped = [skipped[i] for i in sorted(skipped)]
     return result

@@ -61,7 +61,7 @@ class ModelConfig:
     ``type`` names the model in :mod:`asr.models.registry`.
     """
 
-    type: str = ""
+    type: str = ""                 # the model: las or transformer (asr.models.registry)
     ctc_weight: float = 0.3        # CTC share of the loss; 0 builds no CTC head. 0.3 as in ESPnet's recipes:
                                    # CTC's monotonic alignment makes attention converge much faster
     label_smoothing: float = 0.1   # on the attention loss only; spreads this share of the target mass over V

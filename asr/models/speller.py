@@ -56,7 +56,7 @@ class SpellerConfig:
 
     embedding_dim: int = 256           # token embedding; characters need far less, BPE a little more
     hidden_size: int = 512             # LAS: 2 x 512
-    num_layers: int = 2
+    num_layers: int = 2                # LSTM layers; LAS: 2
     dropout: float = 0.0               # on every cell's output (incl. the top, before the output layer), training only
     sampling_probability: float = 0.0  # scheduled sampling; 0 = pure teacher forcing, LAS used 0.1
 

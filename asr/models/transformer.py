@@ -76,9 +76,9 @@ class DecoderConfig:
     """The text stack (``model.decoder``)."""
 
     num_layers: int = 6            # half the encoder depth: the text side is short and easy
-    ff_dim: int = 2048
-    layer_norm: Literal["pre", "post"] = "pre"
-    layerdrop: float = 0.0
+    ff_dim: int = 2048             # feed-forward inner size
+    layer_norm: Literal["pre", "post"] = "pre"  # as the encoder's (model.encoder.layer_norm)
+    layerdrop: float = 0.0         # as the encoder's
     drophead: float = 0.0          # the same for the decoder's self- and cross-attention heads
 
     def __post_init__(self) -> None:
