@@ -19,6 +19,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+# TensorBoard's time series shows an image scaled into its card, about 200 pixels high at the default
+# card size (seen in Chromium, TensorBoard 2.21): the figure is wide and low, 640 x 340 pixels at
+# 100 dpi, with 12-point text, which stays about 10 pixels high there, and at most MAX_TOKEN_LABELS
+# output steps named (every k-th beyond that) so the labels never overlap.
+FIGURE_INCHES = (6.4, 3.4)
+FONT_SIZE = 12
+MAX_TOKEN_LABELS = 10
+
+
 def alignment_figure(
     features: np.ndarray, weights: np.ndarray, frame_seconds: float, title: str = "", tokens: list[str] | None = None
 ):
@@ -26,24 +35,29 @@ def alignment_figure(
 
     ``frame_seconds`` is the feature frame shift; the attention's ``T'`` encoder
     frames span the same audio (``T / T'`` feature frames each). ``tokens``, when
-    given, label the output steps.
+    given, label the output steps (at most :data:`MAX_TOKEN_LABELS` of them, evenly spaced).
     """
     features = np.asarray(features, dtype=np.float32)
     weights = np.asarray(weights, dtype=np.float32)
     duration = features.shape[0] * frame_seconds
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, height_ratios=[1, 1.4])
-    librosa.display.specshow(
-        features.T, x_axis="time", sr=1.0 / frame_seconds, hop_length=1, ax=top, cmap="magma"
-    )
-    top.set(ylabel="feature", title=title)
-    encoder_seconds = duration / max(weights.shape[1], 1)
-    librosa.display.specshow(
-        weights, x_axis="time", sr=1.0 / encoder_seconds, hop_length=1, ax=bottom, cmap="viridis", vmin=0.0
-    )
-    bottom.set(ylabel="output step")
-    if tokens is not None and len(tokens) == weights.shape[0]:
-        bottom.set_yticks(np.arange(len(tokens)) + 0.5, labels=tokens, fontsize=6)
-    figure.tight_layout()
+    with plt.rc_context({"font.size": FONT_SIZE}):
+        figure, (top, bottom) = plt.subplots(2, 1, figsize=FIGURE_INCHES, sharex=True, height_ratios=[1, 2.4])
+        librosa.display.specshow(
+            features.T, x_axis="time", sr=1.0 / frame_seconds, hop_length=1, ax=top, cmap="magma"
+        )
+        top.set(ylabel="feature", xlabel="")
+        top.set_title(title, fontsize=FONT_SIZE)
+        encoder_seconds = duration / max(weights.shape[1], 1)
+        librosa.display.specshow(
+            weights, x_axis="time", sr=1.0 / encoder_seconds, hop_length=1, ax=bottom, cmap="viridis", vmin=0.0
+        )
+        bottom.set(ylabel="output token", xlabel="seconds")
+        if tokens is not None and len(tokens) == weights.shape[0]:
+            shown = np.arange(0, len(tokens), -(-len(tokens) // MAX_TOKEN_LABELS))
+            # a space token would be an empty label: it is drawn as the open box
+            bottom.set_yticks(shown + 0.5, labels=[tokens[i] if tokens[i].strip() else "\u2423" for i in shown])
+            bottom.tick_params(axis="y", labelsize=FONT_SIZE - 1)
+        figure.tight_layout()
     return figure
 
 

@@ -393,7 +393,8 @@ class Trainer:
         progress.seconds = before + time.time() - started
         figures = []
         if self.writer is not None and metrics:
-            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device)
+            when = f"after epoch {epoch}" if epochs_done == epoch else f"step {progress.step} (in epoch {epoch})"
+            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device, when=when)
         self.log.validation(epoch, progress, metrics, figures, epochs_done)
         self.last_metrics = metrics
 

@@ -16,6 +16,12 @@ ALIGNMENT_UTTERANCES = 3  # dev utterances whose attention is drawn at every val
 ALIGNMENT_PREFIX = "alignment_"
 
 
+def alignment_title(utt_id: str, when: str | None) -> str:
+    """The title of a picture of an utterance's attention: what it is (teacher-forced on the
+    transcript, not what decoding does) and when (``"after epoch 3"``)."""
+    return f"{utt_id}: teacher-forced attention" + (f", {when}" if when else "")
+
+
 def alignment_file_name(utt_id: str) -> str:
     """``alignment_<utterance id>.png``, with characters other than letters, digits, ``-``, ``_``
     and ``.`` replaced by ``_``: the trainer's picture of that dev utterance's attention."""
@@ -116,9 +122,11 @@ def _decode_rows(model, output, batch, rows: list[int], tokenizer, options: Deco
 
 
 @torch.no_grad()
-def alignment_figures(model, dataset: SpeechDataset, tokenizer, device: torch.device, count: int = ALIGNMENT_UTTERANCES):
+def alignment_figures(model, dataset: SpeechDataset, tokenizer, device: torch.device, count: int = ALIGNMENT_UTTERANCES,
+                      when: str | None = None):
     """``(utterance id, figure)`` of the attention of the first ``count`` readable dev utterances
-    (teacher-forced on their transcripts), for models whose output carries attention weights."""
+    (teacher-forced on their transcripts), for models whose output carries attention weights; each
+    titled with the utterance, "teacher-forced" and ``when`` (``"after epoch 3"``) when given."""
     items = [item for item in (dataset[i] for i in range(min(count, len(dataset)))) if "skip" not in item]
     if not items:
         return []
@@ -139,6 +147,7 @@ def alignment_figures(model, dataset: SpeechDataset, tokenizer, device: torch.de
         reduction = batch.features.size(1) / output.attention_weights.size(-1)
         weights = weights[:, : max(1, round(frames / reduction))]
         labels = [tokenizer.decode([t]) or "?" for t in batch.tokens[row, : length - 1].tolist()] + ["<eos>"]
-        figure = alignment_figure(batch.features[row, :frames].cpu().numpy(), weights, frame_seconds, utt_id, labels)
+        figure = alignment_figure(batch.features[row, :frames].cpu().numpy(), weights, frame_seconds,
+                                  alignment_title(utt_id, when), labels)
         figures.append((utt_id, figure))
     return figures
