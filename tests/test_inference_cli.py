@@ -125,6 +125,7 @@ def test_recogniser_is_rebuilt_from_the_checkpoint_alone(untrained, librivox_min
         assert torch.equal(tensor, state["model"][name]), name
 
 
+@pytest.mark.slow  # decodes with a model; the quick tier stays under a minute
 def test_a_long_recording_is_decoded_as_its_pieces_cut_at_pauses(untrained, librivox_mini, caplog):
     recogniser = load_recogniser(untrained)
     utterances = sorted(read_subset(librivox_mini), key=lambda u: u.duration)
@@ -153,6 +154,7 @@ def test_a_long_recording_is_decoded_as_its_pieces_cut_at_pauses(untrained, libr
     assert batched.scores[0] == pytest.approx(found.scores[0], rel=1e-4)
 
 
+@pytest.mark.slow  # decodes with a model; the quick tier stays under a minute
 def test_by_default_recordings_longer_than_the_training_utterances_are_cut(untrained, librivox_mini, tmp_path):
     """Recordings longer than the checkpoint's longest training utterance are cut, in pieces of at most its
     mean one; one written before these were recorded falls back to its recipe's data.max_duration for both;
@@ -195,6 +197,7 @@ def test_transcribe_says_when_it_cuts_a_recording(untrained, librivox_mini, caps
     assert "pieces" not in caplog.text
 
 
+@pytest.mark.slow  # decodes with a model; the quick tier stays under a minute
 def test_evaluate_cuts_long_recordings_says_so_and_scores_the_joined_pieces(untrained, librivox_mini, tmp_path, caplog):
     out = tmp_path / "eval"
     args = ["--checkpoint", str(untrained), "--data", str(librivox_mini), "--out", str(out), "--segment-seconds", "3"]
@@ -278,6 +281,7 @@ def _model_beside(untrained: Path, folder: Path, *names: str) -> list[Path]:
     return [folder / name for name in names]
 
 
+@pytest.mark.slow  # decodes with a model; the quick tier stays under a minute
 def test_evaluations_with_other_settings_or_checkpoints_keep_each_others_results(untrained, librivox_mini, tmp_path, capsys):
     last, averaged = _model_beside(untrained, tmp_path / "exp", "last.pt", "avg_last5.pt")
     data = ["--data", str(librivox_mini)]
@@ -302,6 +306,7 @@ def test_evaluations_with_other_settings_or_checkpoints_keep_each_others_results
     assert sorted(p.name for p in (tmp_path / "exp").iterdir()) == sorted(["avg_last5.pt", "last.pt", *runs])
 
 
+@pytest.mark.slow  # decodes with a model; the quick tier stays under a minute
 def test_a_default_folder_holding_another_evaluation_is_refused_naming_it(untrained, librivox_mini, tmp_path, capsys):
     (last,) = _model_beside(untrained, tmp_path / "exp", "last.pt")
     # Two data folders with one name: one default folder, two evaluations.

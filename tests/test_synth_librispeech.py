@@ -46,6 +46,7 @@ def test_sentences_are_cut_at_punctuation_and_normalised():
     assert quoted == [books.Sentence("thy sons' wives, quoth he.", "THY SONS' WIVES QUOTH HE")]
 
 
+@pytest.mark.slow  # reads both books whole; the quick tier stays under a minute
 def test_the_public_domain_text_is_large_and_in_the_toolkits_form():
     documents = books.documents()
     names = [d.name for d in documents]
