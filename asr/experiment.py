@@ -38,7 +38,7 @@ class TrainConfig:
     # Post-norm Transformers need warmup; see docs/normalization.md.
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
     # Everything else that moves over the updates, by target: ctc_weight, label_smoothing,
-    # sampling_probability, attention_prior, spec_augment, max_duration (asr.training.schedules),
+    # sampling_probability, attention_prior, listener_layers, spec_augment, max_duration (asr.training.schedules),
     # each {points: [[update, value], ...], interpolation: hold | linear}
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
@@ -55,8 +55,8 @@ class TrainConfig:
     max_oom_batches_in_a_row: int = 3   # batches in a row skipped for CUDA out of memory before the run stops
     # Decoding for the per-validation WER and CER: beam size (1 and no CTC weight = greedy), the CTC
     # prefix score's weight (beam 1 with it is greedy with CTC's help), and the step limit per encoder
-    # frame. A greedy attention decode that loops until the limit reads as 150% WER where the same model
-    # decoded with CTC reads 59% (docs/usage.md, "My LAS does not converge").
+    # frame. A greedy attention decode of an unaligned model loops until the limit and reads far worse than
+    # the same model decoded with CTC (docs/usage.md, "My LAS does not converge").
     valid_beam_size: int = 1
     valid_ctc_weight: float = 0.0
     valid_max_len_ratio: float = 1.0
