@@ -133,14 +133,6 @@ class PiecewiseSchedule(Schedule):
         return self.values[index] + share * (self.values[index + 1] - self.values[index])
 
 
-class ConstantSchedule(Schedule):
-    def __init__(self, value: float):
-        self._value = float(value)
-
-    def value(self, step: int) -> float:
-        return self._value
-
-
 class LearningRateSchedule(Schedule):
     """``train.lr`` times the factor of ``train.scheduler`` (:func:`asr.schedulers.lr_factor`).
 
