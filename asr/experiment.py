@@ -28,6 +28,8 @@ class TrainConfig:
 
     max_epochs: int = 20                # epochs to train (numbered from 1 in logs and checkpoint names)
     max_steps: int | None = None        # stop after this many optimizer steps (None: run all epochs)
+    max_minutes: float | None = None    # stop at the first update after this many minutes of training and validation
+                                        # (a resumed run's earlier time counts; pauses between resumes do not)
     seed: int = 0                       # weight initialisation and every random draw of training
     device: str = "auto"                # auto = cuda when available, else cpu
     optimizer: Literal["adam", "adamw"] = "adam"  # adamw decouples weight_decay from the gradient
@@ -65,6 +67,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.curriculum_epochs < 0:
             raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes must be positive or null, got {self.max_minutes}")
         if self.valid_max_utterances is not None and self.valid_max_utterances < 1:
             raise ValueError(f"valid_max_utterances must be >= 1 or null, got {self.valid_max_utterances}")
         if not 0.0 <= self.valid_ctc_weight <= 1.0:

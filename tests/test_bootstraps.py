@@ -109,3 +109,16 @@ def test_a_dev_set_that_cannot_be_read_stops_the_run_with_its_epoch_saved(tmp_pa
     args = [a if not a.startswith("data.dev=") else f"data.dev=[{mended}]" for a in args]
     assert main([*args, "--resume"]) == 0
     assert load_checkpoint(tmp_path / "exp" / "last.pt")["training"]["progress"]["epoch"] == 2
+
+
+def test_a_time_budget_ends_the_run_after_the_first_update_past_it_and_a_resume_trains_no_more(tmp_path):
+    # train.max_minutes: the proof's "at most 90 minutes of wall time", and a CTC-only model given the same
+    args = tiny_run(tmp_path, "train.max_epochs=3", "train.max_minutes=0.000001")
+    assert main(args) == 0
+    exp = tmp_path / "exp"
+    progress = load_checkpoint(exp / "last.pt")["training"]["progress"]
+    assert progress["step"] == 1 and progress["epoch"] == 0  # stopped inside the first epoch
+    assert "train.max_minutes=1e-06" in (exp / "train.log").read_text()
+    assert len(read_scalars(exp)["valid/loss"]) == 1  # validated where it stopped
+    assert main([*args, "--resume"]) == 0
+    assert load_checkpoint(exp / "last.pt")["training"]["progress"]["step"] == 1

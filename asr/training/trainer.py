@@ -21,8 +21,8 @@ pipeline, so any of them can be used for inference. ``asr.train`` holds ``train.
 (:mod:`asr.training.runlock`).
 
 ``last.pt`` is written when an epoch's batches are done, before its validation, so a validation that
-fails loses no training: ``--resume`` validates that epoch again. A run that ``train.max_steps`` stops
-inside an epoch is validated there too, at its last step (logged, not ranked: the epoch is not done),
+fails loses no training: ``--resume`` validates that epoch again. A run that ``train.max_steps`` or
+``train.max_minutes`` stops inside an epoch is validated there too, at its last step (logged, not ranked: the epoch is not done),
 so its curves end where it did. The run ends with a summary (:func:`asr.training.reporting.end_summary`).
 A run refused (:func:`refusal`) writes nothing into its folder. A stop signal ends the loop at the
 next step boundary with ``last.pt`` written (:mod:`asr.training.signals`); a batch that runs out of
@@ -99,6 +99,7 @@ class Trainer:
         self.progress = Progress()
         self.last_metrics: dict[str, float] = {}  # of the latest validation, for the run's summary
         self._planned = 0  # batches planned for the epoch in progress
+        self._ended_by: str | None = None  # the limit (train.max_steps or train.max_minutes) that ended the run
         self.stop_signals = StopSignals()  # installed while fit() runs
         resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
@@ -181,15 +182,15 @@ class Trainer:
         why = f"train.max_epochs={self.train_cfg.max_epochs}"
         try:
             with self.stop_signals:
-                while self.progress.epoch < self.train_cfg.max_epochs and not self._reached_max_steps():
+                while self.progress.epoch < self.train_cfg.max_epochs and not self._limit_reached():
                     self._stop_if_asked()
                     if self._train_epoch():
                         why = f"early stopping: train.early_stopping_patience={self.train_cfg.early_stopping_patience}"
                         break
         finally:
             self.log.close()
-        if self._reached_max_steps():
-            why = f"train.max_steps={self.train_cfg.max_steps}"
+        if self._ended_by is not None:
+            why = self._ended_by
         ran = runtime.ran(since=self._runtime_before)
         self.runtime.update(ran)
         runtime.log(logger, ran)
@@ -229,8 +230,20 @@ class Trainer:
         logger.warning(message)
         raise TrainingStopped(message)
 
-    def _reached_max_steps(self) -> bool:
-        return self.train_cfg.max_steps is not None and self.progress.step >= self.train_cfg.max_steps
+    def _limit_reached(self) -> bool:
+        """Whether train.max_steps or train.max_minutes ends the run here; once it has, it stays ended.
+        Every rank agrees (one any rank out of time stops them all after the same update)."""
+        cfg = self.train_cfg
+        if self._ended_by is None and cfg.max_steps is not None and self.progress.step >= cfg.max_steps:
+            self._ended_by = f"train.max_steps={cfg.max_steps}"
+        if self._ended_by is None and cfg.max_minutes is not None:
+            started, before = self._clock
+            out = before + time.time() - started >= cfg.max_minutes * 60
+            if self.dist.enabled:
+                out = not all_agree(not out, self.device)
+            if out:
+                self._ended_by = f"train.max_minutes={cfg.max_minutes:g}"
+        return self._ended_by is not None
 
     def _loader(self, batches, dataset, epoch: int):
         return make_loader(batches, dataset, self.config.data.num_workers, self.config.data.seed + epoch,
@@ -286,12 +299,12 @@ class Trainer:
                           epoch + progress.batch_in_epoch / planned)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
-            if self._reached_max_steps():
+            if self._limit_reached():
                 break
         bar.close()
         self._save_last()  # the epoch's training is kept before its validation runs
         validation = self.validate()
-        if self._reached_max_steps() and progress.batch_in_epoch < planned:
+        if self._ended_by is not None and progress.batch_in_epoch < planned:
             # stopped inside the epoch: validated where it stopped, for the curves and the summary; the
             # epoch is not done, so it is neither ranked nor checkpointed as one (last.pt has the weights)
             self._report(number, validation, self._epochs_done())
