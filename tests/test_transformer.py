@@ -46,7 +46,7 @@ def test_config_keys_are_validated_with_dotted_names():
     with pytest.raises(ConfigError, match="model.decoder.layer_norm"):
         from_dict(TransformerConfig, {"decoder": {"layer_norm": "sandwich"}}, "model")
     with pytest.raises(ConfigError, match="model.norm_type"):
-        from_dict(TransformerConfig, {"norm_type": "rmsnorm"}, "model")
+        from_dict(TransformerConfig, {"norm_type": "groupnorm"}, "model")
     with pytest.raises(ConfigError, match="heads"):
         from_dict(TransformerConfig, {"d_model": 30, "heads": 4}, "model")
     with pytest.raises(ConfigError, match=r"model: ctc_weight must be in \[0, 1\)"):

@@ -14,13 +14,8 @@ normalised. Which LN-LSTM cell that is, is ``lnlstm_variant``: ``ba2016``
 (the default), ``tf_contrib`` or ``raw_gates``
 (:mod:`asr.models.lnlstm.variants`), the same in the listener and the speller.
 
-Loss normalisation. Both terms are **per target token**: the summed
-label-smoothed cross-entropy over all target tokens (``<eos>`` included, padding
-excluded) and the summed CTC negative log-likelihood over the utterances are
-each divided by the batch's number of target tokens incl. ``<eos>``
-(``ModelOutput.num_tokens``). The two terms are therefore on one scale, the
-weight means what it says, and ``loss * num_tokens`` adds up across batches.
-``loss = (1 - ctc_weight) * attention_loss + ctc_weight * ctc_loss``.
+The loss is the joint CTC-attention loss every model shares, both terms per target token
+(:mod:`asr.models.joint`): ``loss = (1 - ctc_weight) * attention_loss + ctc_weight * ctc_loss``.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from asr.models.attention import AttentionConfig
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
 from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
+from asr.models.joint import attention_loss, check_special_ids, ctc_only_output, joint_output
 from asr.models.listener import Listener, ListenerConfig
 from asr.models import overrides
 from asr.models.lnlstm import VARIANTS
@@ -108,12 +104,7 @@ class LAS(nn.Module):
         self, config: LASConfig, input_dim: int, vocab_size: int, pad_id: int = 0, sos_id: int = 1, eos_id: int = 2
     ) -> None:
         super().__init__()
-        ids = {"pad_id": pad_id, "sos_id": sos_id, "eos_id": eos_id}
-        bad = [f"{name}={value}" for name, value in ids.items() if not 0 <= value < vocab_size]
-        if bad:
-            raise ValueError(f"special ids {', '.join(bad)} out of range for vocab_size {vocab_size}")
-        if len(set(ids.values())) != 3:
-            raise ValueError(f"pad_id, sos_id and eos_id must differ, got {ids}")
+        check_special_ids(vocab_size, pad_id, sos_id, eos_id)
         self.config = config
         self.pad_id, self.sos_id, self.eos_id = pad_id, sos_id, eos_id
         self.vocab_size = vocab_size
@@ -170,28 +161,11 @@ class LAS(nn.Module):
         encoder = self.encode(features, feature_lengths)
         token_lengths = token_lengths.to(tokens.device)
         if self.ctc_only:
-            num_tokens = int((token_lengths + 1).sum())
-            ctc_loss = self.ctc.loss(encoder.ctc_log_probs, encoder.lengths, tokens, token_lengths) / max(num_tokens, 1)
-            return ModelOutput(ctc_loss, None, ctc_loss, num_tokens, None, encoder)
+            return ctc_only_output(tokens, token_lengths, encoder, self.ctc)
         decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
         log_probs, weights = self.speller(decoder_input, encoder.out, encoder.mask, target_lengths=token_lengths + 1)
-        attention_loss, num_tokens = self._attention_loss(log_probs, target, token_lengths, self.label_smoothing)
-        if self.ctc is None:
-            return ModelOutput(attention_loss, attention_loss, None, num_tokens, weights, encoder)
-        ctc_loss = self.ctc.loss(encoder.ctc_log_probs, encoder.lengths, tokens, token_lengths) / max(num_tokens, 1)
-        loss = (1.0 - self.ctc_weight) * attention_loss + self.ctc_weight * ctc_loss
-        return ModelOutput(loss, attention_loss, ctc_loss, num_tokens, weights, encoder)
-
-    @staticmethod
-    def _attention_loss(log_probs, target, token_lengths, label_smoothing: float) -> tuple[torch.Tensor, int]:
-        """Label-smoothed cross-entropy per target token (``<eos>`` included), and the token count."""
-        valid = lengths_to_mask(token_lengths + 1, target.size(1))
-        num_tokens = int(valid.sum())
-        nll = -log_probs.gather(2, target.unsqueeze(-1)).squeeze(-1)
-        # Label smoothing as in torch's cross_entropy: (1 - e) * NLL + e * mean over V of -log p.
-        smooth = -log_probs.mean(-1)
-        per_token = (1.0 - label_smoothing) * nll + label_smoothing * smooth
-        return per_token.masked_fill(~valid, 0.0).sum() / max(num_tokens, 1), num_tokens
+        return joint_output(log_probs, target, tokens, token_lengths, encoder, self.ctc, self.ctc_weight,
+                            self.label_smoothing, weights)
 
     def loss_without_context(
         self, encoder: EncoderOutput, tokens: torch.Tensor, token_lengths: torch.Tensor
@@ -202,7 +176,7 @@ class LAS(nn.Module):
         token_lengths = token_lengths.to(tokens.device)
         decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
         log_probs, _ = self.speller(decoder_input, encoder.out, encoder.mask, without_context=True)
-        return self._attention_loss(log_probs, target, token_lengths, 0.0)
+        return attention_loss(log_probs, target, token_lengths, 0.0)
 
     # Settings a schedule may move (asr.training.schedules); the CTC weight only with a CTC head.
 

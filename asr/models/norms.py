@@ -1,8 +1,10 @@
-"""Normalisation layers for the Transformer: LayerNorm, ScaleNorm and FixNorm.
+"""Normalisation layers for the Transformer and the Conformer: LayerNorm, ScaleNorm, RMSNorm and
+FixNorm, and the norms over (B, C, T) of the Conformer's convolution module.
 
-``make_norm(norm_type, dim, eps)`` is the one place a Transformer sublayer
-norm is built, so ``model.norm_type`` switches every norm of both stacks at
-once. FixNorm is different in kind: it normalises the rows of an embedding
+``make_norm(norm_type, dim, eps)`` is the one place a sublayer norm is built, so ``model.norm_type``
+switches every norm of both stacks at once; ``make_conv_norm`` builds the convolution module's
+(``model.encoder.conv_norm``). Those see padding, so each takes the frame mask and leaves padded
+frames out of its statistics: an utterance's output never depends on how its batch was padded. FixNorm is different in kind: it normalises the rows of an embedding
 table, not activations, and is applied by the token embedding (see
 ``asr.models.transformer.TokenEmbedding``).
 
@@ -17,10 +19,12 @@ import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-NormType = Literal["layernorm", "scalenorm"]
-NORM_TYPES = ("layernorm", "scalenorm")
+NormType = Literal["layernorm", "scalenorm", "rmsnorm"]
+NORM_TYPES = ("layernorm", "scalenorm", "rmsnorm")
+CONV_NORMS = ("batchnorm", "layernorm", "groupnorm", "none")
 
 
 class ScaleNorm(nn.Module):
@@ -76,12 +80,117 @@ class FixNorm(nn.Module):
 
 
 def make_norm(norm_type: str, dim: int, eps: float = 1e-5) -> nn.Module:
-    """The sublayer norm named by ``norm_type``: ``"layernorm"`` or ``"scalenorm"``.
+    """The sublayer norm named by ``norm_type``: ``"layernorm"``, ``"scalenorm"`` or ``"rmsnorm"``
+    (Zhang & Sennrich 2019: LayerNorm without the mean subtraction and the bias, torch's ``nn.RMSNorm``).
 
-    Both map (..., dim) -> (..., dim) over the last dimension.
+    Each maps (..., dim) -> (..., dim) over the last dimension.
     """
     if norm_type == "layernorm":
         return nn.LayerNorm(dim, eps=eps)
     if norm_type == "scalenorm":
         return ScaleNorm(dim, eps=eps)
+    if norm_type == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps)
     raise ValueError(f"norm_type must be one of {NORM_TYPES}, got {norm_type!r}")
+
+
+# ---------------------------------------------------------------- norms over (B, C, T) with a frame mask
+
+
+def _synced(total: Tensor) -> Tensor:
+    """``total`` summed over every rank of the process group, differentiably (one all-reduce), or itself
+    outside distributed training. What makes BatchNorm's statistics the whole global batch's under DDP."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        from torch.distributed.nn.functional import all_reduce
+
+        return all_reduce(total)
+    return total
+
+
+class MaskedBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm over (B, C, T) whose batch statistics count the valid frames only.
+
+    ``nn.BatchNorm1d`` averages over every frame of the padded batch, so how much padding a batch has
+    changes every utterance's output in training, and the running statistics learn the padding. Here
+    the mean and variance of each channel are taken over the frames ``mask`` keeps, summed over every
+    rank under distributed training (as ``nn.SyncBatchNorm``), and the running statistics (torch's
+    momentum and unbiased variance) are used at evaluation, as ``nn.BatchNorm1d``'s are. The parameters
+    and buffers are ``nn.BatchNorm1d``'s, so its weights load as they are.
+
+    x: (B, C, T); mask: (B, T) True = valid frame -> (B, C, T). Padded frames are normalised too, with
+    the valid frames' statistics, and nothing valid reads them.
+    """
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
+        if not self.training and self.track_running_stats:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        valid = mask[:, None, :].to(x.dtype)
+        totals = _synced(torch.cat(((x * valid).sum((0, 2)), valid.sum().reshape(1))))
+        count = totals[-1]
+        mean = totals[:-1] / count
+        centred = (x - mean[None, :, None]) * valid
+        variance = _synced((centred * centred).sum((0, 2))) / count
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked += 1
+                momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+                unbiased = variance * (count / (count - 1).clamp(min=1.0))
+                self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
+                self.running_var.lerp_(unbiased.to(self.running_var.dtype), momentum)
+        y = (x - mean[None, :, None]) * torch.rsqrt(variance + self.eps)[None, :, None]
+        if self.affine:
+            y = y * self.weight[None, :, None] + self.bias[None, :, None]
+        return y
+
+
+class MaskedGroupNorm(nn.GroupNorm):
+    """GroupNorm over (B, C, T) per utterance, whose statistics count the valid frames only.
+
+    ``nn.GroupNorm`` would average an utterance's padding in with its frames. With one group (the
+    default, torchaudio's ``use_group_norm``) it normalises each utterance over all its channels and
+    frames: independent of the batch, unlike BatchNorm, and the same in training and evaluation.
+
+    x: (B, C, T); mask: (B, T) True = valid frame -> (B, C, T).
+    """
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
+        batch, channels, frames = x.shape
+        grouped = x.reshape(batch, self.num_groups, channels // self.num_groups, frames)
+        valid = mask[:, None, None, :].to(x.dtype)
+        count = valid.sum((2, 3), keepdim=True) * (channels // self.num_groups)
+        mean = (grouped * valid).sum((2, 3), keepdim=True) / count
+        centred = (grouped - mean) * valid
+        variance = (centred * centred).sum((2, 3), keepdim=True) / count
+        y = ((grouped - mean) * torch.rsqrt(variance + self.eps)).reshape(batch, channels, frames)
+        if self.affine:
+            y = y * self.weight[None, :, None] + self.bias[None, :, None]
+        return y
+
+
+class ChannelLayerNorm(nn.LayerNorm):
+    """LayerNorm over the channels of each frame of (B, C, T) (ESPnet's ``cnn_module_norm: layer_norm``):
+    per frame, so neither the batch nor the padding reaches it. ``mask`` is accepted and unused."""
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+
+
+class NoNorm(nn.Module):
+    """``model.encoder.conv_norm: none``: (B, C, T) passes unchanged."""
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        return x
+
+
+def make_conv_norm(kind: str, channels: int, eps: float = 1e-5, groups: int = 1) -> nn.Module:
+    """The convolution module's norm over (B, C, T) with a frame mask: ``batchnorm``, ``layernorm``
+    (over channels, per frame), ``groupnorm`` (``groups`` groups, per utterance) or ``none``."""
+    if kind == "batchnorm":
+        return MaskedBatchNorm1d(channels, eps=eps)
+    if kind == "layernorm":
+        return ChannelLayerNorm(channels, eps=eps)
+    if kind == "groupnorm":
+        return MaskedGroupNorm(groups, channels, eps=eps)
+    if kind == "none":
+        return NoNorm()
+    raise ValueError(f"conv_norm must be one of {CONV_NORMS}, got {kind!r}")

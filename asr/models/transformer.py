@@ -1,9 +1,15 @@
-"""Transformer encoder-decoder for speech (Vaswani et al. 2017) with a pre/post-norm switch.
+"""The encoder-decoder model for speech (Vaswani et al. 2017) with a pre/post-norm switch, and an
+encoder slot: ``model.encoder.kind`` picks the audio stack, one file each.
 
-Audio path: features (B, T, F) -> convolutional subsampling x4 in time
-(two 3x3 Conv2d with stride 2 and ReLU, as ESPnet's ``Conv2dSubsampling``)
--> times ``sqrt(d_model)`` + sinusoidal positions -> N encoder layers (self-attention, feed-forward).
-Text path: ``<sos> y_1 .. y_n`` -> token embedding (times ``sqrt(d_model)``
+* ``transformer`` (:mod:`asr.models.transformer_encoder`): convolutional subsampling x4 in time
+  (two 3x3 Conv2d with stride 2 and ReLU, as ESPnet's ``Conv2dSubsampling``) -> times
+  ``sqrt(d_model)`` + sinusoidal positions -> N encoder layers (self-attention, feed-forward).
+* ``conformer`` (:mod:`asr.models.conformer`, Gulati et al. 2020): the same subsampling, then
+  Conformer blocks (macaron feed-forwards, relative or absolute positional self-attention, a
+  convolution module, a closing norm), with its own norm keys.
+
+Both feed the same decoder, CTC head and joint loss (:mod:`asr.models.joint`), so features, data,
+training, decoding and studies are shared. Text path: ``<sos> y_1 .. y_n`` -> token embedding (times ``sqrt(d_model)``
 when ``scale_embedding``) + sinusoidal positions -> M decoder layers (masked
 self-attention, cross-attention to the encoder, feed-forward) -> output
 projection (the embedding matrix itself when ``tie_embeddings``).
@@ -24,8 +30,8 @@ attention heads per example, on a schedule the trainer drives through
 
 Every norm is an attribute with a fixed name so placement can be inspected:
 ``layer.self_attn_norm``, ``layer.cross_attn_norm`` (decoder), ``layer.ff_norm``
-and ``stack.final_norm`` (``None`` in post-norm). ``norm_type`` picks LayerNorm
-or ScaleNorm for all of them; ``fixnorm`` l2-normalises the token embedding
+and ``stack.final_norm`` (``None`` in post-norm); the Conformer's are listed in its
+module. ``norm_type`` picks LayerNorm, ScaleNorm or RMSNorm for all of them; ``fixnorm`` l2-normalises the token embedding
 rows (Nguyen & Salazar 2019). docs/normalization.md has the diagrams.
 
 Masks follow the toolkit convention (``asr.models.common``): boolean, True =
@@ -44,21 +50,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.models.blocks import (  # noqa: F401 (Conv2dSubsampling, sinusoidal_positions: also imported from here)
+    Conv2dSubsampling, FeedForward, MultiHeadAttention, ResidualLayer, sinusoidal_positions,
+)
 from asr.models.common import add_sos_eos, lengths_to_mask
+from asr.models.conformer import ConformerEncoder
 from asr.models.ctc import CTCHead
-from asr.models.drophead import DROPHEAD_SCHEDULES, drop_heads, scheduled_rate
+from asr.models.drophead import DROPHEAD_SCHEDULES, scheduled_rate
 from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
-from asr.models.norms import NORM_TYPES, FixNorm, make_norm
+from asr.models.joint import check_special_ids, joint_output
+from asr.models.norms import CONV_NORMS, NORM_TYPES, FixNorm, make_norm
+from asr.models.transformer_encoder import EncoderLayer, TransformerEncoder  # noqa: F401
+
+ENCODERS = {"transformer": TransformerEncoder, "conformer": ConformerEncoder}
 
 LAYER_NORM_PLACEMENTS = ("pre", "post")
+
+
+ENCODER_KINDS = ("transformer", "conformer")
+POSITIONS = ("relative", "absolute")
 
 
 @dataclass
 class EncoderConfig:
     """The audio stack (``model.encoder``)."""
 
+    kind: Literal["transformer", "conformer"] = "transformer"  # the encoder (asr/models/transformer_encoder.py, conformer.py)
     num_layers: int = 12           # ESPnet's LibriSpeech Transformer uses 12 encoder layers
-    ff_dim: int = 2048             # feed-forward inner size, 8 x d_model at the default d_model
+    ff_dim: int = 2048             # feed-forward inner size, 8 x d_model at the default d_model (each macaron half's in a Conformer)
     # "pre" trains without learning-rate warmup and stays stable when deep;
     # "post" is the original paper's placement and needs warmup (docs/normalization.md).
     layer_norm: Literal["pre", "post"] = "pre"
@@ -66,9 +85,34 @@ class EncoderConfig:
     # Peak probability of dropping a self-attention head per example (DropHead, Zhou et al. 2020);
     # the paper's best machine-translation setting is 0.1-0.2. Its schedule: model.drophead_schedule.
     drophead: float = 0.0
+    # The Conformer's own keys (kind: conformer; an error on a Transformer encoder). docs/normalization.md
+    # draws every setting. layer_norm above is its blocks' placement: pre as published, post as Squeezeformer.
+    conv_kernel: int = 31          # the depthwise convolution's frames after the x4 subsampling (Gulati et al., ESPnet: 31)
+    # The convolution module's norm: batchnorm as published; layernorm (per frame over channels) or
+    # groupnorm (per utterance) do not depend on the batch. Padded frames never enter the statistics.
+    conv_norm: Literal["batchnorm", "layernorm", "groupnorm", "none"] = "batchnorm"
+    conv_norm_groups: int = 1      # groups of conv_norm: groupnorm (1: torchaudio's use_group_norm)
+    final_norm: bool = True        # each block's closing norm (as published); a pre-norm stack without it gets one after the last block
+    positions: Literal["relative", "absolute"] = "relative"  # Transformer-XL relative self-attention (as published) or sinusoids added once
 
     def __post_init__(self) -> None:
         _check_stack(self, "encoder")
+        if self.kind not in ENCODER_KINDS:
+            raise ValueError(f"encoder.kind must be one of {ENCODER_KINDS}, got {self.kind!r}")
+        if self.kind == "transformer":
+            defaults = EncoderConfig.__dataclass_fields__
+            for name in ("conv_kernel", "conv_norm", "conv_norm_groups", "final_norm", "positions"):
+                if getattr(self, name) != defaults[name].default:
+                    raise ValueError(f"encoder.{name} is a Conformer key; it needs encoder.kind: conformer")
+            return
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
+            raise ValueError(f"encoder.conv_kernel must be a positive odd number (centred, 'same' length), got {self.conv_kernel}")
+        if self.conv_norm not in CONV_NORMS:
+            raise ValueError(f"encoder.conv_norm must be one of {CONV_NORMS}, got {self.conv_norm!r}")
+        if self.conv_norm_groups < 1:
+            raise ValueError(f"encoder.conv_norm_groups must be >= 1, got {self.conv_norm_groups}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"encoder.positions must be one of {POSITIONS}, got {self.positions!r}")
 
 
 @dataclass
@@ -95,7 +139,7 @@ class TransformerConfig(ModelConfig):
     heads: int = 4                 # 64 dimensions per head at d_model 256, as in the base Transformer
     dropout: float = 0.1           # residual dropout on every sublayer output and on the input sums (Vaswani et al.)
     attention_dropout: float = 0.0 # dropout on attention weights; ESPnet's Transformer recipes leave it off
-    norm_type: Literal["layernorm", "scalenorm"] = "layernorm"  # every sublayer/final norm of both stacks
+    norm_type: Literal["layernorm", "scalenorm", "rmsnorm"] = "layernorm"  # every sublayer/final norm of both stacks
     # l2-normalise the token embedding rows (FixNorm); with tie_embeddings the output
     # projection uses the same normalised rows. Pairs naturally with scalenorm.
     fixnorm: bool = False
@@ -128,6 +172,8 @@ class TransformerConfig(ModelConfig):
             raise ValueError(f"norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
+        if self.encoder.kind == "conformer" and self.d_model % self.encoder.conv_norm_groups:
+            raise ValueError(f"encoder.conv_norm_groups must divide d_model={self.d_model}, got {self.encoder.conv_norm_groups}")
         if self.drophead_schedule not in DROPHEAD_SCHEDULES:
             raise ValueError(f"drophead_schedule must be one of {DROPHEAD_SCHEDULES}, got {self.drophead_schedule!r}")
 
@@ -144,120 +190,7 @@ def _check_stack(config: EncoderConfig | DecoderConfig, name: str) -> None:
             raise ValueError(f"{name}.{regulariser} must be in [0, 1), got {getattr(config, regulariser)}")
 
 
-def sinusoidal_positions(positions: Tensor, dim: int) -> Tensor:
-    """Vaswani et al.'s encodings: (L,) integer positions -> (L, dim) float.
-
-    ``pe[p, 2i] = sin(p / 10000^(2i/dim))``, ``pe[p, 2i+1] = cos(...)``,
-    computed on demand so there is no maximum length and a single decoding
-    step gets exactly the row the full pass uses.
-    """
-    exponents = torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim
-    inv_freq = torch.exp(exponents * -math.log(10000.0))
-    angles = positions.to(torch.float32).unsqueeze(1) * inv_freq  # (L, dim/2)
-    return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(1)
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head scaled dot-product attention on top of SDPA.
-
-    Keys and values are projected by :meth:`project_kv` separately from the
-    attention itself, so callers can cache them: the decoder projects the
-    encoder output once per utterance and appends one step's keys to the
-    self-attention cache per token.
-
-    ``drophead`` is the current DropHead rate (moved along its schedule by
-    :meth:`Transformer.set_regularisation_progress`): in training, whole heads
-    of each example are dropped after attending and before the output
-    projection joins them (:func:`asr.models.drophead.drop_heads`).
-    """
-
-    def __init__(self, d_model: int, heads: int, dropout: float, drophead: float = 0.0) -> None:
-        super().__init__()
-        self.heads = heads
-        self.head_dim = d_model // heads
-        self.dropout = dropout
-        self.drophead = drophead
-        self.query = nn.Linear(d_model, d_model)
-        self.key = nn.Linear(d_model, d_model)
-        self.value = nn.Linear(d_model, d_model)
-        self.out = nn.Linear(d_model, d_model)
-
-    def _split(self, x: Tensor) -> Tensor:
-        """(B, L, D) -> (B, H, L, D/H)."""
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S, D) -> keys, values, each (B, H, S, D/H)."""
-        return self._split(self.key(x)), self._split(self.value(x))
-
-    def forward(self, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-        """x: (B, L, D) queries; keys/values: (B, H, S, D/H); mask broadcastable
-        to (B, H, L, S), True = may attend, or None (attend everywhere).
-        Returns (B, L, D)."""
-        queries = self._split(self.query(x))
-        dropout = self.dropout if self.training else 0.0
-        attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout)
-        if self.training:
-            attended = drop_heads(attended, self.drophead)
-        batch, _, length, _ = attended.shape
-        return self.out(attended.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
-
-
-class FeedForward(nn.Module):
-    """Position-wise ``Linear -> ReLU -> Linear``: (B, L, D) -> (B, L, D)."""
-
-    def __init__(self, d_model: int, ff_dim: int) -> None:
-        super().__init__()
-        self.inner = nn.Linear(d_model, ff_dim)
-        self.outer = nn.Linear(ff_dim, d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.outer(F.relu(self.inner(x)))
-
-
-class _ResidualLayer(nn.Module):
-    """Pre- or post-norm residual wiring shared by encoder and decoder layers.
-
-    A sublayer reads ``self._sublayer_input(x, norm)`` and its result is
-    merged by ``self._residual(x, y, norm)``; that pair is the whole
-    difference between the two placements.
-    """
-
-    def __init__(self, layer_norm: str, dropout: float) -> None:
-        super().__init__()
-        self.pre_norm = layer_norm == "pre"
-        self.residual_dropout = nn.Dropout(dropout)
-
-    def _sublayer_input(self, x: Tensor, norm: nn.Module) -> Tensor:
-        return norm(x) if self.pre_norm else x
-
-    def _residual(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
-        y = self.residual_dropout(y)
-        return x + y if self.pre_norm else norm(x + y)
-
-
-class EncoderLayer(_ResidualLayer):
-    """Self-attention then feed-forward, each with a residual and a norm."""
-
-    def __init__(self, config: TransformerConfig, stack: EncoderConfig) -> None:
-        super().__init__(stack.layer_norm, config.dropout)
-        d_model = config.d_model
-        self.self_attn_norm = make_norm(config.norm_type, d_model, config.eps)
-        self.self_attn = MultiHeadAttention(d_model, config.heads, config.attention_dropout, stack.drophead)
-        self.ff_norm = make_norm(config.norm_type, d_model, config.eps)
-        self.feed_forward = FeedForward(d_model, stack.ff_dim)
-
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x: (B, T, D); mask: (B, 1, 1, T) True = valid key frame. Returns (B, T, D)."""
-        h = self._sublayer_input(x, self.self_attn_norm)
-        keys, values = self.self_attn.project_kv(h)
-        x = self._residual(x, self.self_attn(h, keys, values, mask), self.self_attn_norm)
-        h = self._sublayer_input(x, self.ff_norm)
-        return self._residual(x, self.feed_forward(h), self.ff_norm)
-
-
-class DecoderLayer(_ResidualLayer):
+class DecoderLayer(ResidualLayer):
     """Masked self-attention, cross-attention to the encoder, feed-forward."""
 
     def __init__(self, config: TransformerConfig, stack: DecoderConfig) -> None:
@@ -294,105 +227,6 @@ class DecoderLayer(_ResidualLayer):
         x = self._residual(x, self.cross_attn(h, *memory_kv, memory_mask), self.cross_attn_norm)
         h = self._sublayer_input(x, self.ff_norm)
         return self._residual(x, self.feed_forward(h), self.ff_norm), (keys, values)
-
-
-class Conv2dSubsampling(nn.Module):
-    """x4 time reduction: (B, T, F) -> (B, T', D), ``T' = ((T - 1) // 2 - 1) // 2``.
-
-    Two 3x3 convolutions with stride 2 and no padding (ESPnet's
-    ``Conv2dSubsampling``), then a linear map of channels x remaining
-    frequency bins to ``d_model``. Without padding, output frame t sees input
-    frames 4t .. 4t+6 only, so the valid outputs of an utterance never read
-    its padding: the lengths above are exact.
-    """
-
-    MIN_FRAMES = 7  # the fewest input frames that give one output frame
-
-    def __init__(self, input_dim: int, d_model: int) -> None:
-        super().__init__()
-        if input_dim < self.MIN_FRAMES:
-            raise ValueError(
-                f"the Transformer's convolutional front-end needs feature dimension >= {self.MIN_FRAMES}, "
-                f"got {input_dim}"
-            )
-        self.conv = nn.Sequential(
-            nn.Conv2d(1, d_model, kernel_size=3, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(d_model, d_model, kernel_size=3, stride=2),
-            nn.ReLU(),
-        )
-        self.proj = nn.Linear(d_model * self.output_lengths(input_dim), d_model)
-
-    @staticmethod
-    def output_lengths(lengths):
-        """Frames (int or (B,) tensor) after both convolutions."""
-        return ((lengths - 1) // 2 - 1) // 2
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.conv(x.unsqueeze(1))  # (B, C, T', F')
-        batch, channels, frames, freqs = x.shape
-        return self.proj(x.transpose(1, 2).reshape(batch, frames, channels * freqs))
-
-
-class TransformerEncoder(nn.Module):
-    """Subsampling, positions and the encoder layers: (B, T, F) -> (B, T', D)."""
-
-    def __init__(self, config: TransformerConfig, input_dim: int) -> None:
-        super().__init__()
-        stack = config.encoder
-        self.input_dim = input_dim
-        self.d_model = config.d_model
-        self.layerdrop = stack.layerdrop
-        self.subsampling = Conv2dSubsampling(input_dim, config.d_model)
-        self.input_scale = math.sqrt(config.d_model)
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(config, stack) for _ in range(stack.num_layers))
-        # Pre-norm leaves the residual stream unnormalised; this norm gives the
-        # decoder's cross-attention (and the CTC head) normalised input.
-        self.final_norm = make_norm(config.norm_type, config.d_model, config.eps) if stack.layer_norm == "pre" else None
-
-    def front_end(self, features: Tensor) -> Tensor:
-        """(B, T, F) -> (B, T', D): subsampling, times sqrt(d_model), plus positions, dropout.
-
-        The sqrt(d_model) scale is ESPnet's (its ``PositionalEncoding.xscale``):
-        at initialisation the subsampling output of mean-variance normalised
-        features is about 0.1 per coordinate against the positions' 0.7, and
-        the scale puts content and positions on comparable footing, like
-        ``scale_embedding`` does for tokens (docs/normalization.md, section 3).
-        """
-        x = self.subsampling(features) * self.input_scale
-        positions = sinusoidal_positions(torch.arange(x.shape[1], device=x.device), self.d_model)
-        return self.dropout(x + positions.to(x.dtype))
-
-    def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """features: (B, T, F), lengths: (B,). Returns out (B, T', D), mask
-        (B, T') True = valid, lengths (B,)."""
-        if features.dim() != 3 or features.shape[-1] != self.input_dim:
-            raise ValueError(f"expected features (B, T, {self.input_dim}), got {tuple(features.shape)}")
-        lengths = lengths.to(features.device)
-        too_short = lengths < Conv2dSubsampling.MIN_FRAMES
-        if too_short.any():
-            rows = too_short.nonzero().flatten().tolist()
-            raise ValueError(
-                f"utterances too short for the Transformer's x4 convolutional subsampling: it needs at least "
-                f"{Conv2dSubsampling.MIN_FRAMES} feature frames, got lengths {lengths[too_short].tolist()} "
-                f"(batch rows {rows})"
-            )
-        if int(lengths.max()) > features.shape[1]:
-            raise ValueError(f"feature lengths {lengths.tolist()} exceed the padded length {features.shape[1]}")
-        x = self.front_end(features)
-        out_lengths = Conv2dSubsampling.output_lengths(lengths)
-        mask = lengths_to_mask(out_lengths, x.shape[1])
-        # Keys at padded frames are masked; padded query rows compute garbage
-        # that no valid frame ever reads.
-        attn_mask = mask[:, None, None, :]
-        for layer in self.layers:
-            if self.training and self.layerdrop > 0 and torch.rand(()) < self.layerdrop:
-                continue
-            x = layer(x, attn_mask)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, mask, out_lengths
 
 
 class TokenEmbedding(nn.Module):
@@ -511,15 +345,11 @@ class Transformer(nn.Module):
         eos_id: int = 2,
     ) -> None:
         super().__init__()
-        for name, value in (("pad_id", pad_id), ("sos_id", sos_id), ("eos_id", eos_id)):
-            if not 0 <= value < vocab_size:
-                raise ValueError(f"{name}={value} is outside the vocabulary of size {vocab_size}")
-        if len({pad_id, sos_id, eos_id}) != 3:
-            raise ValueError(f"pad_id, sos_id and eos_id must differ, got {pad_id}, {sos_id}, {eos_id}")
+        check_special_ids(vocab_size, pad_id, sos_id, eos_id)
         self.config = config
         self.vocab_size = vocab_size
         self.pad_id, self.sos_id, self.eos_id = pad_id, sos_id, eos_id
-        self.encoder = TransformerEncoder(config, input_dim)
+        self.encoder = ENCODERS[config.encoder.kind](config, input_dim)
         self.decoder = TransformerDecoder(config, vocab_size)
         self.ctc = CTCHead(config.d_model, vocab_size, blank_id=pad_id) if config.ctc_weight > 0 else None
         self.ctc_weight = config.ctc_weight            # a schedule may move these (asr.training.schedules)
@@ -601,34 +431,15 @@ class Transformer(nn.Module):
     def forward(self, features: Tensor, feature_lengths: Tensor, tokens: Tensor, token_lengths: Tensor) -> ModelOutput:
         """Loss of one batch; see ``asr.models.interface`` for the shapes.
 
-        Both loss terms are sums over the batch divided by ``num_tokens``
-        (target tokens incl. ``<eos>``), so they are per-token and batches of
-        different sizes add up correctly.
+        The joint CTC-attention loss every model shares (:mod:`asr.models.joint`), both terms per
+        target token (``<eos>`` included), so batches of different sizes add up correctly.
         """
         encoder = self.encode(features, feature_lengths)
         token_lengths = token_lengths.to(tokens.device)
         decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
         log_probs = self.decoder_log_probs(encoder, decoder_input, token_lengths + 1)  # <sos> + tokens
-        num_tokens = int((token_lengths + 1).sum())
-        attention_loss = (
-            F.cross_entropy(  # on log-probs: log_softmax is idempotent
-                log_probs.reshape(-1, log_probs.shape[-1]),
-                target.reshape(-1),
-                ignore_index=self.pad_id,
-                label_smoothing=self.label_smoothing,
-                reduction="sum",
-            )
-            / num_tokens
-        )
-        ctc_loss = None
-        loss = attention_loss
-        if encoder.ctc_log_probs is not None:
-            # An utterance whose targets cannot fit its frames adds 0, not inf (zero_infinity).
-            ctc_loss = self.ctc.loss(encoder.ctc_log_probs.float(), encoder.lengths, tokens, token_lengths) / num_tokens
-            weight = self.ctc_weight
-            loss = (1.0 - weight) * attention_loss + weight * ctc_loss
-        return ModelOutput(loss=loss, attention_loss=attention_loss, ctc_loss=ctc_loss, num_tokens=num_tokens,
-                           encoder=encoder)
+        return joint_output(log_probs, target, tokens, token_lengths, encoder, self.ctc, self.ctc_weight,
+                            self.label_smoothing)
 
     # Step-wise decoding (asr.decoding): the state is a dict of per-layer lists
     # of (N, H, S, D/H) tensors. Self-attention keys/values grow by one

@@ -1,0 +1,207 @@
+"""The Conformer encoder (Gulati et al. 2020), ``model.encoder.kind: conformer``, with every norm in
+it switchable.
+
+Audio path: features (B, T, F) -> the x4 convolutional subsampling (:class:`~asr.models.blocks.Conv2dSubsampling`,
+as ESPnet's) -> times ``sqrt(d_model)`` -> positions -> N Conformer blocks -> (B, T', D). A block is
+the macaron sandwich: half a feed-forward, self-attention, the convolution module, half a
+feed-forward, then a LayerNorm. With ``model.encoder.layer_norm: pre`` (as published)::
+
+    x = x + 1/2 FF1(Norm(x))
+    x = x + MHSA(Norm(x))
+    x = x + Conv(Norm(x))
+    x = x + 1/2 FF2(Norm(x))
+    x = FinalNorm(x)                       (model.encoder.final_norm)
+
+and with ``post`` every ``x + f(Norm(x))`` becomes ``Norm(x + f(x))`` (Squeezeformer's placement).
+The convolution module is ``pointwise conv (D -> 2D), GLU, depthwise conv (model.encoder.conv_kernel),
+ConvNorm (model.encoder.conv_norm: batchnorm | layernorm | groupnorm | none), Swish, pointwise conv``.
+``model.norm_type`` (layernorm | scalenorm | rmsnorm) is every norm but ConvNorm. A pre-norm stack whose
+blocks end without their final norm gets one norm after the last block (as the Transformer's pre-norm
+stack), so the decoder and the CTC head read normalised states either way. docs/normalization.md
+draws each setting.
+
+Padding never reaches a valid frame: the subsampling's valid outputs read no padded input, attention
+masks padded keys, the convolution module zeroes padded frames before its depthwise convolution, and
+ConvNorm leaves them out of its statistics (:mod:`asr.models.norms`). So an utterance's output does not
+depend on its batch's padding, BatchNorm's training mode included.
+
+Positions (``model.encoder.positions``): ``relative`` (the published model, and ESPnet's
+``rel_pos``/``rel_selfattn`` of ``rel_pos_type: latest``): Transformer-XL attention (Dai et al. 2019)
+over sinusoidal embeddings of the relative distance, with the learned biases ``u`` and ``v``;
+``absolute``: sinusoidal positions added once after the subsampling, as the Transformer encoder.
+
+How it differs from ``torchaudio.models.Conformer`` (tests/test_conformer.py checks the rest with
+copied weights): torchaudio has no subsampling and no positions (its attention is plain), and its
+convolution module and BatchNorm/GroupNorm read padded frames, so its outputs depend on the padding.
+ESPnet's pre-norm Conformer adds one more LayerNorm after the last block, on top of each block's own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from asr.models.blocks import Conv2dSubsampling, FeedForward, MultiHeadAttention, checked_lengths, sinusoidal_positions
+from asr.models.common import lengths_to_mask
+from asr.models.drophead import drop_heads
+from asr.models.norms import make_conv_norm, make_norm
+
+if TYPE_CHECKING:
+    from asr.models.transformer import EncoderConfig, TransformerConfig
+
+
+def relative_positions(frames: int, dim: int, device: torch.device) -> Tensor:
+    """(2T - 1, D) sinusoidal embeddings of the relative distances ``T - 1, T - 2, .., -(T - 1)``."""
+    return sinusoidal_positions(torch.arange(frames - 1, -frames, -1, device=device), dim)
+
+
+class RelativeMultiHeadAttention(MultiHeadAttention):
+    """Self-attention with Transformer-XL relative positions (Dai et al. 2019), as the Conformer uses it.
+
+    The score of query frame ``i`` for key frame ``j`` is
+    ``((q_i + u) . k_j + (q_i + v) . W_pos r_{i-j}) / sqrt(D/H)``, ``r`` the sinusoidal embedding of
+    the distance ``i - j`` and ``u``, ``v`` learned per head (ESPnet's ``pos_bias_u``/``pos_bias_v``).
+    The position term goes into SDPA as an additive bias, so masking, dropout and DropHead are
+    :class:`MultiHeadAttention`'s.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float, drophead: float = 0.0) -> None:
+        super().__init__(d_model, heads, dropout, drophead)
+        self.position = nn.Linear(d_model, d_model, bias=False)
+        self.bias_u = nn.Parameter(torch.empty(heads, self.head_dim))
+        self.bias_v = nn.Parameter(torch.empty(heads, self.head_dim))
+        nn.init.xavier_uniform_(self.bias_u)
+        nn.init.xavier_uniform_(self.bias_v)
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
+        """x: (B, T, D); positions: (2T - 1, D) from :func:`relative_positions`; mask: (B, 1, 1, T)
+        True = valid key. Returns (B, T, D)."""
+        batch, frames, _ = x.shape
+        queries = self.query(x).view(batch, frames, self.heads, self.head_dim)
+        keys, values = self.project_kv(x)
+        embedded = self.position(positions).view(-1, self.heads, self.head_dim).transpose(0, 1)  # (H, 2T-1, D/H)
+        with_v = (queries + self.bias_v).transpose(1, 2)  # (B, H, T, D/H)
+        by_distance = with_v @ embedded.transpose(-2, -1)  # (B, H, T, 2T-1): column k is distance T-1-k
+        # Row i, column j reads distance i - j, at column T - 1 - i + j.
+        index = frames - 1 - torch.arange(frames, device=x.device)[:, None] + torch.arange(frames, device=x.device)
+        bias = by_distance.gather(-1, index.expand(batch, self.heads, frames, frames)) / math.sqrt(self.head_dim)
+        bias = bias.masked_fill(~mask, float("-inf"))
+        dropout = self.dropout if self.training else 0.0
+        with_u = (queries + self.bias_u).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(with_u, keys, values, attn_mask=bias.to(with_u.dtype), dropout_p=dropout)
+        if self.training:
+            attended = drop_heads(attended, self.drophead)
+        return self.out(attended.transpose(1, 2).reshape(batch, frames, self.heads * self.head_dim))
+
+
+class ConvolutionModule(nn.Module):
+    """Pointwise conv (D -> 2D), GLU, depthwise conv, ConvNorm, Swish, pointwise conv: (B, T, D) -> (B, T, D).
+
+    Padded frames are zeroed before the depthwise convolution, so a valid frame near the end of an
+    utterance reads zeros there whatever the batch padded it with (the published model's "same"
+    padding), and ConvNorm takes its statistics from valid frames only.
+    """
+
+    def __init__(self, d_model: int, kernel: int, norm: str, groups: int = 1, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.pointwise_in = nn.Conv1d(d_model, 2 * d_model, kernel_size=1)
+        self.depthwise = nn.Conv1d(d_model, d_model, kernel, padding=kernel // 2, groups=d_model)
+        self.norm = make_conv_norm(norm, d_model, eps=eps, groups=groups)
+        self.pointwise_out = nn.Conv1d(d_model, d_model, kernel_size=1)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x: (B, T, D); mask: (B, T) True = valid frame."""
+        x = F.glu(self.pointwise_in(x.transpose(1, 2)), dim=1)  # (B, D, T)
+        x = x.masked_fill(~mask[:, None, :], 0.0)
+        x = F.silu(self.norm(self.depthwise(x), mask))
+        return self.pointwise_out(x).transpose(1, 2)
+
+
+class ConformerBlock(nn.Module):
+    """One macaron block; the module docstring gives its two placements."""
+
+    def __init__(self, config: TransformerConfig, stack: EncoderConfig) -> None:
+        super().__init__()
+        d_model, norm = config.d_model, config.norm_type
+        self.pre_norm = stack.layer_norm == "pre"
+        self.ff1_norm = make_norm(norm, d_model, config.eps)
+        self.ff1 = FeedForward(d_model, stack.ff_dim, activation="swish", dropout=config.dropout)
+        self.self_attn_norm = make_norm(norm, d_model, config.eps)
+        attention = RelativeMultiHeadAttention if stack.positions == "relative" else MultiHeadAttention
+        self.self_attn = attention(d_model, config.heads, config.attention_dropout, stack.drophead)
+        self.conv_module_norm = make_norm(norm, d_model, config.eps)
+        self.conv_module = ConvolutionModule(d_model, stack.conv_kernel, stack.conv_norm, stack.conv_norm_groups, config.eps)
+        self.ff2_norm = make_norm(norm, d_model, config.eps)
+        self.ff2 = FeedForward(d_model, stack.ff_dim, activation="swish", dropout=config.dropout)
+        self.final_norm = make_norm(norm, d_model, config.eps) if stack.final_norm else None
+        self.residual_dropout = nn.Dropout(config.dropout)
+
+    def _sublayer(self, x: Tensor, norm: nn.Module, run, scale: float = 1.0) -> Tensor:
+        if self.pre_norm:
+            return x + scale * self.residual_dropout(run(norm(x)))
+        return norm(x + scale * self.residual_dropout(run(x)))
+
+    def forward(self, x: Tensor, mask: Tensor, positions: Tensor | None) -> Tensor:
+        """x: (B, T, D); mask: (B, T) True = valid frame; positions: (2T - 1, D) relative embeddings,
+        or None with absolute positions. Returns (B, T, D)."""
+        key_mask = mask[:, None, None, :]
+        if positions is None:
+            def attend(h: Tensor) -> Tensor:
+                return self.self_attn(h, *self.self_attn.project_kv(h), key_mask)
+        else:
+            def attend(h: Tensor) -> Tensor:
+                return self.self_attn(h, positions, key_mask)
+        x = self._sublayer(x, self.ff1_norm, self.ff1, 0.5)
+        x = self._sublayer(x, self.self_attn_norm, attend)
+        x = self._sublayer(x, self.conv_module_norm, lambda h: self.conv_module(h, mask))
+        x = self._sublayer(x, self.ff2_norm, self.ff2, 0.5)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class ConformerEncoder(nn.Module):
+    """Subsampling, positions and the Conformer blocks: (B, T, F) -> (B, T', D), as
+    :class:`~asr.models.transformer_encoder.TransformerEncoder` (same inputs, outputs and LayerDrop)."""
+
+    def __init__(self, config: TransformerConfig, input_dim: int) -> None:
+        super().__init__()
+        stack = config.encoder
+        self.input_dim = input_dim
+        self.d_model = config.d_model
+        self.layerdrop = stack.layerdrop
+        self.relative = stack.positions == "relative"
+        self.subsampling = Conv2dSubsampling(input_dim, config.d_model)
+        self.input_scale = math.sqrt(config.d_model)  # ESPnet's xscale, for both kinds of positions
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(ConformerBlock(config, stack) for _ in range(stack.num_layers))
+        closing = stack.layer_norm == "pre" and not stack.final_norm
+        self.final_norm = make_norm(config.norm_type, config.d_model, config.eps) if closing else None
+
+    def front_end(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(B, T, F) -> (B, T', D) and the relative position embeddings (2T' - 1, D) (None with absolute
+        positions, which are added here): subsampling, times sqrt(d_model), dropout on both."""
+        x = self.subsampling(features) * self.input_scale
+        if self.relative:
+            positions = relative_positions(x.shape[1], self.d_model, x.device).to(x.dtype)
+            return self.dropout(x), self.dropout(positions)
+        positions = sinusoidal_positions(torch.arange(x.shape[1], device=x.device), self.d_model)
+        return self.dropout(x + positions.to(x.dtype)), None
+
+    def blocks(self, x: Tensor, mask: Tensor, positions: Tensor | None) -> Tensor:
+        """The block stack and the closing norm: (B, T', D) -> (B, T', D)."""
+        for layer in self.layers:
+            if self.training and self.layerdrop > 0 and torch.rand(()) < self.layerdrop:
+                continue
+            x = layer(x, mask, positions)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """features: (B, T, F), lengths: (B,). Returns out (B, T', D), mask (B, T') True = valid, lengths (B,)."""
+        lengths = checked_lengths(features, lengths, self.input_dim, "Conformer")
+        x, positions = self.front_end(features)
+        out_lengths = Conv2dSubsampling.output_lengths(lengths)
+        mask = lengths_to_mask(out_lengths, x.shape[1])
+        return self.blocks(x, mask, positions), mask, out_lengths
