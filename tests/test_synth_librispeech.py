@@ -178,6 +178,25 @@ def test_the_tiny_corpus_is_read_back_by_the_librispeech_reader(tiny, tmp_path):
     assert not (tiny / ".synth_partial").exists()
 
 
+@pytest.mark.slow  # trains
+@pytest.mark.parametrize("recipe, small", [
+    ("rehearsal_las.yaml", ["model.listener.hidden_size=16", "model.attention.dim=16", "model.speller.hidden_size=16",
+                            "model.speller.embedding_dim=16"]),
+    ("librispeech100_conformer.yaml", ["model.d_model=32", "model.encoder.num_layers=2", "model.decoder.num_layers=1",
+                                       "model.encoder.ff_dim=64", "model.decoder.ff_dim=64", "train.amp=false"]),
+])
+def test_the_rehearsal_recipes_train_a_few_steps_on_the_rehearsal_corpus(tiny, tmp_path, recipe, small):
+    from asr.checkpointing import load_checkpoint
+    from asr.cli.train import main as train
+
+    exp = tmp_path / "exp"
+    args = [str(PROJECT_ROOT / "recipes" / recipe), f"data.root={tiny}", f"exp_dir={exp}", "data.bpe_vocab_size=60",
+            "data.num_workers=0", "train.max_steps=3", "data.max_frames_per_batch=3000", "train.valid_max_utterances=2",
+            *small]
+    assert train(args) == 0
+    assert load_checkpoint(exp / "last.pt")["training"]["progress"]["step"] == 3
+
+
 @pytest.mark.slow  # starts synthesiser processes
 def test_audio_durations_follow_the_planned_words_per_second(tiny):
     """The words-per-second calibration (ESPEAK_WORDS_PER_SECOND_PER_WPM, ...) against the synthesisers."""

@@ -355,7 +355,7 @@ def test_distributed_training_with_gloo_on_two_processes(tmp_path):
     assert log.count("training finished") == 1  # rank 0 logs, rank 1 does not write the file
 
 
-@pytest.mark.parametrize("recipe", ["librispeech100.yaml", "librispeech100_transformer.yaml"])
+@pytest.mark.parametrize("recipe", ["librispeech100.yaml", "librispeech100_transformer.yaml", "librispeech100_conformer.yaml"])
 def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, librivox_mini):
     small = {
         "librispeech100.yaml": [
@@ -364,6 +364,10 @@ def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, 
             "train.scheduler.warmup_steps=1",  # the recipe's cosine schedule needs more updates than its warmup
         ],
         "librispeech100_transformer.yaml": [
+            "model.d_model=32", "model.encoder.num_layers=2", "model.decoder.num_layers=1",
+            "model.encoder.ff_dim=64", "model.decoder.ff_dim=64",
+        ],
+        "librispeech100_conformer.yaml": [
             "model.d_model=32", "model.encoder.num_layers=2", "model.decoder.num_layers=1",
             "model.encoder.ff_dim=64", "model.decoder.ff_dim=64",
         ],
