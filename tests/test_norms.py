@@ -57,6 +57,13 @@ def test_make_norm_builds_the_named_norm():
     assert isinstance(layer_norm, nn.LayerNorm) and layer_norm.eps == 1e-6 and layer_norm.normalized_shape == (12,)
     scale_norm = make_norm("scalenorm", 12, eps=1e-6)
     assert isinstance(scale_norm, ScaleNorm) and scale_norm.eps == 1e-6
+    rms_norm = make_norm("rmsnorm", 12, eps=1e-6)
+    assert isinstance(rms_norm, nn.RMSNorm) and rms_norm.eps == 1e-6
+    x = torch.randn(3, 12)
+    with torch.no_grad():
+        rms_norm.weight.normal_()
+    # RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * g, no centring, no bias
+    torch.testing.assert_close(rms_norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * rms_norm.weight)
     with pytest.raises(ValueError, match="norm_type.*'batchnorm'"):
         make_norm("batchnorm", 12)
 

@@ -57,8 +57,9 @@ from asr.training.step import TrainingStep, describe
 
 logger = logging.getLogger("asr.adapt")
 
-# The layers whose parameters "norms" adapts (FixNorm has none).
-NORM_LAYERS = (torch.nn.LayerNorm, ScaleNorm)
+# The layers whose parameters "norms" adapts (FixNorm and conv_norm: none have none): LayerNorm (the
+# Conformer's per-frame conv_norm among them), ScaleNorm, RMSNorm, and the Conformer's BatchNorm and GroupNorm.
+NORM_LAYERS = (torch.nn.LayerNorm, ScaleNorm, torch.nn.RMSNorm, torch.nn.BatchNorm1d, torch.nn.GroupNorm)
 
 
 @dataclass(frozen=True)
