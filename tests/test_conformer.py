@@ -344,3 +344,56 @@ def test_the_conformer_model_trains_and_decodes_with_the_transformers_decoder_an
         beam = decode(model, x, lengths, DecodingOptions(beam_size=3, ctc_weight=0.3, max_len_ratio=1.0))
     targets = [tokens[0].tolist(), tokens[1, :3].tolist(), tokens[2, :2].tolist()]
     assert greedy == targets and beam == targets  # three memorised utterances read back
+
+
+# ---------------------------------------------------------------- the training/evaluation gap of BatchNorm
+
+
+def test_batch_statistics_gives_training_modes_batchnorm_and_moves_no_running_statistic():
+    import copy
+
+    from asr.models.norms import batch_statistics
+
+    model = encoder().train()
+    x, lengths = features_and_lengths()
+    model(x, lengths)  # running statistics off their initial values
+    model.eval()
+    before = copy.deepcopy(model.state_dict())
+    trained = copy.deepcopy(model).train()(x, lengths)[0]  # dropout is 0: only the norms differ
+    with batch_statistics(model) as count:
+        inside = model(x, lengths)[0]
+    assert count == LAYERS
+    torch.testing.assert_close(inside, trained)
+    assert not model.training and not any(m.training for m in model.modules())
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize("conv_norm", ["batchnorm", "layernorm"])
+def test_the_batchnorm_gap_metric_measures_encoders_with_batchnorm_only(conv_norm):
+    from asr.training.metrics import BatchNormGap, ValidBatch, metrics_for
+
+    torch.manual_seed(0)
+    model = Transformer(config(conv_norm=conv_norm), FEATURES, vocab_size=12)
+    names = [m.name for m in metrics_for(model)]
+    assert ("valid_batchnorm_gap" in names) == (conv_norm == "batchnorm")
+    if conv_norm != "batchnorm":
+        return
+    x, lengths = features_and_lengths()
+    tokens, token_lengths = torch.randint(3, 12, (3, 4)), torch.tensor([4, 3, 2])
+    for _ in range(2):
+        model.train()(x, lengths, tokens, token_lengths)
+    model.eval()
+
+    class Batch:
+        features, feature_lengths = x, lengths
+
+    gap = BatchNormGap()
+    gap.add(ValidBatch(Batch, model, model(x, lengths, tokens, token_lengths), None, [], [], None))
+    trained = Transformer(config(conv_norm=conv_norm), FEATURES, vocab_size=12)
+    trained.load_state_dict(model.state_dict())
+    train_out, mask, _ = trained.encoder.train()(x, lengths)
+    eval_out, _, _ = model.encoder(x, lengths)
+    valid = mask.unsqueeze(-1)
+    expected = float(((train_out - eval_out) * valid).norm() / (eval_out * valid).norm())
+    assert gap.result() == pytest.approx(expected, rel=1e-4) and gap.result() > 0.01

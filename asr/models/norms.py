@@ -16,7 +16,8 @@ documented in ``docs/normalization.md``.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from contextlib import contextmanager
+from typing import Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -194,3 +195,22 @@ def make_conv_norm(kind: str, channels: int, eps: float = 1e-5, groups: int = 1)
     if kind == "none":
         return NoNorm()
     raise ValueError(f"conv_norm must be one of {CONV_NORMS}, got {kind!r}")
+
+
+@contextmanager
+def batch_statistics(model: nn.Module) -> Iterator[int]:
+    """Inside: every :class:`MaskedBatchNorm1d` of ``model`` normalises with the batch's own statistics,
+    as in training, while every other module keeps its mode (dropout stays off in an evaluated model)
+    and no running statistic moves. Yields how many such norms there are. What training-mode BatchNorm
+    would make of the same batch, beside what evaluation makes of it (``valid_batchnorm_gap``)."""
+    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d)]
+    saved = [(m.training, m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
+             for m in norms if m.track_running_stats]
+    for norm in norms:
+        norm.train()
+    try:
+        yield len(norms)
+    finally:
+        for norm, (training, mean, var, count) in zip(norms, saved):
+            norm.train(training)
+            norm.running_mean.copy_(mean), norm.running_var.copy_(var), norm.num_batches_tracked.copy_(count)

@@ -25,6 +25,10 @@ name                           better  what it says
 ``valid_attention_at_end``     lower   the share of output steps (``<eos>`` excluded) whose most
                                        attended frame lies in the last 5% of the audio: attention
                                        collapsed onto the end
+``valid_batchnorm_gap``        lower   for encoders with BatchNorm (the Conformer's ``conv_norm``): how far
+                                       the encoder output with each dev batch's own statistics (training
+                                       mode) lies from the output with the running ones (evaluation),
+                                       ``||train - eval|| / ||eval||`` over the valid frames
 =============================  ======  ===============================================================
 
 A metric that is a share (WER, CER, ``valid_attention_at_end``) says so with ``percent = True``: it is
@@ -306,3 +310,32 @@ class AttentionAtEnd(_Attention):
 
     def result(self) -> float | None:
         return float(sum(self.values) / self.steps) if self.steps else None
+
+
+@register
+class BatchNormGap(ValidationMetric):
+    name = "valid_batchnorm_gap"
+
+    @staticmethod
+    def applies(model) -> bool:
+        from asr.models.norms import MaskedBatchNorm1d
+
+        return any(isinstance(m, MaskedBatchNorm1d) for m in model.modules())
+
+    def __init__(self) -> None:
+        self.difference, self.reference = 0.0, 0.0
+
+    def add(self, view: ValidBatch) -> None:
+        from asr.models.norms import batch_statistics
+
+        evaluated, batch = view.output.encoder, view.batch
+        if evaluated is None:
+            return
+        with batch_statistics(view.model):
+            trained = view.model.encode(batch.features, batch.feature_lengths)
+        valid = evaluated.mask.unsqueeze(-1)
+        self.difference += float(((trained.out - evaluated.out) * valid).float().pow(2).sum())
+        self.reference += float((evaluated.out * valid).float().pow(2).sum())
+
+    def result(self) -> float | None:
+        return math.sqrt(self.difference / self.reference) if self.reference > 0 else None
