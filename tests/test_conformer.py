@@ -389,7 +389,8 @@ def test_the_batchnorm_gap_metric_measures_encoders_with_batchnorm_only(conv_nor
         features, feature_lengths = x, lengths
 
     gap = BatchNormGap()
-    gap.add(ValidBatch(Batch, model, model(x, lengths, tokens, token_lengths), None, [], [], None))
+    with torch.no_grad():  # as validation runs
+        gap.add(ValidBatch(Batch, model, model(x, lengths, tokens, token_lengths), None, [], [], None))
     trained = Transformer(config(conv_norm=conv_norm), FEATURES, vocab_size=12)
     trained.load_state_dict(model.state_dict())
     train_out, mask, _ = trained.encoder.train()(x, lengths)
