@@ -355,6 +355,33 @@ def test_distributed_training_with_gloo_on_two_processes(tmp_path):
     assert log.count("training finished") == 1  # rank 0 logs, rank 1 does not write the file
 
 
+def test_a_conformer_with_batchnorm_trains_and_validates_under_ddp(tmp_path):
+    # The convolution module's BatchNorm sums its statistics over the ranks in training
+    # (asr/models/norms.py, tests/test_conformer.py); rank 0's validation, valid_batchnorm_gap's
+    # training-mode pass included, must join no collective (it hung until 2026-11-25).
+    from helpers import tiny_transformer_run
+
+    exp = tmp_path / "exp"
+    args = tiny_transformer_run(tmp_path, "model.encoder.kind=conformer", "model.encoder.conv_kernel=5",
+                                "train.max_epochs=1", "train.device=cpu")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29519",
+               "-m", "asr.train", *args]
+    process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the ranks too: a hung collective keeps them spinning
+        process.communicate()
+        raise
+    assert process.returncode == 0, stderr[-3000:]
+    state = load_checkpoint(exp / "last.pt")
+    assert state["training"]["progress"]["step"] > 0
+    running = [v for k, v in state["model"].items() if k.endswith("conv_module.norm.running_var")]
+    assert running and all(not torch.allclose(v, torch.ones_like(v)) for v in running)
+    assert "valid/batchnorm_gap" in read_scalars(exp)
+
+
 @pytest.mark.parametrize("recipe", ["librispeech100.yaml", "librispeech100_transformer.yaml", "librispeech100_conformer.yaml"])
 def test_librispeech_recipes_start_on_librispeech_layout_data(tmp_path, recipe, librivox_mini):
     small = {

@@ -116,21 +116,25 @@ class MaskedBatchNorm1d(nn.BatchNorm1d):
     the mean and variance of each channel are taken over the frames ``mask`` keeps, summed over every
     rank under distributed training (as ``nn.SyncBatchNorm``), and the running statistics (torch's
     momentum and unbiased variance) are used at evaluation, as ``nn.BatchNorm1d``'s are. The parameters
-    and buffers are ``nn.BatchNorm1d``'s, so its weights load as they are.
+    and buffers are ``nn.BatchNorm1d``'s, so its weights load as they are. ``synchronise`` False keeps the
+    statistics to this rank's batch (:func:`batch_statistics` does, as only rank 0 validates).
 
     x: (B, C, T); mask: (B, T) True = valid frame -> (B, C, T). Padded frames are normalised too, with
     the valid frames' statistics, and nothing valid reads them.
     """
 
+    synchronise = True
+
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
         if not self.training and self.track_running_stats:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        synced = _synced if self.synchronise else (lambda total: total)
         valid = mask[:, None, :].to(x.dtype)
-        totals = _synced(torch.cat(((x * valid).sum((0, 2)), valid.sum().reshape(1))))
+        totals = synced(torch.cat(((x * valid).sum((0, 2)), valid.sum().reshape(1))))
         count = totals[-1]
         mean = totals[:-1] / count
         centred = (x - mean[None, :, None]) * valid
-        variance = _synced((centred * centred).sum((0, 2))) / count
+        variance = synced((centred * centred).sum((0, 2))) / count
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
@@ -202,15 +206,19 @@ def batch_statistics(model: nn.Module) -> Iterator[int]:
     """Inside: every :class:`MaskedBatchNorm1d` of ``model`` normalises with the batch's own statistics,
     as in training, while every other module keeps its mode (dropout stays off in an evaluated model)
     and no running statistic moves. Yields how many such norms there are. What training-mode BatchNorm
-    would make of the same batch, beside what evaluation makes of it (``valid_batchnorm_gap``)."""
-    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d)]
-    saved = [(m.training, m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
-             for m in norms if m.track_running_stats]
+    would make of the same batch, beside what evaluation makes of it (``valid_batchnorm_gap``). The
+    statistics are this process's batch's alone, never summed over ranks: under DDP only rank 0 validates,
+    and a collective the other ranks never join would wait for ever."""
+    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d) and m.track_running_stats]
+    saved = [(m.training, m.synchronise, m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
+             for m in norms]
     for norm in norms:
         norm.train()
+        norm.synchronise = False
     try:
         yield len(norms)
     finally:
-        for norm, (training, mean, var, count) in zip(norms, saved):
+        for norm, (training, synchronise, mean, var, count) in zip(norms, saved):
             norm.train(training)
+            norm.synchronise = synchronise
             norm.running_mean.copy_(mean), norm.running_var.copy_(var), norm.num_batches_tracked.copy_(count)
