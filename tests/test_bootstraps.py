@@ -27,7 +27,7 @@ BOOTSTRAPS = [
     "train.valid_max_len_ratio=0.5",
     "model.attention.scaling=2.0",
     "features.spec_augment.enabled=true",
-    "train.schedules={ctc_weight: {points: [[0, 0.6], [4, 0.3]]}, "
+    "train.schedules={ctc_weight: {points: [[0, 1.0], [1, 0.6], [4, 0.3]]}, "
     "label_smoothing: {points: [[0, 0.0], [4, 0.1]]}, "
     "sampling_probability: {points: [[0, 0.0], [3, 0.2]], interpolation: linear}, "
     "attention_prior: {points: [[0, 2.0], [5, 0.0]], interpolation: linear}, "
@@ -43,7 +43,8 @@ def test_every_bootstrap_and_diagnostic_on_a_tiny_run(tmp_path):
     scalars = read_scalars(exp)
     values = {tag: {step: value for _, step, value in rows} for tag, rows in scalars.items()}
     # each update logs the values it was made with
-    assert values["train/ctc_weight"][1] == pytest.approx(0.6) and values["train/ctc_weight"][5] == pytest.approx(0.3)
+    assert values["train/ctc_weight"][1] == 1.0  # update 1: the listener alone (a CTC-only phase)
+    assert values["train/ctc_weight"][2] == pytest.approx(0.6) and values["train/ctc_weight"][5] == pytest.approx(0.3)
     assert values["train/label_smoothing"][4] == 0.0 and values["train/label_smoothing"][5] == pytest.approx(0.1)
     assert values["train/sampling_probability"][3] == pytest.approx(0.2 * 2 / 3)
     assert values["train/attention_prior"][1] == pytest.approx(2.0) and values["train/attention_prior"][6] == 0.0

@@ -50,8 +50,11 @@ def test_malformed_points_are_refused_naming_the_key(points, message):
 
 
 def test_a_value_out_of_range_or_an_unknown_target_is_refused_from_the_recipe():
-    with pytest.raises(ConfigError, match=r"train.schedules.ctc_weight: value 1.0 at update 5.0 is outside \[0.0, 1.0\)"):
+    with pytest.raises(ConfigError, match=r"train.schedules.ctc_weight: value 1.5 at update 5.0 is outside \[0.0, 1.0\]"):
+        load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_weight: {points: [[0, 0.5], [5, 1.5]]}}"])
+    with pytest.raises(ConfigError, match=r"train.schedules.ctc_weight: the last value is 1.0: .* must end below it"):
         load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_weight: {points: [[0, 0.5], [5, 1.0]]}}"])
+    load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_weight: {points: [[0, 1.0], [5, 0.5]]}}"])  # a CTC-only phase
     with pytest.raises(ConfigError, match="train.schedules.ctc_wieght: no such schedule target"):
         load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_wieght: {points: [[0, 0.5]]}}"])
 
@@ -183,3 +186,32 @@ def test_the_recipes_schedules_load_and_are_recorded_with_the_run_config():
     assert again.train.schedules == config.train.schedules
     prior = PiecewiseSchedule(config.train.schedules["attention_prior"])
     assert prior.value(0) == 1.0 and prior.value(10**6) == 0.0 and 0.0 < prior.value(550) < 1.0
+
+
+@pytest.mark.parametrize("kind", ["las", "transformer"])
+def test_a_ctc_weight_of_one_rests_the_decoder_and_decodes_by_ctc_until_the_schedule_lowers_it(kind):
+    from helpers import las_batch, make_transformer, small_las_config, transformer_batch
+
+    from asr.decoding import DecodingOptions, ctc_best_path, search
+    from asr.models.las import LAS
+
+    torch.manual_seed(0)
+    if kind == "las":
+        model, batch = LAS(small_las_config(ctc_weight=0.5), input_dim=6, vocab_size=10), las_batch()
+        decoder = model.speller
+    else:
+        model, batch = make_transformer(ctc_weight=0.5), transformer_batch([40, 31, 22], [5, 3, 1])
+        decoder = model.decoder
+    assert "ctc_weight" in model.scheduled() and not model.ctc_only
+    model.set_scheduled("ctc_weight", 1.0)
+    assert model.ctc_only
+    output = model(*batch)
+    assert output.attention_loss is None and output.loss is output.ctc_loss
+    output.loss.backward()
+    assert all(p.grad is None for p in decoder.parameters())  # never run
+    model.eval()
+    with torch.no_grad():
+        encoder = model.encode(batch[0], batch[1])
+        assert search(model, encoder, DecodingOptions(beam_size=3)) == ctc_best_path(encoder, model.pad_id)
+    model.set_scheduled("ctc_weight", 0.5)
+    assert not model.ctc_only and model(*batch).attention_loss is not None

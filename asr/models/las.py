@@ -138,8 +138,10 @@ class LAS(nn.Module):
 
     @property
     def ctc_only(self) -> bool:
-        """``ctc_weight: 1.0``: the speller is never run, and decoding takes the CTC head's best path."""
-        return self.config.ctc_weight == 1.0
+        """The CTC weight is 1.0, in the recipe (``model.ctc_weight: 1.0``: a CTC-only model) or for now (a
+        ``train.schedules.ctc_weight`` phase that trains the listener alone): the speller is not run, and
+        decoding takes the CTC head's best path."""
+        return self.ctc is not None and self.ctc_weight >= 1.0
 
     def encode(self, features: torch.Tensor, feature_lengths: torch.Tensor) -> EncoderOutput:
         """features (B, T, D), feature_lengths (B,) -> :class:`EncoderOutput` with
@@ -185,13 +187,13 @@ class LAS(nn.Module):
                    "sampling_probability": self.config.speller.sampling_probability,
                    "attention_prior": 0.0,
                    "listener_layers": float(self.config.listener.num_layers)}
-        if self.ctc is not None and not self.ctc_only:
+        if self.ctc is not None and self.config.ctc_weight < 1.0:
             offered["ctc_weight"] = self.config.ctc_weight
         return offered
 
     def set_scheduled(self, name: str, value: float) -> None:
-        if name == "ctc_weight" and self.ctc is not None and not self.ctc_only:
-            self.ctc_weight = value
+        if name == "ctc_weight" and self.ctc is not None and self.config.ctc_weight < 1.0:
+            self.ctc_weight = value  # 1.0: the speller rests (ctc_only) until the schedule lowers it
         elif name == "label_smoothing":
             self.label_smoothing = value
         elif name == "sampling_probability":

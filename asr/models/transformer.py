@@ -58,7 +58,7 @@ from asr.models.conformer import ConformerEncoder
 from asr.models.ctc import CTCHead
 from asr.models.drophead import DROPHEAD_SCHEDULES, scheduled_rate
 from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
-from asr.models.joint import check_special_ids, joint_output
+from asr.models.joint import check_special_ids, ctc_only_output, joint_output
 from asr.models.norms import CONV_NORMS, NORM_TYPES, FixNorm, make_norm
 from asr.models.transformer_encoder import EncoderLayer, TransformerEncoder  # noqa: F401
 
@@ -359,6 +359,12 @@ class Transformer(nn.Module):
     def has_ctc(self) -> bool:
         return self.ctc is not None
 
+    @property
+    def ctc_only(self) -> bool:
+        """A ``train.schedules.ctc_weight`` phase at 1.0 trains the encoder and its CTC head alone: the
+        decoder is not run, and decoding takes the CTC head's best path until the schedule lowers it."""
+        return self.ctc is not None and self.ctc_weight >= 1.0
+
     def scheduled(self) -> dict[str, float]:
         offered = {"label_smoothing": self.config.label_smoothing}
         if self.ctc is not None:
@@ -436,6 +442,8 @@ class Transformer(nn.Module):
         """
         encoder = self.encode(features, feature_lengths)
         token_lengths = token_lengths.to(tokens.device)
+        if self.ctc_only:
+            return ctc_only_output(tokens, token_lengths, encoder, self.ctc)
         decoder_input, target = add_sos_eos(tokens, token_lengths, self.sos_id, self.eos_id, self.pad_id)
         log_probs = self.decoder_log_probs(encoder, decoder_input, token_lengths + 1)  # <sos> + tokens
         return joint_output(log_probs, target, tokens, token_lengths, encoder, self.ctc, self.ctc_weight,

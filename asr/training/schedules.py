@@ -65,7 +65,7 @@ TARGETS = MODEL_TARGETS + DATA_TARGETS
 
 # The values a target may take: (low, high, whether high itself is allowed).
 _RANGES = {
-    "ctc_weight": (0.0, 1.0, False),
+    "ctc_weight": (0.0, 1.0, True),  # 1.0: a CTC-only phase (the decoder idle); the last value must be below
     "label_smoothing": (0.0, 1.0, False),
     "sampling_probability": (0.0, 1.0, True),
     "attention_prior": (0.0, math.inf, False),
@@ -203,6 +203,11 @@ def check_schedule_values(name: str, config: ScheduleConfig) -> None:
             raise ConfigError(
                 f"train.schedules.{name}: value {value} at update {update} is outside [{low}, {high}{bracket}"
             )
+    if name == "ctc_weight" and config.points[-1][1] >= 1.0:
+        raise ConfigError(
+            f"train.schedules.ctc_weight: the last value is {config.points[-1][1]}: a weight of 1.0 leaves the "
+            "attention decoder idle (a CTC-only phase), so the schedule must end below it"
+        )
 
 
 @dataclass
