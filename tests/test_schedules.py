@@ -181,11 +181,17 @@ def test_the_recipes_schedules_load_and_are_recorded_with_the_run_config():
     from asr.experiment import experiment_config_from_dict, experiment_config_to_dict
 
     config = load_experiment_config(LAS_RECIPE.parent / "rehearsal_las.yaml")
-    assert set(config.train.schedules) == {"max_duration", "attention_prior", "spec_augment", "label_smoothing"}
+    assert set(config.train.schedules) == {"ctc_weight", "max_duration", "attention_prior", "spec_augment", "label_smoothing"}
     again = experiment_config_from_dict(experiment_config_to_dict(config))
     assert again.train.schedules == config.train.schedules
     prior = PiecewiseSchedule(config.train.schedules["attention_prior"])
-    assert prior.value(0) == 1.0 and prior.value(10**6) == 0.0 and 0.0 < prior.value(550) < 1.0
+    ctc = PiecewiseSchedule(config.train.schedules["ctc_weight"])
+    assert ctc.value(0) == 1.0 and ctc.value(10**6) == config.model.ctc_weight < 1.0
+    # the prior holds while the CTC-only phase rests the speller, and fades once the speller trains
+    lifted = min(step for step, _ in config.train.schedules["ctc_weight"].points if ctc.value(step) < 1.0)
+    faded = config.train.schedules["attention_prior"].points[-1][0]
+    assert prior.value(0) == prior.value(lifted) == 1.0 and prior.value(faded) == 0.0
+    assert 0.0 < prior.value((lifted + faded) // 2 + 100) < 1.0
 
 
 @pytest.mark.parametrize("kind", ["las", "transformer"])
