@@ -1,6 +1,6 @@
 """Building blocks the encoder-decoder model's encoders and decoder share: sinusoidal positions,
-multi-head attention on SDPA, the position-wise feed-forward, the pre/post-norm residual wiring and
-the x4 convolutional subsampling front (:mod:`asr.models.transformer`, :mod:`asr.models.transformer_encoder`,
+multi-head attention on SDPA, the position-wise feed-forward, the pre/post-norm residual wiring, the
+x4 convolutional subsampling front and the encoder frame around a stack of layers (:mod:`asr.models.transformer`, :mod:`asr.models.transformer_encoder`,
 :mod:`asr.models.conformer`).
 
 Masks follow the toolkit convention (``asr.models.common``): boolean, True = may attend / valid.
@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.models.common import lengths_to_mask
 from asr.models.drophead import drop_heads
+from asr.models.norms import make_norm
 
 ACTIVATIONS = {"relu": F.relu, "swish": F.silu}
 
@@ -175,3 +177,60 @@ def checked_lengths(features: Tensor, lengths: Tensor, input_dim: int, encoder: 
     if int(lengths.max()) > features.shape[1]:
         raise ValueError(f"feature lengths {lengths.tolist()} exceed the padded length {features.shape[1]}")
     return lengths
+
+
+class SubsampledEncoder(nn.Module):
+    """What every encoder kind shares: (B, T, F) features -> (B, T', D) through the x4 subsampling,
+    times ``sqrt(d_model)``, a stack of layers with LayerDrop, and an optional closing norm.
+
+    A kind supplies its layers and two methods: ``embed(features)`` gives the stack's input and what
+    each layer reads besides it (positions, or None), and ``blocks(x, mask, extra)`` runs the stack
+    (through :meth:`stack`). The sqrt(d_model) scale is ESPnet's (its ``PositionalEncoding.xscale``):
+    at initialisation the subsampling output of mean-variance normalised features is about 0.1 per
+    coordinate against the positions' 0.7, and the scale puts content and positions on comparable
+    footing, like ``scale_embedding`` does for tokens (docs/normalization.md, section 3).
+    """
+
+    kind = "encoder"  # named in input errors
+
+    def __init__(self, config, input_dim: int, layers: list[nn.Module], closing_norm: bool) -> None:
+        super().__init__()
+        self.input_dim = input_dim
+        self.d_model = config.d_model
+        self.layerdrop = config.encoder.layerdrop
+        self.subsampling = Conv2dSubsampling(input_dim, config.d_model)
+        self.input_scale = math.sqrt(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = make_norm(config.norm_type, config.d_model, config.eps) if closing_norm else None
+
+    def scaled_input(self, features: Tensor) -> Tensor:
+        """(B, T, F) -> (B, T', D): the subsampling, times sqrt(d_model)."""
+        return self.subsampling(features) * self.input_scale
+
+    def with_absolute_positions(self, x: Tensor) -> Tensor:
+        """``x`` (B, T', D) plus sinusoidal positions, then dropout."""
+        positions = sinusoidal_positions(torch.arange(x.shape[1], device=x.device), self.d_model)
+        return self.dropout(x + positions.to(x.dtype))
+
+    def stack(self, x: Tensor, *layer_inputs) -> Tensor:
+        """Every layer (LayerDrop skips a whole layer in training), then the closing norm."""
+        for layer in self.layers:
+            if self.training and self.layerdrop > 0 and torch.rand(()) < self.layerdrop:
+                continue
+            x = layer(x, *layer_inputs)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def embed(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def blocks(self, x: Tensor, mask: Tensor, extra: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """features: (B, T, F), lengths: (B,). Returns out (B, T', D), mask (B, T') True = valid, lengths (B,)."""
+        lengths = checked_lengths(features, lengths, self.input_dim, self.kind)
+        x, extra = self.embed(features)
+        out_lengths = Conv2dSubsampling.output_lengths(lengths)
+        mask = lengths_to_mask(out_lengths, x.shape[1])
+        return self.blocks(x, mask, extra), mask, out_lengths

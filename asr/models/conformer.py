@@ -45,8 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.blocks import Conv2dSubsampling, FeedForward, MultiHeadAttention, checked_lengths, sinusoidal_positions
-from asr.models.common import lengths_to_mask
+from asr.models.blocks import FeedForward, MultiHeadAttention, SubsampledEncoder, sinusoidal_positions
 from asr.models.drophead import drop_heads
 from asr.models.norms import make_conv_norm, make_norm
 
@@ -162,46 +161,32 @@ class ConformerBlock(nn.Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
 
-class ConformerEncoder(nn.Module):
+class ConformerEncoder(SubsampledEncoder):
     """Subsampling, positions and the Conformer blocks: (B, T, F) -> (B, T', D), as
     :class:`~asr.models.transformer_encoder.TransformerEncoder` (same inputs, outputs and LayerDrop)."""
 
+    kind = "Conformer"
+
     def __init__(self, config: TransformerConfig, input_dim: int) -> None:
-        super().__init__()
         stack = config.encoder
-        self.input_dim = input_dim
-        self.d_model = config.d_model
-        self.layerdrop = stack.layerdrop
-        self.relative = stack.positions == "relative"
-        self.subsampling = Conv2dSubsampling(input_dim, config.d_model)
-        self.input_scale = math.sqrt(config.d_model)  # ESPnet's xscale, for both kinds of positions
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(ConformerBlock(config, stack) for _ in range(stack.num_layers))
+        layers = [ConformerBlock(config, stack) for _ in range(stack.num_layers)]
         closing = stack.layer_norm == "pre" and not stack.final_norm
-        self.final_norm = make_norm(config.norm_type, config.d_model, config.eps) if closing else None
+        super().__init__(config, input_dim, layers, closing_norm=closing)
+        self.relative = stack.positions == "relative"
 
     def front_end(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
         """(B, T, F) -> (B, T', D) and the relative position embeddings (2T' - 1, D) (None with absolute
-        positions, which are added here): subsampling, times sqrt(d_model), dropout on both."""
-        x = self.subsampling(features) * self.input_scale
+        positions, which are added here): subsampling, times sqrt(d_model) (for both kinds of
+        positions, as ESPnet), dropout on both."""
+        x = self.scaled_input(features)
         if self.relative:
             positions = relative_positions(x.shape[1], self.d_model, x.device).to(x.dtype)
             return self.dropout(x), self.dropout(positions)
-        positions = sinusoidal_positions(torch.arange(x.shape[1], device=x.device), self.d_model)
-        return self.dropout(x + positions.to(x.dtype)), None
+        return self.with_absolute_positions(x), None
+
+    def embed(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.front_end(features)
 
     def blocks(self, x: Tensor, mask: Tensor, positions: Tensor | None) -> Tensor:
         """The block stack and the closing norm: (B, T', D) -> (B, T', D)."""
-        for layer in self.layers:
-            if self.training and self.layerdrop > 0 and torch.rand(()) < self.layerdrop:
-                continue
-            x = layer(x, mask, positions)
-        return self.final_norm(x) if self.final_norm is not None else x
-
-    def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """features: (B, T, F), lengths: (B,). Returns out (B, T', D), mask (B, T') True = valid, lengths (B,)."""
-        lengths = checked_lengths(features, lengths, self.input_dim, "Conformer")
-        x, positions = self.front_end(features)
-        out_lengths = Conv2dSubsampling.output_lengths(lengths)
-        mask = lengths_to_mask(out_lengths, x.shape[1])
-        return self.blocks(x, mask, positions), mask, out_lengths
+        return self.stack(x, mask, positions)
