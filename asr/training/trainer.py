@@ -236,7 +236,9 @@ class Trainer:
         cfg = self.train_cfg
         if self._ended_by is None and cfg.max_steps is not None and self.progress.step >= cfg.max_steps:
             self._ended_by = f"train.max_steps={cfg.max_steps}"
-        if self._ended_by is None and cfg.max_minutes is not None:
+        # The budget ends a run only once it has made an update: "after the first update past it", even on a
+        # machine so busy that the budget is spent before the first batch arrives.
+        if self._ended_by is None and cfg.max_minutes is not None and self.progress.step > 0:
             started, before = self._clock
             out = before + time.time() - started >= cfg.max_minutes * 60
             if self.dist.enabled:
