@@ -18,6 +18,7 @@ from asr.models.interface import ModelConfig
 from asr.models.registry import model_config_from_dict
 from asr.schedulers import SchedulerConfig
 from asr.training.metrics import check_metric_name
+from asr.training.schedules import TARGETS as SCHEDULE_TARGETS
 from asr.training.schedules import ScheduleConfig, check_schedule_values
 from features.config import FeatureConfig
 
@@ -41,7 +42,7 @@ class TrainConfig:
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
     # Everything else that moves over the updates, by target: ctc_weight, label_smoothing,
     # sampling_probability, attention_prior, listener_layers, spec_augment, max_duration (asr.training.schedules),
-    # each {points: [[update, value], ...], interpolation: hold | linear}
+    # each {points: [[update, value], ...], interpolation: hold | linear}; null removes a recipe's
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
     accum_grad: int = 1                 # batches per optimizer step
@@ -95,6 +96,14 @@ def experiment_config_from_dict(data: dict) -> ExperimentConfig:
     # A run's config.yaml also records which code ran (asr.models.runtime): a record, not a setting.
     data.pop("runtime", None)
     model_data = data.pop("model", None) or {}
+    train = data.get("train")
+    if isinstance(train, dict) and isinstance(train.get("schedules"), dict):
+        # a schedule set to null is no schedule: an override (train.schedules.attention_prior=null) removes
+        # a recipe's, and the value it moved holds still (model.ctc_weight, data.max_duration, ...)
+        for name, value in train["schedules"].items():
+            if value is None and name not in SCHEDULE_TARGETS:
+                raise ConfigError(f"train.schedules.{name}: no such schedule target (known: {', '.join(SCHEDULE_TARGETS)})")
+        data["train"] = {**train, "schedules": {k: v for k, v in train["schedules"].items() if v is not None}}
     config = from_dict(ExperimentConfig, data)
     config.model = model_config_from_dict(model_data)
     return config

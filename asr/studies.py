@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from asr.convergence import (
     read_run_curves,
     summarise_reached,
 )
+from asr.curves import run_curves
 
 if TYPE_CHECKING:
     from asr.inference import DecodeSettings
@@ -57,14 +59,64 @@ class Run:
     exp_dir: Path
     results: dict = field(default_factory=dict)
     convergence: Convergence | None = None
+    finals: dict[str, float | None] = field(default_factory=dict)  # --metric name -> its last validation value
+    variant_overrides: list[str] = field(default_factory=list)  # what values[VARIANT] stands for (--variants)
 
     @property
     def name(self) -> str:
         return ",".join(f"{short_key(k)}={v}" for k, v in self.values.items())
 
     def overrides(self) -> list[str]:
-        # A tied entry ("a.x,b.x") sets every one of its keys to the value, or to one part each of "v1:v2".
-        return [f"{key}={v}" for entry, value in self.values.items() for key, v in tied_values(entry, value)]
+        # A tied entry ("a.x,b.x") sets every one of its keys to the value, or to one part each of "v1:v2";
+        # the variant (--variants) is its list of overrides, applied first.
+        return [*self.variant_overrides,
+                *(f"{key}={v}" for entry, value in self.values.items() if entry != VARIANT
+                  for key, v in tied_values(entry, value))]
+
+
+# The grid entry that --variants adds: its values are the names of a variants file's override lists.
+VARIANT = "variant"
+VARIANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def read_variants(path: Path) -> dict[str, list[str]]:
+    """A variants file (``asr.study --variants``): a YAML mapping of names to lists of overrides, one
+    list per variant, for comparisons a grid cannot express, such as an ablation that removes one
+    thing at a time (each name its own set of keys)::
+
+        recipe: []                                      # the recipe as it is
+        no_prior: [train.schedules.attention_prior=null]
+        cosine: [train.scheduler.kind=cosine, train.scheduler.final_factor=0.05]
+
+    Errors name the file and the variant."""
+    import yaml
+
+    from asr.config import ConfigError, parse_override
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise StudyError(f"--variants {path}: cannot be read ({err.strerror or err})") from None
+    except yaml.YAMLError as err:
+        raise StudyError(f"--variants {path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict) or not data:
+        raise StudyError(f"--variants {path}: expected a mapping of variant names to lists of overrides")
+    variants = {}
+    for name, overrides in data.items():
+        if not isinstance(name, str) or not VARIANT_NAME.fullmatch(name):
+            raise StudyError(f"--variants {path}: variant name {name!r} must be letters, digits and . _ + - "
+                             "(it names the run's folder)")
+        if overrides is None:
+            overrides = []
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise StudyError(f"--variants {path}: variant {name!r}: expected a list of key.sub=value strings")
+        for text in overrides:
+            try:
+                parse_override(text)
+            except (ConfigError, yaml.YAMLError) as err:
+                raise StudyError(f"--variants {path}: variant {name!r}: {err}") from None
+        variants[name] = list(overrides)
+    return variants
 
 
 def tied_values(entry: str, value: str) -> list[tuple[str, str]]:
@@ -132,19 +184,25 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
         for value in parsed:
             tied_values(key, value)  # a tied value with the wrong number of parts fails here, before any run
         grid[key] = parsed
+    if VARIANT in grid:
+        raise StudyError(f"--grid: {VARIANT!r} is not a config key (--variants FILE gives the variants)")
     if len({short_key(k) for k in grid}) != len(grid):
         raise StudyError(f"--grid: two keys end in the same name ({', '.join(grid)}); run names would collide")
     return grid
 
 
-def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path) -> list[Run]:
-    """Every combination of the grid as a :class:`Run`, each config validated before anything trains."""
+def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path,
+              variants: dict[str, list[str]] | None = None) -> list[Run]:
+    """Every combination of the grid as a :class:`Run`, each config validated before anything trains.
+    With ``variants`` (:func:`read_variants`), the grid's :data:`VARIANT` entry names them."""
     from asr.experiment import load_experiment_config
 
     runs = []
     for combination in itertools.product(*grid.values()):
         values = dict(zip(grid, combination))
         run = Run(values, out / "runs" / folder_name(values))
+        if VARIANT in values:
+            run.variant_overrides = list((variants or {})[values[VARIANT]])
         try:
             load_experiment_config(recipe, [*overrides, *run.overrides(), f"exp_dir={run.exp_dir}"])
         except ConfigError as err:
@@ -419,10 +477,20 @@ def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, s
     return markdown_table(header, len(others), rows)
 
 
-def measure_runs(runs: list[Run], targets: Targets) -> None:
-    """Set every run's :attr:`Run.convergence` from its TensorBoard validation curves."""
+def metric_tag(name: str) -> str:
+    """The TensorBoard tag a validation metric is logged under: ``valid_batchnorm_gap`` -> ``valid/batchnorm_gap``."""
+    return "valid/" + name.removeprefix("valid_")
+
+
+def measure_runs(runs: list[Run], targets: Targets, metrics: list[str] = ()) -> None:
+    """Set every run's :attr:`Run.convergence` from its TensorBoard validation curves, and its
+    :attr:`Run.finals`: the last logged value of each of ``metrics`` (None where it never logged one)."""
     for run in runs:
         run.convergence = measure(read_run_curves(run.exp_dir, run.name), targets)
+        curves = run_curves(run.exp_dir, run.name) if metrics else {}
+        for name in metrics:
+            curve = curves.get(metric_tag(name))
+            run.finals[name] = curve.values[-1] if curve is not None and curve.values else None
 
 
 def _reached_text(reached: Reached | None) -> str:
@@ -446,13 +514,18 @@ def _target_headers(targets: Targets, unit: str) -> list[str]:
 LATE_FALL = "valid loss fall per 1k steps, last quarter"
 
 
-def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targets) -> str:
+def _metric_headers(metrics: list[str]) -> list[str]:
+    return [f"final {name}" for name in metrics]
+
+
+def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targets, metrics: list[str] = ()) -> str:
     """One row per run: epochs and optimizer steps trained, steps to each target (with epoch and
-    minutes), area under the validation loss, its late fall, best and final validation loss and WER."""
+    minutes), area under the validation loss, its late fall, best and final validation loss and WER,
+    and the last value of each of ``metrics``."""
     keys = list(grid)
     header = [short_key(k) for k in keys] + ["epochs", "steps", *_target_headers(targets, "steps")]
     header += ["valid loss AUC (loss x 1k steps)", LATE_FALL, "best valid loss (epoch)", "final valid loss",
-               "best valid WER %", "final valid WER %"]
+               "best valid WER %", "final valid WER %", *_metric_headers(metrics)]
     rows = []
     for run in runs:
         c = run.convergence
@@ -465,19 +538,21 @@ def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targ
         cells += [_reached_text(r) for r, t in targets_given if t is not None]
         cells += [_num(c.auc), _num(c.late_fall), f"{_num(c.best_loss)} ({c.best_loss_epoch:g})", _num(c.final_loss),
                   _pct(c.best_wer_percent), _pct(c.final_wer_percent)]
+        cells += [_num(run.finals.get(name)) for name in metrics]
         rows.append(cells)
     return markdown_table(header, len(keys), rows)
 
 
 def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targets: Targets,
-               scorings: list[Scoring]) -> str:
+               scorings: list[Scoring], metrics: list[str] = ()) -> str:
     """One row per setting (the grid keys other than ``seed_key``): each measure as mean ± std
-    over its seeds; steps and minutes to a target over the seeds that reached it, counted."""
+    over its seeds (``metrics``: their last values); steps and minutes to a target over the seeds
+    that reached it, counted."""
     others = [k for k in grid if k != seed_key]
     header = [short_key(k) for k in others] + ["seeds"]
     header += _target_headers(targets, "steps") + _target_headers(targets, "minutes")
     header += ["valid loss AUC (loss x 1k steps)", LATE_FALL, "best valid loss", "final valid loss", "best valid WER %",
-               "final valid WER %", *[s.label for s in scorings], "train min"]
+               "final valid WER %", *_metric_headers(metrics), *[s.label for s in scorings], "train min"]
     rows = []
     for values, group in group_runs(runs, grid, seed_key):
         measured = [r.convergence for r in group if r.convergence is not None]
@@ -492,6 +567,7 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
                   format_mean_std([c.final_loss for c in measured]),
                   format_mean_std([c.best_wer_percent for c in measured], 3),
                   format_mean_std([c.final_wer_percent for c in measured], 3)]
+        cells += [format_mean_std([r.finals.get(name) for r in group], 3) for name in metrics]
         cells += [format_mean_std([wer_of(r.results.get(s.name)) for r in group], 3)
                   for s in scorings]
         cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))

@@ -91,6 +91,23 @@ def test_a_model_target_the_model_does_not_offer_is_a_config_error_naming_it():
         build_schedules({"ctc_weight": ScheduleConfig([[0, 0.5]])}, lr, _Model({"label_smoothing": 0.1}), _optimizer())
 
 
+def test_null_removes_a_recipes_schedule_and_the_value_it_moved_then_holds():
+    recipe = LAS_RECIPE.parent / "rehearsal_las.yaml"
+    full = load_experiment_config(recipe, [])
+    assert {"ctc_weight", "attention_prior"} <= set(full.train.schedules)
+    ablated = load_experiment_config(recipe, ["train.schedules.ctc_weight=null"])
+    assert set(ablated.train.schedules) == set(full.train.schedules) - {"ctc_weight"}
+    assert ablated.train.schedules["attention_prior"] == full.train.schedules["attention_prior"]
+    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant", warmup_steps=0), None, None)
+    offered = {"ctc_weight": ablated.model.ctc_weight, "attention_prior": 0.0, "label_smoothing": 0.1}
+    model = _Model(offered)
+    values = build_schedules(ablated.train.schedules, lr, model, _optimizer()).apply(0)
+    assert "ctc_weight" not in values and "ctc_weight" not in model.set  # the recipe's 0.5 is left as it is
+    model = _Model(offered)
+    assert build_schedules(full.train.schedules, lr, model, _optimizer()).apply(0)["ctc_weight"] == 1.0
+    assert model.set["ctc_weight"] == 1.0
+
+
 def _plateau(**options):
     config = SchedulerConfig(kind="plateau", warmup_steps=2, decay_factor=0.5, min_factor=0.25, **options)
     return LearningRateSchedule(1.0, config, None, None, higher_is_better=lambda name: name == "valid_attention_spearman")

@@ -57,6 +57,56 @@ def test_a_tied_value_can_give_each_key_its_own_part(tmp_path):
         parse_grid(["model.norm_type,model.fixnorm=scalenorm:true:x"])
 
 
+def test_variants_cross_the_grid_each_run_taking_its_variants_overrides_first(tmp_path):
+    variants_file = tmp_path / "variants.yaml"
+    variants_file.write_text("recipe: []\n"
+                             "no_prior: [train.schedules.attention_prior=null]\n"
+                             "plain:\n  - train.schedules={}\n  - train.curriculum_epochs=0\n")
+    variants = study.read_variants(variants_file)
+    assert variants == {"recipe": [], "no_prior": ["train.schedules.attention_prior=null"],
+                        "plain": ["train.schedules={}", "train.curriculum_epochs=0"]}
+    grid = {study.VARIANT: list(variants), **parse_grid(["train.seed=0,1"])}
+    recipe = RECIPE.parent / "rehearsal_las.yaml"
+    runs = study.plan_runs(recipe, ["train.max_steps=5"], grid, tmp_path, variants)
+    assert [r.name for r in runs][:3] == ["variant=recipe,seed=0", "variant=recipe,seed=1", "variant=no_prior,seed=0"]
+    assert runs[3].overrides() == ["train.schedules.attention_prior=null", "train.seed=1"]
+    assert runs[4].exp_dir.name == "variant-plain_seed-0"
+    # what asr.train would run: the recipe, then the study's overrides, then the run's
+    configs = [load_experiment_config(recipe, ["train.max_steps=5", *r.overrides()]) for r in runs]
+    assert "attention_prior" in configs[0].train.schedules and "attention_prior" not in configs[2].train.schedules
+    assert configs[4].train.schedules == {} and configs[4].train.curriculum_epochs == 0
+    assert [c.train.seed for c in configs] == [0, 1] * 3
+
+
+def test_a_bad_variants_file_is_refused_naming_the_file_and_the_variant(tmp_path, capsys):
+    path = tmp_path / "variants.yaml"
+    for text, message in [
+        ("[a, b]", "expected a mapping of variant names"),
+        ("a: [x=1\n", "not valid YAML"),
+        ("no/prior: []", "variant name 'no/prior'"),
+        ("a: train.seed=1", "variant 'a': expected a list"),
+        ("a: [train.seed]", "variant 'a': override 'train.seed' is not of the form"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(StudyError, match=message) as err:
+            study.read_variants(path)
+        assert str(path) in str(err.value)
+    with pytest.raises(StudyError, match="cannot be read"):
+        study.read_variants(tmp_path / "missing.yaml")
+    with pytest.raises(StudyError, match="'variant' is not a config key"):
+        parse_grid(["variant=a,b"])
+    # a typo inside a variant fails before anything trains, naming the run
+    path.write_text("typo: [train.schedules.atention_prior=null]\nbad: [train.curriculum_epoch=0]\n")
+    with pytest.raises(SystemExit):
+        study_cli.main([str(RECIPE), "--variants", str(path), "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().err
+    assert "variant=typo" in printed and "atention_prior: no such schedule target" in printed
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        study_cli.main([str(RECIPE), "--out", str(tmp_path / "out")])
+    assert "--grid" in capsys.readouterr().err
+
+
 def test_run_folders_are_named_after_their_values():
     assert folder_name({"model.layer_norm": "none", "features.mvn": "global"}) == "layer_norm-none_mvn-global"
     assert folder_name({"features.speed_perturb": "[0.9,1.1]"}) == "speed_perturb-0.9-1.1"
@@ -151,7 +201,8 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
         assert message in capsys.readouterr().err
     assert not (out / "runs").exists()
 
-    convergence = ["--seeds", "train.seed", "--target-loss", "1000", "--target-wer", "0.001"]
+    convergence = ["--seeds", "train.seed", "--target-loss", "1000", "--target-wer", "0.001",
+                   "--metric", "valid_attention_spearman"]
     assert study_cli.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0", "--adapt-rounds", "1",
                            *convergence]) == 0
     printed = capsys.readouterr().out
@@ -188,6 +239,12 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
     assert setting["measures"]["final_loss"]["mean"] == pytest.approx(sum(finals) / 2)
     assert setting["measures"]["final_loss"]["std"] == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
     assert setting["measures"]["loss_target"]["reached"] == 2 and setting["measures"]["wer_target"]["reached"] == 0
+    # --metric: each run's last logged value, as TensorBoard holds it, in both tables.
+    from asr.curves import run_curves
+
+    spearman = [run_curves(folder, "run")["valid/attention_spearman"].values[-1] for folder in folders]
+    assert [results[name]["final_metrics"]["valid_attention_spearman"] for name in runs] == spearman
+    assert "final valid_attention_spearman" in table
     assert "Mean ± sample std over 2 values of seed" in table and "| george | 2 | " in table
     assert "not reached (0/2)" in table and "(2/2)" in table and "Mean ± sample std" in printed
     for image in ("valid_mean.png", "alignments.png", "valid_loss.png"):
@@ -201,6 +258,7 @@ def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys
         (["--seeds", "train.seed", "--pool", "train.seed"], "same key"),
         (["--target-wer", "0"], "percentage"),
         (["--target-loss", "-1"], "positive"),
+        (["--metric", "valid_nonsense"], "no validation metric 'valid_nonsense'"),
     ]:
         with pytest.raises(SystemExit):
             study_cli.main([*argv, *extra])
@@ -221,3 +279,18 @@ def test_every_shipped_recipe_loads_and_the_studies_its_header_shows_plan(recipe
             args = study_cli.build_parser().parse_args(shlex.split(line)[3:])
             assert args.recipe.name == recipe
             study.plan_runs(path, args.overrides, parse_grid(args.grid), tmp_path)
+
+
+@pytest.mark.parametrize("variants", sorted(p.name for p in (RECIPE.parent / "variants").glob("*.yaml")))
+def test_every_shipped_variants_file_plans_with_the_study_its_header_shows(variants, tmp_path):
+    path = RECIPE.parent / "variants" / variants
+    header = "\n".join(line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#"))
+    studies = [line for line in header.replace("\\\n", " ").splitlines() if line.startswith("python -m asr.study ")]
+    assert studies, f"{path} shows no asr.study command"
+    for line in studies:
+        args = study_cli.build_parser().parse_args(shlex.split(line)[3:])
+        assert args.variants.name == variants
+        read = study.read_variants(RECIPE.parent.parent / args.variants)
+        grid = {study.VARIANT: list(read), **parse_grid(args.grid)}
+        runs = study.plan_runs(RECIPE.parent.parent / args.recipe, args.overrides, grid, tmp_path, read)
+        assert len(runs) == len(read) * max(1, len(args.grid and parse_grid(args.grid)["train.seed"]))

@@ -11,7 +11,11 @@
 
 Each run is ``python -m asr.train RECIPE [OVERRIDE ...] KEY=VALUE ...`` with
 its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
-named after its grid values (``layer_norm=none,mvn=global``). Keys joined by
+named after its grid values (``layer_norm=none,mvn=global``). ``--variants
+FILE`` adds comparisons a grid cannot express, such as an ablation that
+removes one thing at a time: FILE maps names to lists of overrides
+(:func:`asr.studies.read_variants`), and the runs take each in turn as the
+grid key ``variant``, crossed with ``--grid`` (``variant=no_prior,seed=1``). Keys joined by
 a comma before the ``=`` are tied: they take each value together, or one
 ``:``-separated part each (``model.norm_type,model.fixnorm=layernorm:false,scalenorm:true``). Positional
 overrides apply to every run. After training, each run's ``last.pt`` is
@@ -40,6 +44,9 @@ in KEY are also decoded together as one ensemble, into
   over that key's values (errors summed over words summed) for each
   combination of the other keys; with ``--ensemble``, the same for the
   ensembles;
+- with ``--metric NAME`` (any validation metric of :mod:`asr.training.metrics`,
+  e.g. ``valid_batchnorm_gap``), each run's last logged value of it, in the
+  convergence tables and in ``results.json`` (``final_metrics``);
 - in ``results.md`` too, how each run converged (:mod:`asr.convergence`, from
   its TensorBoard validation curves): epochs and optimizer steps, the steps
   (epoch, minutes) to the first validation at or below ``--target-loss`` and
@@ -89,6 +96,7 @@ from asr.cli.options import add_decode_arguments, decode_settings
 from asr.convergence import Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.studies import (
+    VARIANT,
     Run,
     Scoring,
     StudyError,
@@ -106,6 +114,7 @@ from asr.studies import (
     plan_ensembles,
     plan_runs,
     pooled_table,
+    read_variants,
     results_table,
     scorings_for,
     seed_table,
@@ -136,7 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asr.study", description=__doc__.split("\n\n")[0])
     parser.add_argument("recipe", type=Path, help="recipe YAML")
     parser.add_argument("overrides", nargs="*", help="key.sub=value applied to every run")
-    parser.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2", help="config keys and their values")
+    parser.add_argument("--grid", nargs="+", default=[], metavar="KEY=V1,V2", help="config keys and their values")
+    parser.add_argument(
+        "--variants", type=Path, metavar="FILE",
+        help="a YAML mapping of variant names to lists of overrides: the runs take each variant in turn "
+             "(crossed with --grid), as the grid key 'variant' (e.g. one bootstrap removed at a time)",
+    )
     parser.add_argument("--out", type=Path, help="study folder (default exp/study_<recipe name>)")
     parser.add_argument("--tag", action="append", dest="tags", metavar="TAG", help="curves to plot (default valid/loss)")
     parser.add_argument("--pool", metavar="KEY", help="grid key to pool WER over (e.g. the held-out speaker)")
@@ -160,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --seeds, the band around the mean curves: ±1 sample std (default) or min-max",
     )
     parser.add_argument("--by-length", action="store_true", help="add each run's WER by reference length to the report")
+    parser.add_argument(
+        "--metric", action="append", dest="metrics", default=[], metavar="NAME",
+        help="report each run's last value of this validation metric (any name of asr.training.metrics, "
+             "e.g. valid_batchnorm_gap), and with --seeds its mean ± std per setting; repeatable",
+    )
     add_decode_arguments(parser)
     return parser
 
@@ -173,8 +192,15 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
         parser.error(f"recipe not found: {args.recipe}")
     out = args.out or Path("exp") / f"study_{args.recipe.stem}"
     targets = check_targets(parser, args)
+    for name in args.metrics:
+        check_metric(parser, name)
+    if not args.grid and args.variants is None:
+        parser.error("give --grid KEY=V1,V2 ..., --variants FILE, or both")
     try:
         grid = parse_grid(args.grid)
+        variants = read_variants(args.variants) if args.variants is not None else None
+        if variants is not None:
+            grid = {VARIANT: list(variants), **grid}
         for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble), ("--seeds", args.seeds)):
             if key is not None and key not in grid:
                 raise StudyError(f"{option} {key!r} is not a grid key ({', '.join(grid)})")
@@ -182,7 +208,7 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
             raise StudyError(f"--ensemble and --pool name the same key {args.ensemble!r}")
         if args.seeds is not None and args.seeds == args.pool:
             raise StudyError(f"--seeds and --pool name the same key {args.seeds!r}")
-        runs = plan_runs(args.recipe, args.overrides, grid, out)
+        runs = plan_runs(args.recipe, args.overrides, grid, out, variants)
         check_demo_corpora(args.recipe, args.overrides, runs)
         if args.average_last:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
@@ -190,6 +216,16 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
         parser.error(str(err))
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     return Study(args, grid, runs, out, settings, threads, targets)
+
+
+def check_metric(parser: argparse.ArgumentParser, name: str) -> None:
+    from asr.config import ConfigError
+    from asr.training.metrics import check_metric_name
+
+    try:
+        check_metric_name(name, "--metric")
+    except ConfigError as err:
+        parser.error(str(err))
 
 
 def check_targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Targets:
@@ -213,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         curves = load_curves([r.exp_dir for r in study.runs], [r.name for r in study.runs], args.tags or ["valid/loss"])
         models = score_runs(study, scorings)
         ensembles = score_ensembles(study, scorings, models)
-        measure_runs(study.runs, study.targets)
+        measure_runs(study.runs, study.targets, args.metrics)
     except (CompareError, StudyError) as err:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
@@ -303,7 +339,8 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
     report += alignment_section(study)
     (out / "results.md").write_text("\n".join(report))
     rows = [{"name": r.name, "values": r.values, **r.results,
-             "convergence": dataclasses.asdict(r.convergence) if r.convergence else None} for r in runs]
+             "convergence": dataclasses.asdict(r.convergence) if r.convergence else None,
+             **({"final_metrics": r.finals} if r.finals else {})} for r in runs]
     rows += [{"name": f"ensemble {e.name}", "values": e.values, "ensemble": [m.name for m in members], **e.results}
              for e, members in ensembles]
     (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
@@ -327,13 +364,13 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
              + ". AUC: area under the validation loss over optimizer steps (trapezoid rule). Fall per 1k steps, "
              "last quarter: how much the best validation loss so far fell over the last quarter of the steps; "
              "near 0 on a plateau, well above 0 when the run was still learning.", ""]
-    lines.append(convergence_table(study.runs, study.grid, targets))
+    lines.append(convergence_table(study.runs, study.grid, targets, args.metrics))
     if not args.seeds:
         return lines
     seeds = f"{len(study.grid[args.seeds])} values of {short_key(args.seeds)}"
     lines += [f"### Mean ± sample std over {seeds}", "",
               "Steps and minutes to a target: over the seeds that reached it (how many, in brackets).", ""]
-    lines.append(seed_table(study.runs, study.grid, args.seeds, targets, scorings))
+    lines.append(seed_table(study.runs, study.grid, args.seeds, targets, scorings, args.metrics))
     image = band_plot(study)
     lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
     settings = [{"values": values, "runs": [r.name for r in group],
