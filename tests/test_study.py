@@ -107,6 +107,17 @@ def test_a_bad_variants_file_is_refused_naming_the_file_and_the_variant(tmp_path
     assert "--grid" in capsys.readouterr().err
 
 
+def test_threads_default_to_the_cores_shared_among_jobs_and_can_be_fewer(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(study_cli.os, "cpu_count", lambda: 8)
+    argv = [str(RECIPE.parent / "rehearsal_las.yaml"), "--grid", "train.seed=0,1", "--out", str(tmp_path)]
+    parser = study_cli.build_parser()
+    assert study_cli.plan(parser, [*argv, "--jobs", "2"]).threads == 4
+    assert study_cli.plan(parser, [*argv, "--jobs", "2", "--threads", "1"]).threads == 1
+    with pytest.raises(SystemExit):
+        study_cli.plan(parser, [*argv, "--threads", "0"])
+    assert "--threads must be at least 1" in capsys.readouterr().err
+
+
 def test_run_folders_are_named_after_their_values():
     assert folder_name({"model.layer_norm": "none", "features.mvn": "global"}) == "layer_norm-none_mvn-global"
     assert folder_name({"features.speed_perturb": "[0.9,1.1]"}) == "speed_perturb-0.9-1.1"

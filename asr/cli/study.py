@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool", metavar="KEY", help="grid key to pool WER over (e.g. the held-out speaker)")
     parser.add_argument("--jobs", type=int, default=1, help="runs trained (and models evaluated) at once, sharing the CPU cores (default 1)")
     parser.add_argument(
+        "--threads", type=int, metavar="N",
+        help="threads of each run and evaluation (default: the CPU cores shared out among --jobs); fewer leave "
+             "cores to other work on the machine",
+    )
+    parser.add_argument(
         "--average-last", type=int, default=0, metavar="N",
         help="evaluate the average of each run's last N epoch checkpoints instead of last.pt (default 0: last.pt)",
     )
@@ -188,6 +193,8 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
     settings = decode_settings(args, parser)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     if not args.recipe.is_file():
         parser.error(f"recipe not found: {args.recipe}")
     out = args.out or Path("exp") / f"study_{args.recipe.stem}"
@@ -214,7 +221,7 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
     except StudyError as err:
         parser.error(str(err))
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     return Study(args, grid, runs, out, settings, threads, targets)
 
 
