@@ -167,7 +167,10 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tin
 def test_average_last_evaluates_the_mean_of_the_last_epochs(tiny_demo_corpus, tmp_path, capsys):
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=2"]
-    argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "--out", str(out)]
+    variants = tmp_path / "variants.yaml"  # one variant, to see a variant's overrides reach its run
+    variants.write_text("clipped: [train.grad_clip=1.5]\n")
+    argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "--out", str(out),
+            "--variants", str(variants)]
 
     # More epochs than a run keeps (or trains) is refused before anything trains.
     with pytest.raises(SystemExit):
@@ -177,7 +180,9 @@ def test_average_last_evaluates_the_mean_of_the_last_epochs(tiny_demo_corpus, tm
     assert not (out / "runs").exists()
 
     assert study_cli.main([*argv, "--average-last", "2"]) == 0
-    run = out / "runs" / "held_out_speaker-george"
+    run = out / "runs" / "variant-clipped_held_out_speaker-george"
+    assert load_experiment_config(run / "config.yaml", []).train.grad_clip == 1.5
+    assert "| clipped | george |" in (out / "results.md").read_text()
     averaged = load_checkpoint(run / "avg_last2.pt")["model"]
     epochs = [load_checkpoint(run / f"epoch{e}.pt")["model"] for e in (1, 2)]
     for name, tensor in averaged.items():
