@@ -184,6 +184,8 @@ def test_the_tiny_corpus_is_read_back_by_the_librispeech_reader(tiny, tmp_path):
                             "model.speller.embedding_dim=16"]),
     ("librispeech100_conformer.yaml", ["model.d_model=32", "model.encoder.num_layers=2", "model.decoder.num_layers=1",
                                        "model.encoder.ff_dim=64", "model.decoder.ff_dim=64", "train.amp=false"]),
+    ("rehearsal_conformer.yaml", ["model.d_model=32", "model.encoder.num_layers=2", "model.decoder.num_layers=1",
+                                  "model.encoder.ff_dim=64", "model.decoder.ff_dim=64"]),
 ])
 def test_the_rehearsal_recipes_train_a_few_steps_on_the_rehearsal_corpus(tiny, tmp_path, recipe, small):
     from asr.checkpointing import load_checkpoint
@@ -195,6 +197,37 @@ def test_the_rehearsal_recipes_train_a_few_steps_on_the_rehearsal_corpus(tiny, t
             *small]
     assert train(args) == 0
     assert load_checkpoint(exp / "last.pt")["training"]["progress"]["step"] == 3
+
+
+@pytest.mark.slow  # trains and decodes
+def test_the_proof_script_scores_and_judges_a_rehearsal_las_on_the_test_split(tiny, tmp_path):
+    """benchmarks/rehearsal_proof.py end to end: the rates are asr.evaluate's, every test utterance over
+    --long is measured, and the verdicts come with them."""
+    import json
+
+    from asr.cli.train import main as train
+
+    sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
+    import rehearsal_proof
+
+    exp = tmp_path / "exp"
+    assert train([str(PROJECT_ROOT / "recipes" / "rehearsal_las.yaml"), f"data.root={tiny}", f"exp_dir={exp}",
+                  "data.bpe_vocab_size=60", "data.num_workers=0", "train.max_steps=2", "data.max_frames_per_batch=3000",
+                  "train.valid_max_utterances=2", "model.listener.hidden_size=16", "model.attention.dim=16",
+                  "model.speller.hidden_size=16", "model.speller.embedding_dim=16"]) == 0
+    test = tiny / "LibriSpeech" / "test-clean"
+    out = tmp_path / "proof.json"
+    assert rehearsal_proof.main(["--data", str(test), "--las", str(exp / "last.pt"), "--ctc", str(exp / "last.pt"),
+                                 "--long", "0", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    las, ctc = written["models"]
+    for row, folder in ((las, "proof_beam4_ctc0.3"), (ctc, "proof_ctc_greedy")):
+        scored = json.loads((exp / folder / "wer.json").read_text())
+        assert (row["wer_percent"], row["cer_percent"]) == (scored["wer_percent"], scored["cer_percent"])
+    assert las["long_utterances"] == len(list(test.rglob("*.flac")))
+    assert las["aligned"] == (las["spearman"] >= 0.9 and las["at_end"] <= 0.1)
+    assert written["verdicts"] == rehearsal_proof.verdicts(written["models"])
+    assert len(written["verdicts"]) == 4
 
 
 @pytest.mark.slow  # starts synthesiser processes
