@@ -524,3 +524,27 @@ def test_front_end_sees_features_as_mvn_leaves_them(fsdd_dev):
 
     assert 0.5 < rms(content["mvn"]) / rms(positions) < 5
     assert rms(content["raw"]) / rms(positions) > 10
+
+
+@pytest.mark.parametrize("recipe", ["fsdd_transformer.yaml", "fsdd_conformer.yaml"])
+def test_a_seed_draws_an_encoders_weights_subsampling_first_then_each_layer(recipe):
+    """Modules draw their initial weights from the global generator in the order they are made. The
+    encoders make the subsampling first, then the layers, as they did before they shared
+    SubsampledEncoder: a seed gives a run the weights it gave before (made the other way round, every
+    weight moved, and a post-norm test that learns from a seed's start stopped learning)."""
+    from asr.experiment import load_experiment_config
+    from asr.models.blocks import Conv2dSubsampling
+    from asr.models.conformer import ConformerBlock, ConformerEncoder
+    from asr.models.transformer_encoder import EncoderLayer, TransformerEncoder
+
+    config = load_experiment_config(Path(__file__).parents[1] / "recipes" / recipe, []).model
+    encoder_class, layer_class = ((ConformerEncoder, ConformerBlock) if config.encoder.kind == "conformer"
+                                  else (TransformerEncoder, EncoderLayer))
+    torch.manual_seed(0)
+    encoder = encoder_class(config, 13)
+    torch.manual_seed(0)
+    subsampling = Conv2dSubsampling(13, config.d_model)
+    layers = [layer_class(config, config.encoder) for _ in range(config.encoder.num_layers)]
+    for made, alone in [(encoder.subsampling, subsampling), *zip(encoder.layers, layers)]:
+        for (name, value), (_, expected) in zip(made.state_dict().items(), alone.state_dict().items(), strict=True):
+            assert torch.equal(value, expected), name

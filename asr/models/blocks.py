@@ -9,6 +9,7 @@ Masks follow the toolkit convention (``asr.models.common``): boolean, True = may
 from __future__ import annotations
 
 import math
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -183,7 +184,7 @@ class SubsampledEncoder(nn.Module):
     """What every encoder kind shares: (B, T, F) features -> (B, T', D) through the x4 subsampling,
     times ``sqrt(d_model)``, a stack of layers with LayerDrop, and an optional closing norm.
 
-    A kind supplies its layers and two methods: ``embed(features)`` gives the stack's input and what
+    A kind supplies a function that makes its layers and two methods: ``embed(features)`` gives the stack's input and what
     each layer reads besides it (positions, or None), and ``blocks(x, mask, extra)`` runs the stack
     (through :meth:`stack`). The sqrt(d_model) scale is ESPnet's (its ``PositionalEncoding.xscale``):
     at initialisation the subsampling output of mean-variance normalised features is about 0.1 per
@@ -193,7 +194,7 @@ class SubsampledEncoder(nn.Module):
 
     kind = "encoder"  # named in input errors
 
-    def __init__(self, config, input_dim: int, layers: list[nn.Module], closing_norm: bool) -> None:
+    def __init__(self, config, input_dim: int, make_layers: Callable[[], Iterable[nn.Module]], closing_norm: bool) -> None:
         super().__init__()
         self.input_dim = input_dim
         self.d_model = config.d_model
@@ -201,7 +202,10 @@ class SubsampledEncoder(nn.Module):
         self.subsampling = Conv2dSubsampling(input_dim, config.d_model)
         self.input_scale = math.sqrt(config.d_model)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(layers)
+        # The layers are made here, after the subsampling: modules draw their initial weights from the
+        # global generator in the order they are made, so a seed gives the weights it gave before the
+        # encoders shared this class (made before it, the layers took the subsampling's draws).
+        self.layers = nn.ModuleList(make_layers())
         self.final_norm = make_norm(config.norm_type, config.d_model, config.eps) if closing_norm else None
 
     def scaled_input(self, features: Tensor) -> Tensor:

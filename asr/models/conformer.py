@@ -169,9 +169,9 @@ class ConformerEncoder(SubsampledEncoder):
 
     def __init__(self, config: TransformerConfig, input_dim: int) -> None:
         stack = config.encoder
-        layers = [ConformerBlock(config, stack) for _ in range(stack.num_layers)]
         closing = stack.layer_norm == "pre" and not stack.final_norm
-        super().__init__(config, input_dim, layers, closing_norm=closing)
+        super().__init__(config, input_dim, lambda: [ConformerBlock(config, stack) for _ in range(stack.num_layers)],
+                         closing_norm=closing)
         self.relative = stack.positions == "relative"
 
     def front_end(self, features: Tensor) -> tuple[Tensor, Tensor | None]:

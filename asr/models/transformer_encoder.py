@@ -45,10 +45,10 @@ class TransformerEncoder(SubsampledEncoder):
 
     def __init__(self, config: TransformerConfig, input_dim: int) -> None:
         stack = config.encoder
-        layers = [EncoderLayer(config, stack) for _ in range(stack.num_layers)]
         # Pre-norm leaves the residual stream unnormalised; the closing norm gives the
         # decoder's cross-attention (and the CTC head) normalised input.
-        super().__init__(config, input_dim, layers, closing_norm=stack.layer_norm == "pre")
+        super().__init__(config, input_dim, lambda: [EncoderLayer(config, stack) for _ in range(stack.num_layers)],
+                         closing_norm=stack.layer_norm == "pre")
 
     def front_end(self, features: Tensor) -> Tensor:
         """(B, T, F) -> (B, T', D): subsampling, times sqrt(d_model), plus positions, dropout."""
