@@ -48,6 +48,16 @@ def test_the_cpp_operator_passes_its_check_and_runs(spec, dtype):
     assert selfcheck.fallbacks() == []
 
 
+@needs_cpp
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+def test_a_first_call_from_a_decode_without_gradients_still_checks_and_uses_the_operator(context):
+    # asr.evaluate's first LN-LSTM call comes under no_grad: the check's backward must still run there
+    lstm = LNLSTM(5, 4, bidirectional=True)
+    with context():
+        assert lstm.select_backend(torch.randn(2, 3, 5)) == "cpp"
+    assert selfcheck.fallbacks() == []
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="needs triton, interpreted (no GPU here)")
 @pytest.mark.parametrize("single_step", [False, True], ids=["layer", "step"])
 def test_the_triton_kernels_pass_their_check_under_the_interpreter(monkeypatch, single_step):

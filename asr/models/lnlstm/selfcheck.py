@@ -99,7 +99,10 @@ def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tensors this small gain nothing from threads, and lose to a busy machine's
     try:
-        with torch.random.fork_rng(devices=[]):  # the cells' initialisation draws; the run's RNG stays as it was
+        # The check runs backward; the first call of a kind may come from a decode under no_grad or
+        # inference mode (asr.evaluate), where a backward would fail whatever the backend.
+        with torch.inference_mode(False), torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            # (fork_rng: the cells' initialisation draws; the run's RNG stays as it was)
             generator = torch.Generator().manual_seed(0)
             compute = _step if single_step else _layer
             ours = compute(backends()[name], spec, device, dtype, param_dtype, generator)
