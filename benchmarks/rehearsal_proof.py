@@ -86,7 +86,8 @@ def verdicts(rows: list[dict]) -> list[str]:
     for key, name, limit in (("cer_percent", "CER", MAX_CER), ("wer_percent", "WER", MAX_WER)):
         mean, std = mean_std([r[key] for r in las])
         verdict = "met" if mean <= limit else f"missed by {mean - limit:.1f} points"
-        lines.append(f"LAS test {name} <= {limit:g}%: {mean:.1f} ± {std:.1f}% over {len(las)}: {verdict}")
+        spread = f" ± {std:.1f}% over {len(las)}" if len(las) > 1 else "% (one model)"
+        lines.append(f"LAS test {name} <= {limit:g}%: {mean:.1f}{spread}: {verdict}")
     aligned = sum(bool(r.get("aligned")) for r in las)
     lines.append(f"attention aligned on the test utterances over the --long seconds (mean Spearman >= {MIN_SPEARMAN}, "
                  f"<= {100 * MAX_AT_END:g}% at the end): {aligned} of {len(las)}: "
@@ -104,9 +105,8 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 
 def summary(rows: list[dict], key: str) -> str:
-    values = [r[key] for r in rows]
-    spread = statistics.stdev(values) if len(values) > 1 else float("nan")
-    return f"{statistics.mean(values):.1f} ± {spread:.1f}%"
+    mean, std = mean_std([r[key] for r in rows])
+    return f"{mean:.1f} ± {std:.1f}%" if len(rows) > 1 else f"{mean:.1f}%"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ def test_targets_are_judged_on_the_mean_over_the_seeds_and_a_miss_says_by_how_mu
 def test_all_targets_met_and_without_ctc_models_no_comparison():
     lines = verdicts([las(30.0, 12.0), las(32.0, 13.0)])
     assert [line.rsplit(": ", 1)[1] for line in lines] == ["met", "met", "met"]
+    assert verdicts([las(30.0, 16.0)])[0] == "LAS test CER <= 15%: 16.0% (one model): missed by 1.0 points"
     assert not any("CTC-only" in line for line in lines)
     assert verdicts([ctc(30.0, 12.0)]) == []
 
