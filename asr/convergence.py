@@ -81,9 +81,10 @@ class Convergence:
     late_fall: float | None = None    # best valid/loss fall over the last quarter of the steps, per 1k steps
 
 
-def read_run_curves(exp_dir: Path, label: str) -> RunCurves:
-    """The validation curves of the run in ``exp_dir``; ``valid/loss`` must exist, the rest may not."""
-    curves = run_curves(exp_dir, label)
+def read_run_curves(exp_dir: Path, label: str, curves: dict | None = None) -> RunCurves:
+    """The validation curves of the run in ``exp_dir`` (from ``curves``, its :func:`run_curves`, when the
+    caller has read them already); ``valid/loss`` must exist, the rest may not."""
+    curves = run_curves(exp_dir, label) if curves is None else curves
     loss = curves.get("valid/loss")
     if loss is None:
         raise CompareError(f"run {label} ({exp_dir}) has no valid/loss curve")

@@ -18,8 +18,7 @@ from asr.models.interface import ModelConfig
 from asr.models.registry import model_config_from_dict
 from asr.schedulers import SchedulerConfig
 from asr.training.metrics import check_metric_name
-from asr.training.schedules import TARGETS as SCHEDULE_TARGETS
-from asr.training.schedules import ScheduleConfig, check_schedule_values
+from asr.training.schedules import ScheduleConfig, check_schedule_target, check_schedule_values
 from features.config import FeatureConfig
 
 
@@ -101,8 +100,8 @@ def experiment_config_from_dict(data: dict) -> ExperimentConfig:
         # a schedule set to null is no schedule: an override (train.schedules.attention_prior=null) removes
         # a recipe's, and the value it moved holds still (model.ctc_weight, data.max_duration, ...)
         for name, value in train["schedules"].items():
-            if value is None and name not in SCHEDULE_TARGETS:
-                raise ConfigError(f"train.schedules.{name}: no such schedule target (known: {', '.join(SCHEDULE_TARGETS)})")
+            if value is None:
+                check_schedule_target(name)
         data["train"] = {**train, "schedules": {k: v for k, v in train["schedules"].items() if v is not None}}
     config = from_dict(ExperimentConfig, data)
     config.model = model_config_from_dict(model_data)

@@ -486,8 +486,8 @@ def measure_runs(runs: list[Run], targets: Targets, metrics: list[str] = ()) -> 
     """Set every run's :attr:`Run.convergence` from its TensorBoard validation curves, and its
     :attr:`Run.finals`: the last logged value of each of ``metrics`` (None where it never logged one)."""
     for run in runs:
-        run.convergence = measure(read_run_curves(run.exp_dir, run.name), targets)
-        curves = run_curves(run.exp_dir, run.name) if metrics else {}
+        curves = run_curves(run.exp_dir, run.name)  # read once: the convergence measures and the metrics
+        run.convergence = measure(read_run_curves(run.exp_dir, run.name, curves), targets)
         for name in metrics:
             curve = curves.get(metric_tag(name))
             run.finals[name] = curve.values[-1] if curve is not None and curve.values else None

@@ -9,6 +9,7 @@ Masks follow the toolkit convention (``asr.models.common``): boolean, True = may
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Callable, Iterable
 
 import torch
@@ -180,7 +181,7 @@ def checked_lengths(features: Tensor, lengths: Tensor, input_dim: int, encoder: 
     return lengths
 
 
-class SubsampledEncoder(nn.Module):
+class SubsampledEncoder(nn.Module, ABC):
     """What every encoder kind shares: (B, T, F) features -> (B, T', D) through the x4 subsampling,
     times ``sqrt(d_model)``, a stack of layers with LayerDrop, and an optional closing norm.
 
@@ -225,11 +226,13 @@ class SubsampledEncoder(nn.Module):
             x = layer(x, *layer_inputs)
         return self.final_norm(x) if self.final_norm is not None else x
 
+    @abstractmethod
     def embed(self, features: Tensor) -> tuple[Tensor, Tensor | None]:
-        raise NotImplementedError
+        """(B, T, F) -> the stack's input (B, T', D) and what each layer reads besides it (or None)."""
 
+    @abstractmethod
     def blocks(self, x: Tensor, mask: Tensor, extra: Tensor | None) -> Tensor:
-        raise NotImplementedError
+        """The stack on ``x`` (B, T', D) with ``mask`` (B, T') True = valid; usually :meth:`stack`."""
 
     def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """features: (B, T, F), lengths: (B,). Returns out (B, T', D), mask (B, T') True = valid, lengths (B,)."""

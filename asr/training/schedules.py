@@ -192,10 +192,15 @@ class LearningRateSchedule(Schedule):
         self.without_improvement = int(state["without_improvement"])
 
 
-def check_schedule_values(name: str, config: ScheduleConfig) -> None:
-    """Refuse values outside ``name``'s range, naming ``train.schedules.<name>``."""
+def check_schedule_target(name: str) -> None:
+    """Refuse a ``train.schedules`` entry that names no target."""
     if name not in TARGETS:
         raise ConfigError(f"train.schedules.{name}: no such schedule target (known: {', '.join(TARGETS)})")
+
+
+def check_schedule_values(name: str, config: ScheduleConfig) -> None:
+    """Refuse values outside ``name``'s range, naming ``train.schedules.<name>``."""
+    check_schedule_target(name)
     low, high, high_allowed = _RANGES[name]
     for update, value in config.points:
         if not (low <= value < high or (high_allowed and value == high)):
