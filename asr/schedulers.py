@@ -32,6 +32,14 @@ Formulas (``s = step + 1``, ``w = warmup_steps``, ``d = d_model``):
                   NewBob, ESPnet's RNN recipes). The decay needs the validations, so it lives in
                   :class:`asr.training.schedules.LearningRateSchedule`; here it is the warmup alone.
 
+``cooldown`` (a share c of the run, for the kinds with a flat phase: ``linear_warmup``, ``constant``,
+``plateau``) multiplies any of them by a linear fall from 1 to ``final_factor`` over the run's last c:
+warmup, stable, decay (Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed
+Training Durations"; MiniCPM's WSD). The run is its planned updates (``max_steps``, ``max_epochs``) or
+its time budget (``max_minutes``), whichever it spends faster, so a run cut short by the clock still
+lands at the low rate (budget-aware decay, Li et al. 2020). It lives in
+:class:`asr.training.schedules.LearningRateSchedule`, which knows the run's clock.
+
 Post-norm Transformers need one of the warmup schedules (the gradients near
 the output are large at initialisation, see docs/normalization.md); pre-norm
 ones train with ``constant`` as well.
@@ -56,6 +64,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from asr.config import ConfigError
 
 SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau")
+COOLDOWN_KINDS = ("linear_warmup", "constant", "plateau")
 
 
 @dataclass
@@ -68,7 +77,10 @@ class SchedulerConfig:
     # ~80% of recipes/librispeech100_transformer.yaml's 100 epochs (see the recipe); on small data
     # sets use a few hundred to a few thousand so the peak is reached at all.
     warmup_steps: int = 25000
-    final_factor: float = 0.0  # cosine only: the share of the peak rate left at the last update
+    final_factor: float = 0.0  # cosine and cooldown: the share of the peak rate left at the end of the run
+    # linear_warmup, constant and plateau: the last share of the run (its planned updates or train.max_minutes,
+    # whichever runs out first) over which the rate falls linearly to final_factor; 0: no cooldown
+    cooldown: float = 0.0
     # plateau only: the validation metric watched (any registered name, asr.training.metrics), how many
     # validations without a relative improvement above the threshold make a plateau, what each plateau
     # multiplies the rate by, and the lowest share of the peak rate it may reach
@@ -85,6 +97,11 @@ class SchedulerConfig:
             raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
         if not 0.0 <= self.final_factor <= 1.0:
             raise ValueError(f"final_factor must be within [0, 1], got {self.final_factor}")
+        if not 0.0 <= self.cooldown < 1.0:
+            raise ValueError(f"cooldown must be within [0, 1), got {self.cooldown}")
+        if self.cooldown > 0 and self.kind not in COOLDOWN_KINDS:
+            raise ValueError(f"cooldown is for the kinds with a flat phase {COOLDOWN_KINDS}, not {self.kind!r} "
+                             "(cosine decays by itself)")
         if self.plateau_patience < 1:
             raise ValueError(f"plateau_patience must be >= 1, got {self.plateau_patience}")
         if self.plateau_threshold < 0:
@@ -156,6 +173,15 @@ def cosine_lambda(warmup_steps: int, total_updates: int, final_factor: float = 0
         return final_factor + (1.0 - final_factor) * 0.5 * (1.0 + math.cos(math.pi * done))
 
     return factor
+
+
+def cooldown_factor(spent: float, cooldown: float, final_factor: float) -> float:
+    """1 until the share ``spent`` of the run reaches ``1 - cooldown``, then linearly down to
+    ``final_factor`` at ``spent = 1`` (and held there)."""
+    left = 1.0 - spent
+    if cooldown <= 0.0 or left >= cooldown:
+        return 1.0
+    return final_factor + (1.0 - final_factor) * max(left, 0.0) / cooldown
 
 
 def lr_factor(config: SchedulerConfig, d_model: int | None = None, total_updates: int | None = None) -> Callable[[int], float]:

@@ -112,6 +112,47 @@ def test_a_dev_set_that_cannot_be_read_stops_the_run_with_its_epoch_saved(tmp_pa
     assert load_checkpoint(tmp_path / "exp" / "last.pt")["training"]["progress"]["epoch"] == 2
 
 
+def _rates(exp):
+    return {step: value for _, step, value in read_scalars(exp)["train/lr"]}
+
+
+def test_a_cooldown_brings_the_rate_down_over_the_last_share_of_the_runs_updates(tmp_path):
+    args = tiny_run(tmp_path, "train.max_epochs=20", "train.max_steps=8", "train.lr=0.004",
+                    "train.scheduler.kind=constant", "train.scheduler.cooldown=0.5", "train.scheduler.final_factor=0.25")
+    assert main(args) == 0
+    rates = _rates(tmp_path / "exp")
+    assert sorted(rates) == list(range(1, 9))
+    # update s of 8: the rate falls from the peak after update 4 to a quarter of it at update 8
+    expected = {s: 0.004 * (1.0 if s <= 4 else 0.25 + 0.75 * (8 - s) / 4) for s in range(1, 9)}
+    assert rates == pytest.approx(expected)
+
+
+def test_a_cooldown_follows_the_time_budget_when_the_clock_runs_out_first(tmp_path, monkeypatch):
+    import time as real_time
+
+    import asr.training.trainer as trainer_module
+
+    class Clock:  # every reading of the trainer's clock is 2 s after the one before
+        now = real_time.time()
+
+        @classmethod
+        def time(cls):
+            cls.now += 2.0
+            return cls.now
+
+    monkeypatch.setattr(trainer_module, "time", Clock)
+    args = tiny_run(tmp_path, "train.max_epochs=1000", "train.lr=0.004", "train.scheduler.kind=constant",
+                    "train.scheduler.cooldown=0.5", "train.max_minutes=1")
+    assert main(args) == 0
+    exp = tmp_path / "exp"
+    assert "train.max_minutes=1" in (exp / "train.log").read_text()
+    rates = [value for _, value in sorted(_rates(exp).items())]
+    # 1,000 planned epochs leave the planned updates' share near 0: only the clock can bring the rate down,
+    # and it does, steadily, to near nothing by the last update
+    assert rates[0] == pytest.approx(0.004)
+    assert all(a >= b for a, b in zip(rates, rates[1:])) and rates[-1] < 0.004 * 0.3
+
+
 def test_a_time_budget_ends_the_run_after_the_first_update_past_it_and_a_resume_trains_no_more(tmp_path):
     # train.max_minutes: the proof's "at most 90 minutes of wall time", and a CTC-only model given the same
     # 60 ns: spent before the first batch arrives, and the run still makes its one update

@@ -8,7 +8,7 @@ import torch
 
 from asr.config import ConfigError, from_dict
 from asr.experiment import TrainConfig, load_experiment_config
-from asr.schedulers import SchedulerConfig, linear_warmup_lambda
+from asr.schedulers import SchedulerConfig, cooldown_factor, linear_warmup_lambda
 from asr.training.plan import PlannedIndex, plan_epoch
 from asr.training.schedules import (
     LearningRateSchedule,
@@ -16,6 +16,7 @@ from asr.training.schedules import (
     ScheduleConfig,
     ScheduleSet,
     build_schedules,
+    run_spent,
 )
 from helpers import LAS_RECIPE
 
@@ -133,6 +134,52 @@ def test_plateau_follows_the_metrics_direction_and_its_state_survives_a_resume()
     resumed = _plateau(plateau_metric="valid_attention_spearman")
     ScheduleSet({"lr": resumed}).load_state_dict(pickle.loads(pickle.dumps(ScheduleSet({"lr": lr}).state_dict())))
     assert resumed.value(8) == lr.value(8) == 0.5 and resumed.best == 0.7
+
+
+def test_a_cooldown_falls_linearly_to_the_final_factor_over_the_last_share_of_the_planned_updates():
+    config = SchedulerConfig(kind="linear_warmup", warmup_steps=5, cooldown=0.2, final_factor=0.1)
+    lr = LearningRateSchedule(2.0, config, None, total_updates=100)
+    # update number s = step + 1: the warmup ends at s = 5, the cooldown starts after s = 80, ends at s = 100
+    assert lr.value(0) == pytest.approx(2.0 / 5) and lr.value(4) == pytest.approx(2.0)
+    assert lr.value(79) == pytest.approx(2.0)
+    assert lr.value(89) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5))
+    assert lr.value(99) == pytest.approx(2.0 * 0.1) and lr.value(500) == pytest.approx(2.0 * 0.1)
+    rates = [lr.value(s) for s in range(79, 100)]
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+
+
+def test_a_cooldown_follows_the_clock_when_the_time_budget_runs_out_before_the_planned_updates():
+    minutes = [0.0]
+    spent = run_spent(total_updates=10_000, max_minutes=60.0, minutes=lambda: minutes[0])
+    config = SchedulerConfig(kind="constant", warmup_steps=0, cooldown=0.25, final_factor=0.0)
+    lr = LearningRateSchedule(1.0, config, None, total_updates=10_000, spent=spent)
+    assert lr.value(10) == 1.0
+    minutes[0] = 45.0  # three quarters of the budget: the cooldown begins
+    assert lr.value(10) == pytest.approx(1.0)
+    minutes[0] = 52.5
+    assert lr.value(10) == pytest.approx(0.5)
+    minutes[0] = 61.0  # past the budget (the run's last update)
+    assert lr.value(10) == 0.0
+    # the planned updates lead when they are further on than the clock
+    minutes[0] = 0.0
+    assert lr.value(8_749) == pytest.approx(cooldown_factor(0.875, 0.25, 0.0)) == pytest.approx(0.5)
+
+
+def test_a_plateaus_decays_and_the_cooldown_multiply():
+    config = SchedulerConfig(kind="plateau", warmup_steps=1, decay_factor=0.5, cooldown=0.5, final_factor=0.0)
+    lr = LearningRateSchedule(1.0, config, None, total_updates=100)
+    lr.observe(10, {"valid_loss": 1.0})
+    lr.observe(20, {"valid_loss": 1.0})  # a plateau: halved
+    assert lr.value(20) == 0.5 and lr.value(74) == pytest.approx(0.5 * 0.5)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["train.scheduler.kind=cosine", "train.scheduler.cooldown=0.2"], "train.scheduler: cooldown is for the kinds"),
+    (["train.scheduler.cooldown=1.0"], r"train.scheduler: cooldown must be within \[0, 1\)"),
+])
+def test_a_cooldown_the_schedule_cannot_take_is_refused_naming_the_key(options, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment_config(LAS_RECIPE.parent / "rehearsal_las.yaml", options)
 
 
 def test_an_older_runs_lambdalr_state_restores_nothing():

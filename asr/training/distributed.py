@@ -41,6 +41,13 @@ def all_agree(value: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
+def all_max(value: float, device: torch.device) -> float:
+    """The largest ``value`` over the ranks of the process group (one all-reduce)."""
+    number = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(number, op=dist.ReduceOp.MAX)
+    return float(number.item())
+
+
 def device_kind(requested: str) -> str:
     """``cuda`` or ``cpu``: what ``train.device`` (``auto``, ``cpu``, ``cuda``, ``cuda:1``) resolves to."""
     if requested == "auto":

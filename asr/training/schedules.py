@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from asr.config import ConfigError
-from asr.schedulers import SchedulerConfig, lr_factor
+from asr.schedulers import SchedulerConfig, cooldown_factor, lr_factor
 
 logger = logging.getLogger("asr.train")
 
@@ -141,21 +141,34 @@ class LearningRateSchedule(Schedule):
     each time ``plateau_metric`` has failed to improve by more than ``plateau_threshold`` (relative)
     for ``plateau_patience`` validations in a row, down to ``min_factor``. Its state (the decays so
     far, the best value, the validations without improvement) is saved with the run.
+
+    ``cooldown`` then brings the rate down to ``final_factor`` over the run's last share: ``spent(step)``
+    says how much of the run the update after ``step`` completed ones has used, from 0 to 1 (the trainer's
+    :func:`run_spent`: planned updates or the clock, whichever is further on); without it, the planned
+    updates alone (``total_updates``).
     """
 
     def __init__(self, base_lr: float, config: SchedulerConfig, d_model: int | None, total_updates: int | None,
-                 higher_is_better: Callable[[str], bool] | None = None):
+                 higher_is_better: Callable[[str], bool] | None = None,
+                 spent: Callable[[int], float] | None = None):
         self.base_lr = base_lr
         self.config = config
         self.factor = lr_factor(config, d_model=d_model, total_updates=total_updates)
+        if spent is None and config.cooldown > 0:
+            if total_updates is None:
+                raise ValueError("a cooldown needs the run's planned updates or its clock")
+            spent = run_spent(total_updates)
+        self.spent = spent
         self._higher_is_better = higher_is_better or (lambda name: False)
         self.decays = 0
         self.best: float | None = None
         self.without_improvement = 0
 
     def value(self, step: int) -> float:
-        decay = max(self.config.decay_factor**self.decays, self.config.min_factor) if self.decays else 1.0
-        return self.base_lr * self.factor(step) * decay
+        config = self.config
+        decay = max(config.decay_factor**self.decays, config.min_factor) if self.decays else 1.0
+        cooldown = cooldown_factor(self.spent(step), config.cooldown, config.final_factor) if config.cooldown else 1.0
+        return self.base_lr * self.factor(step) * decay * cooldown
 
     def observe(self, step: int, metrics: dict[str, float]) -> str | None:
         config = self.config
@@ -190,6 +203,20 @@ class LearningRateSchedule(Schedule):
         self.decays = int(state["decays"])
         self.best = state["best"]
         self.without_improvement = int(state["without_improvement"])
+
+
+def run_spent(total_updates: int, max_minutes: float | None = None,
+              minutes: Callable[[], float] | None = None) -> Callable[[int], float]:
+    """``spent(step)``: the share of the run the update after ``step`` completed ones uses, from 0 to 1:
+    ``(step + 1) / total_updates``, or the minutes run so far over ``max_minutes`` when that is further on
+    (a run on a slow or busy machine, which its time budget will end before its planned updates)."""
+    def spent(step: int) -> float:
+        share = min((step + 1) / total_updates, 1.0) if total_updates > 0 else 0.0
+        if max_minutes and minutes is not None:
+            share = max(share, min(minutes() / max_minutes, 1.0))
+        return share
+
+    return spent
 
 
 def check_schedule_target(name: str) -> None:

@@ -36,6 +36,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import yaml
@@ -50,12 +51,12 @@ from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
 from asr.schedulers import warmup_updates
 from asr.training.data import build_training_data, make_loader
-from asr.training.distributed import all_agree, device_kind, init_distributed, resolve_device
+from asr.training.distributed import all_agree, all_max, device_kind, init_distributed, resolve_device
 from asr.training.epoch_end import EpochEnd
 from asr.training.metrics import higher_is_better
 from asr.training.plan import plan_epoch
 from asr.training.reporting import RunLog, end_summary, setup_logging, write_epoch_summaries  # noqa: F401 (re-exported)
-from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules
+from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules, run_spent
 from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, restore_progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
@@ -100,6 +101,7 @@ class Trainer:
         self.last_metrics: dict[str, float] = {}  # of the latest validation, for the run's summary
         self._planned = 0  # batches planned for the epoch in progress
         self._ended_by: str | None = None  # the limit (train.max_steps or train.max_minutes) that ended the run
+        self._seconds = 0.0  # the run's clock as of its latest update (train.max_minutes only)
         self.stop_signals = StopSignals()  # installed while fit() runs
         resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
@@ -118,7 +120,8 @@ class Trainer:
                 self.raw_model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         self.optimizer = build_optimizer(self.raw_model, self.train_cfg)
-        self.schedules = build_run_schedules(config, self.raw_model, self.optimizer, len(self.data.sampler))
+        self.schedules = build_run_schedules(config, self.raw_model, self.optimizer, len(self.data.sampler),
+                                             minutes=self._minutes)
         use_amp = self.train_cfg.amp and self.device.type == "cuda"
         # No scheduler here: the schedules set the learning rate before each update.
         self.step = TrainingStep(
@@ -179,6 +182,7 @@ class Trainer:
 
     def fit(self) -> Progress:
         self._clock = (time.time(), self.progress.seconds)  # a resumed run continues its clock
+        self._seconds = self.progress.seconds
         why = f"train.max_epochs={self.train_cfg.max_epochs}"
         try:
             with self.stop_signals:
@@ -230,6 +234,11 @@ class Trainer:
         logger.warning(message)
         raise TrainingStopped(message)
 
+    def _minutes(self) -> float:
+        """Minutes of training and validation so far, a resumed run's earlier ones included, as read after
+        the latest update (train.max_minutes' check), so that every rank sees the same clock."""
+        return self._seconds / 60.0
+
     def _limit_reached(self) -> bool:
         """Whether train.max_steps or train.max_minutes ends the run here; once it has, it stays ended.
         Every rank agrees (one any rank out of time stops them all after the same update)."""
@@ -240,10 +249,11 @@ class Trainer:
         # machine so busy that the budget is spent before the first batch arrives.
         if self._ended_by is None and cfg.max_minutes is not None and self.progress.step > 0:
             started, before = self._clock
-            out = before + time.time() - started >= cfg.max_minutes * 60
-            if self.dist.enabled:
-                out = not all_agree(not out, self.device)
-            if out:
+            seconds = before + time.time() - started
+            if self.dist.enabled:  # the slowest rank's clock, the same on every rank
+                seconds = all_max(seconds, self.device)
+            self._seconds = seconds  # what the learning rate's cooldown reads until the next update
+            if seconds >= cfg.max_minutes * 60:
                 self._ended_by = f"train.max_minutes={cfg.max_minutes:g}"
         return self._ended_by is not None
 
@@ -482,13 +492,16 @@ def training_lengths(utterances) -> dict[str, float]:
     return {"longest_utterance_seconds": max(durations), "mean_utterance_seconds": sum(durations) / len(durations)}
 
 
-def build_run_schedules(config: ExperimentConfig, model: torch.nn.Module, optimizer, batches_per_epoch: int) -> ScheduleSet:
+def build_run_schedules(config: ExperimentConfig, model: torch.nn.Module, optimizer, batches_per_epoch: int,
+                        minutes: Callable[[], float] | None = None) -> ScheduleSet:
     """The run's schedules: the learning rate (``train.lr``, ``train.scheduler``), each of
-    ``train.schedules``, and a model's own regularisation schedule (the Transformer's DropHead)."""
+    ``train.schedules``, and a model's own regularisation schedule (the Transformer's DropHead).
+    ``minutes()``: the run's clock (minutes of training and validation so far), for a learning-rate
+    cooldown that ``train.max_minutes`` ends."""
     cfg = config.train
     total = planned_updates(cfg, batches_per_epoch)
     lr = LearningRateSchedule(cfg.lr, cfg.scheduler, d_model=config.model.schedule_dim, total_updates=total,
-                              higher_is_better=higher_is_better)
+                              higher_is_better=higher_is_better, spent=run_spent(total, cfg.max_minutes, minutes))
     regularisation = None
     if isinstance(model, ScheduledRegularisation):
         warmup = warmup_updates(cfg.scheduler)
