@@ -15,11 +15,13 @@ import dataclasses
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -573,6 +575,70 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
         cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))
         rows.append(cells)
     return markdown_table(header, len(others), rows)
+
+
+def welch(a: list[float | None], b: list[float | None]) -> tuple[float, float] | None:
+    """``mean(a) - mean(b)`` and the two-sided p of Welch's t-test (unequal variances) between them; values
+    that are None (not measured) are left out. None with fewer than 2 values on a side; p is nan when
+    neither side varies."""
+    a, b = [v for v in a if v is not None], [v for v in b if v is not None]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy import stats
+
+    difference = sum(a) / len(a) - sum(b) / len(b)
+    if max(a) == min(a) and max(b) == min(b):
+        return difference, math.nan  # the t statistic is undefined: no spread to judge the difference by
+    with warnings.catch_warnings():  # scipy warns of lost precision when one side does not vary; the p stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return difference, float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def _difference_text(result: tuple[float, float] | None, digits: int = 3, scale: float = 1.0) -> str:
+    """``"+1.2 (p 0.031)"``, or "n/a" where it cannot be tested."""
+    if result is None:
+        return "n/a"
+    difference, p = result
+    shown = f"{float(f'{difference * scale:.{digits}g}'):+g}"
+    return f"{shown} (p {'n/a' if math.isnan(p) else f'{p:.2g}'})"
+
+
+def comparison_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, compare_key: str,
+                     targets: Targets, scorings: list[Scoring], metrics: list[str] = ()) -> str:
+    """Each value of ``compare_key`` against its first, per setting of the other keys: for each measure the
+    difference of the means over the seeds (``seed_key``) and the two-sided p of Welch's t-test. Steps to a
+    target are compared over the seeds that reached it."""
+    others = [k for k in grid if k not in (seed_key, compare_key)]
+    base, *rest = grid[compare_key]
+
+    def wer_target(run: Run) -> float | None:
+        reached = run.convergence.wer_target if run.convergence else None
+        return None if reached is None or reached.step is None else float(reached.step)
+
+    def convergence_field(name: str):
+        return lambda run: getattr(run.convergence, name) if run.convergence else None
+
+    measures: list[tuple[str, object, float]] = [(s.label, lambda r, s=s: wer_of(r.results.get(s.name)), 1.0)
+                                                 for s in scorings]
+    measures += [("final valid WER %", convergence_field("final_wer_percent"), 1.0),
+                 ("final valid loss", convergence_field("final_loss"), 1.0)]
+    measures += [(f"final {name}", lambda r, name=name: r.finals.get(name), 1.0) for name in metrics]
+    if targets.wer_percent is not None:
+        measures.append((f"steps to valid WER <= {targets.wer_percent:g}%", wer_target, 1.0))
+    measures.append(("train min", lambda r: r.results.get("train_seconds"), 1 / 60))
+    header = [short_key(k) for k in others] + [short_key(compare_key), "seeds"] + [label for label, _, _ in measures]
+    rows = []
+    for combination in itertools.product(*(grid[k] for k in others)):
+        setting = dict(zip(others, combination))
+        matching = [r for r in runs if all(r.values[k] == v for k, v in setting.items())]
+        reference = [r for r in matching if r.values[compare_key] == base]
+        for value in rest:
+            group = [r for r in matching if r.values[compare_key] == value]
+            cells = list(combination) + [f"{value} - {base}", f"{len(group)} - {len(reference)}"]
+            cells += [_difference_text(welch([measure(r) for r in group], [measure(r) for r in reference]), 3, scale)
+                      for _, measure, scale in measures]
+            rows.append(cells)
+    return markdown_table(header, len(others) + 2, rows)
 
 
 def length_table(runs: list[Run], scorings: list[Scoring]) -> str:

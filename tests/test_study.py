@@ -267,6 +267,54 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
         assert (out / image).stat().st_size > 0 and f"]({image})" in table
 
 
+def test_welch_p_matches_the_t_distributions_closed_form_and_says_when_it_cannot_test():
+    # equal sizes and variances: Welch's degrees of freedom are 2n - 2 = 4, whose two-sided p has a closed
+    # form, p = 1 - t (t^2 + 6) / (t^2 + 4)^1.5 for t > 0
+    difference, p = study.welch([4.0, 5.0, 6.0], [1.0, 2.0, 3.0])
+    t = 3.0 / (2 / 3) ** 0.5
+    assert difference == pytest.approx(3.0)
+    assert p == pytest.approx(1 - t * (t * t + 6) / (t * t + 4) ** 1.5, rel=1e-6)
+    assert study.welch([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])[1] == pytest.approx(1.0)
+    assert study.welch([1.0, None], [1.0, 2.0]) is None  # one measured value on a side
+    difference, p = study.welch([2.0, 2.0], [1.0, 1.0])
+    assert difference == 1.0 and p != p  # no spread on either side: untestable, not "p = 0"
+
+
+def test_the_comparison_table_sets_each_value_against_the_first_per_setting():
+    from asr.convergence import Convergence, Reached
+
+    def run(norm, batch, seed, gap, wer, steps):
+        convergence = Convergence(epochs=5, steps=100, best_loss=1.0, best_loss_epoch=5, final_loss=1.0,
+                                  best_wer_percent=wer, final_wer_percent=wer, auc=1.0, loss_target=None,
+                                  wer_target=None if steps is None else Reached(epoch=3, step=steps))
+        values = {"model.encoder.conv_norm": norm, "data.max_frames_per_batch": batch, "train.seed": seed}
+        return study.Run(values=values, exp_dir=None, results={"dev": {"wer_percent": wer}, "train_seconds": 600},
+                         convergence=convergence, finals={"valid_batchnorm_gap": gap})
+
+    grid = {"model.encoder.conv_norm": ["batchnorm", "layernorm"], "data.max_frames_per_batch": ["6000", "12000"],
+            "train.seed": ["0", "1", "2"]}
+    runs = [run("batchnorm", b, s, gap, 10.0 + k, 300 + 10 * k)
+            for b in ("6000", "12000") for k, (s, gap) in enumerate(zip("012", (0.5, 0.6, 0.7)))]
+    runs += [run("layernorm", b, s, 0.0, 13.0 + k, None if k == 0 else 200)
+             for b in ("6000", "12000") for k, s in enumerate("012")]
+    table = study.comparison_table(runs, grid, "train.seed", "model.encoder.conv_norm",
+                                   study.Targets(None, 20.0), [study.Scoring("dev")], ["valid_batchnorm_gap"])
+    lines = table.splitlines()
+    assert lines[0].split("|")[1:4] == [" max_frames_per_batch ", " conv_norm ", " seeds "]
+    rows = [line for line in lines if "layernorm - batchnorm" in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["6000", "12000"]
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    by = dict(zip(header, cells))
+    p = study.welch([13.0, 14.0, 15.0], [10.0, 11.0, 12.0])[1]
+    assert by["dev WER %"] == f"+3 (p {p:.2g})" and by["final valid WER %"] == by["dev WER %"]
+    assert by["final valid_batchnorm_gap"].startswith("-0.6 (p ")
+    assert by["final valid loss"] == "+0 (p n/a)"  # the same on every run: nothing to test
+    # steps to the target over the seeds that reached it: 2 of layernorm's (200, 200) against 300, 310, 320
+    assert by["steps to valid WER <= 20%"] == f"-110 (p {study.welch([200.0, 200.0], [300.0, 310.0, 320.0])[1]:.2g})"
+    assert by["train min"] == "+0 (p n/a)"
+
+
 def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys):
     argv = [str(RECIPE), "--grid", "model.layer_norm=none,both", "train.seed=0,1", "--out", str(tmp_path)]
     for extra, message in [
@@ -275,6 +323,9 @@ def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys
         (["--target-wer", "0"], "percentage"),
         (["--target-loss", "-1"], "positive"),
         (["--metric", "valid_nonsense"], "no validation metric 'valid_nonsense'"),
+        (["--compare", "model.layer_norm"], "--compare needs --seeds"),
+        (["--seeds", "train.seed", "--compare", "train.seed"], "not a grid key other than --seeds"),
+        (["--seeds", "train.seed", "--compare", "model.layer_norms"], "not a grid key other than --seeds"),
     ]:
         with pytest.raises(SystemExit):
             study_cli.main([*argv, *extra])

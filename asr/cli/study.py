@@ -59,7 +59,10 @@ in KEY are also decoded together as one ensemble, into
   to a target over the seeds that reached it, counted), ``convergence.json``
   with the numbers, and ``valid_mean.png``: per setting the mean validation
   loss and WER curves over the seeds against optimizer steps, with a band of
-  ±1 std (``--band minmax``: minimum to maximum);
+  ±1 std (``--band minmax``: minimum to maximum). ``--compare KEY`` (with
+  ``--seeds``) then sets each of KEY's values against its first, per setting
+  of the other keys: per measure, the difference of the means over the seeds
+  and the two-sided p of Welch's t-test;
 - ``alignments.png``: each run's attention on the same dev utterance after
   its last epoch (the ``alignment_<utterance>.png`` the trainer writes), one
   row per setting (with ``--seeds``, the seeds side by side).
@@ -103,6 +106,7 @@ from asr.studies import (
     average_run,
     check_average,
     check_demo_corpora,
+    comparison_table,
     convergence_table,
     ensemble_table,
     evaluate_run,
@@ -172,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds", metavar="KEY",
         help="grid key (e.g. train.seed, or train.seed,data.seed) to report mean ± std over, per setting of the others",
     )
+    parser.add_argument(
+        "--compare", metavar="KEY",
+        help="with --seeds, a grid key (e.g. model.encoder.conv_norm) whose values are each set against its "
+             "first: the difference of the means and the p of Welch's t-test over the seeds, per measure",
+    )
     parser.add_argument("--target-loss", type=float, metavar="X", help="report the steps to the first validation loss <= X")
     parser.add_argument("--target-wer", type=float, metavar="Y", help="report the steps to the first validation WER <= Y percent")
     parser.add_argument(
@@ -215,6 +224,13 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
             raise StudyError(f"--ensemble and --pool name the same key {args.ensemble!r}")
         if args.seeds is not None and args.seeds == args.pool:
             raise StudyError(f"--seeds and --pool name the same key {args.seeds!r}")
+        if args.compare is not None:
+            if args.seeds is None:
+                raise StudyError("--compare needs --seeds: the test is over the seeds of each value")
+            if args.compare not in grid or args.compare == args.seeds:
+                raise StudyError(f"--compare {args.compare!r} is not a grid key other than --seeds ({', '.join(grid)})")
+            if len(grid[args.compare]) < 2:
+                raise StudyError(f"--compare {args.compare!r}: the grid gives it one value; give two or more")
         runs = plan_runs(args.recipe, args.overrides, grid, out, variants)
         check_demo_corpora(args.recipe, args.overrides, runs)
         if args.average_last:
@@ -380,6 +396,13 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
     lines.append(seed_table(study.runs, study.grid, args.seeds, targets, scorings, args.metrics))
     image = band_plot(study)
     lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
+    if args.compare:
+        compare = short_key(args.compare)
+        lines += [f"### {compare}: each value against {study.grid[args.compare][0]}", "",
+                  f"The difference of the means over the seeds (this value's minus {study.grid[args.compare][0]}'s) "
+                  "and the two-sided p of Welch's t-test (unequal variances); with few seeds only a large, steady "
+                  "difference reaches a small p, and a large p is no evidence of no difference.", ""]
+        lines.append(comparison_table(study.runs, study.grid, args.seeds, args.compare, targets, scorings, args.metrics))
     settings = [{"values": values, "runs": [r.name for r in group],
                  "measures": aggregate([r.convergence for r in group if r.convergence])}
                 for values, group in group_runs(study.runs, study.grid, args.seeds)]
