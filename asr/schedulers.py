@@ -209,9 +209,17 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, config: SchedulerConfig, d_model: int | None = None,
     total_updates: int | None = None,
 ) -> LambdaLR:
-    """A LambdaLR of :func:`lr_factor` (for loops of their own, such as tests; the trainer asks
-    :class:`asr.training.schedules.LearningRateSchedule` instead)."""
-    return LambdaLR(optimizer, lr_factor(config, d_model, total_updates))
+    """A LambdaLR of :func:`lr_factor` and the ``cooldown`` over ``total_updates`` (for loops of their own,
+    such as tests; the trainer asks :class:`asr.training.schedules.LearningRateSchedule` instead, which
+    also knows the run's clock)."""
+    factor = lr_factor(config, d_model, total_updates)
+    if not config.cooldown:
+        return LambdaLR(optimizer, factor)
+    if total_updates is None:
+        raise ValueError("a cooldown needs the run's planned number of updates")
+    cooldown, final = config.cooldown, config.final_factor
+    return LambdaLR(optimizer, lambda step: factor(step) * cooldown_factor(min((step + 1) / total_updates, 1.0),
+                                                                           cooldown, final))
 
 
 def _constant(step: int) -> float:

@@ -148,6 +148,19 @@ def test_a_cooldown_falls_linearly_to_the_final_factor_over_the_last_share_of_th
     assert all(a > b for a, b in zip(rates, rates[1:]))
 
 
+def test_a_lambdalr_of_the_config_takes_the_cooldown_as_the_trainer_does():
+    from asr.schedulers import build_scheduler
+
+    config = SchedulerConfig(kind="linear_warmup", warmup_steps=5, cooldown=0.3, final_factor=0.2)
+    optimizer = _optimizer(lr=0.5)
+    scheduler = build_scheduler(optimizer, config, total_updates=50)
+    trainer = LearningRateSchedule(0.5, config, None, total_updates=50)
+    for step in range(60):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(trainer.value(step)), step
+        optimizer.step()
+        scheduler.step()
+
+
 def test_a_cooldown_follows_the_clock_when_the_time_budget_runs_out_before_the_planned_updates():
     minutes = [0.0]
     spent = run_spent(total_updates=10_000, max_minutes=60.0, minutes=lambda: minutes[0])
