@@ -547,3 +547,33 @@ def test_parameter_names_are_those_of_earlier_checkpoints():
     assert list(model.state_dict()) == [f"cells.{k}.{name}" for k in range(4) for name in per_cell]
     plain = LNLSTM(3, 4, layer_norm=False)
     assert list(plain.state_dict()) == ["cells.0.weight_x", "cells.0.weight_h", "cells.0.bias"]
+
+
+def test_a_lock_left_by_a_process_stopped_while_loading_the_operator_does_not_hang_the_next_load(tmp_path):
+    # torch's build lock file (a FileBaton) outlives a process killed while ninja checks the build; every
+    # later load of the operator used to wait for it for ever (seen: a study's runs stopped by SIGTERM as
+    # they started, then every evaluation and test hung)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    from helpers import PROJECT_ROOT, subprocess_env
+
+    if lnlstm_ext.load() is None:
+        pytest.skip("the fused C++ operator cannot be built here")
+    name = next(n for n, flags in lnlstm_ext.build_configurations() if flags == lnlstm_ext.build_flags())
+    built = Path(cpp_extension._get_build_directory(name, verbose=False))
+    root = tmp_path / "extensions"
+    copy = root / built.name  # where torch looks under TORCH_EXTENSIONS_DIR
+    shutil.copytree(built, copy)  # (with its times: ninja finds it up to date and does not rebuild)
+    (copy / "lock").unlink(missing_ok=True)
+    (copy / "lock").touch()  # what the stopped process left
+    load = ("import logging; logging.basicConfig(); from asr.models.lnlstm.backends import cpp; "
+            "cpp.load(strict=True); print('loaded')")
+    result = subprocess.run([sys.executable, "-c", load], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                            timeout=300, env=dict(subprocess_env(), TORCH_EXTENSIONS_DIR=str(root)))
+    assert result.returncode == 0 and "loaded" in result.stdout, result.stderr[-2000:]
+    assert "left by a process stopped" in result.stderr
+    assert not (copy / "lock").exists()

@@ -19,6 +19,8 @@ and this module packs and unpacks them by those names only.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -123,14 +125,40 @@ def _build():
 
 
 def _compile(cpp_extension, name: str, flags: list[str]) -> None:
-    cpp_extension.load(
-        name=name,
-        sources=[str(SOURCE)],
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,  # registers torch.ops.asr_lnlstm (TORCH_LIBRARY)
-        verbose=False,
-    )
+    with _build_directory_held(Path(cpp_extension._get_build_directory(name, verbose=False))):
+        cpp_extension.load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,  # registers torch.ops.asr_lnlstm (TORCH_LIBRARY)
+            verbose=False,
+        )
+
+
+@contextlib.contextmanager
+def _build_directory_held(directory: Path):
+    """Hold ``directory`` for one process while torch builds or checks the operator there, and clear the
+    lock a stopped process left behind.
+
+    Every load, cached or not, takes torch's lock file (``lock``, a ``FileBaton``) while ninja checks the
+    build. A process stopped in that moment (a study run stopped by SIGTERM as it started, a preempted
+    job) leaves the file, and every later load waits for it for ever, silently. Loads here first take an
+    ``flock`` on ``asr.flock``, which the kernel releases when its holder dies: whoever holds it is the only
+    process of this toolkit in the directory, so a ``lock`` it finds there was left by a dead one.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "asr.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                _log.warning("LNLSTM: removing %s, left by a process stopped while it built or loaded the "
+                             "operator (every later load would wait for it)", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def load(strict: bool = False):
