@@ -175,6 +175,11 @@ def cosine_lambda(warmup_steps: int, total_updates: int, final_factor: float = 0
     return factor
 
 
+def planned_share(step: int, total_updates: int) -> float:
+    """The share of ``total_updates`` planned updates used by the update after ``step`` completed ones."""
+    return min((step + 1) / total_updates, 1.0) if total_updates > 0 else 0.0
+
+
 def cooldown_factor(spent: float, cooldown: float, final_factor: float) -> float:
     """1 until the share ``spent`` of the run reaches ``1 - cooldown``, then linearly down to
     ``final_factor`` at ``spent = 1`` (and held there)."""
@@ -218,7 +223,7 @@ def build_scheduler(
     if total_updates is None:
         raise ValueError("a cooldown needs the run's planned number of updates")
     cooldown, final = config.cooldown, config.final_factor
-    return LambdaLR(optimizer, lambda step: factor(step) * cooldown_factor(min((step + 1) / total_updates, 1.0),
+    return LambdaLR(optimizer, lambda step: factor(step) * cooldown_factor(planned_share(step, total_updates),
                                                                            cooldown, final))
 
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 from asr.config import ConfigError
-from asr.schedulers import SchedulerConfig, cooldown_factor, lr_factor
+from asr.schedulers import SchedulerConfig, cooldown_factor, lr_factor, planned_share
 
 logger = logging.getLogger("asr.train")
 
@@ -211,7 +211,7 @@ def run_spent(total_updates: int, max_minutes: float | None = None,
     ``(step + 1) / total_updates``, or the minutes run so far over ``max_minutes`` when that is further on
     (a run on a slow or busy machine, which its time budget will end before its planned updates)."""
     def spent(step: int) -> float:
-        share = min((step + 1) / total_updates, 1.0) if total_updates > 0 else 0.0
+        share = planned_share(step, total_updates)
         if max_minutes and minutes is not None:
             share = max(share, min(minutes() / max_minutes, 1.0))
         return share
