@@ -41,3 +41,13 @@ def test_all_targets_met_and_without_ctc_models_no_comparison():
 @pytest.mark.parametrize("cer, verdict", [(15.0, "met"), (15.05, "missed by 0.1 points")])
 def test_the_target_itself_is_met(cer, verdict):
     assert verdicts([las(30.0, cer)])[0].endswith(verdict)
+
+
+def test_las_meets_ctc_only_with_beam_4_where_the_rows_have_it_and_the_targets_with_the_recipes_decoding():
+    """The issue compares LAS decoded with beam 4 and CTC against CTC-only; the CER and WER targets are
+    judged on the recipe's own decoding (the rows' plain rates)."""
+    rows = [{**las(34.0, 14.0), "beam4_wer_percent": 36.0, "beam4_cer_percent": 15.5}, ctc(35.0, 15.0)]
+    lines = verdicts(rows)
+    assert lines[0].endswith("14.0% (one model): met") and lines[1].endswith("34.0% (one model): met")
+    assert lines[3] == ("LAS at least as accurate as CTC-only (LAS: beam 4 with CTC) (1 against 1): "
+                        "WER 36.0% against 35.0%, CER 15.5% against 15.0%: missed, WER by 1.0 points and CER by 0.5 points")

@@ -221,9 +221,13 @@ def test_the_proof_script_scores_and_judges_a_rehearsal_las_on_the_test_split(ti
                                  "--long", "0", "--json", str(out)]) == 0
     written = json.loads(out.read_text())
     las, ctc = written["models"]
-    for row, folder in ((las, "proof_beam4_ctc0.3"), (ctc, "proof_ctc_greedy")):
+    # the LAS twice (the recipe's beam 8, and beam 4 for the comparison with CTC-only), the CTC model once
+    for row, folder, prefix, beam in ((las, "proof_beam8_ctc0.3", "", 8), (las, "proof_beam4_ctc0.3", "beam4_", 4),
+                                      (ctc, "proof_ctc_greedy", "", None)):
         scored = json.loads((exp / folder / "wer.json").read_text())
-        assert (row["wer_percent"], row["cer_percent"]) == (scored["wer_percent"], scored["cer_percent"])
+        assert beam is None or scored["beam"] == beam
+        rates = (row[f"{prefix}wer_percent"], row[f"{prefix}cer_percent"])
+        assert rates == (scored["wer_percent"], scored["cer_percent"])
     assert las["long_utterances"] == len(list(test.rglob("*.flac")))
     assert las["aligned"] == (las["spearman"] >= 0.9 and las["at_end"] <= 0.1)
     assert written["verdicts"] == rehearsal_proof.verdicts(written["models"])
