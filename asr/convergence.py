@@ -8,8 +8,10 @@ From those, per run (:func:`measure`):
 
 - **steps to target**: the optimizer steps (and minutes, and epochs) at the
   first validation whose loss is at most ``--target-loss`` (WER at most
-  ``--target-wer``); None when no validation got there ("not reached"). The
-  true crossing lies somewhere in the epoch before: the resolution is one epoch.
+  ``--target-wer``; any other validation metric at least or at most a value,
+  as that metric improves: ``--target-metric valid_attention_spearman=0.9``);
+  None when no validation got there ("not reached"). The true crossing lies
+  somewhere in the epoch before: the resolution is one epoch.
 - **area under the validation-loss curve**: the trapezoid rule over optimizer
   steps from the first validation to the last, in loss x 1000 steps. Lower is
   better; it rewards getting low early, and compares runs with the same budget.
@@ -30,18 +32,38 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr.curves import EPOCH_AXIS, EPOCH_TAG, CompareError, run_curves
 
 
 @dataclass(frozen=True)
+class MetricTarget:
+    """A value of a validation metric (as logged: shares in percent) to reach: at least ``value`` when
+    higher is better, else at most."""
+
+    name: str                # e.g. valid_attention_spearman, logged as valid/attention_spearman
+    value: float
+    higher_is_better: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {'>=' if self.higher_is_better else '<='} {self.value:g}"
+
+    def met(self, value: float) -> bool:
+        """Whether ``value`` gets there (NaN never does)."""
+        return value >= self.value if self.higher_is_better else value <= self.value
+
+
+@dataclass(frozen=True)
 class Targets:
-    """What counts as converged: a validation loss and a validation WER in percent, each optional."""
+    """What counts as converged: a validation loss, a validation WER in percent and values of other
+    validation metrics, each optional."""
 
     loss: float | None = None
     wer_percent: float | None = None
+    metrics: tuple[MetricTarget, ...] = ()
 
 
 @dataclass
@@ -54,6 +76,9 @@ class RunCurves:
     wer: list[float] | None = None  # in percent
     steps: list[int] | None = None
     minutes: list[float] | None = None
+    # other validation metrics by name, at the loss's points (NaN where one was not logged: a LAS's attention
+    # measures during a CTC-only phase, say)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,11 +104,18 @@ class Convergence:
     loss_target: Reached | None       # None: not reached (or no target)
     wer_target: Reached | None
     late_fall: float | None = None    # best valid/loss fall over the last quarter of the steps, per 1k steps
+    metric_targets: dict[str, Reached | None] = field(default_factory=dict)  # by MetricTarget.label
 
 
-def read_run_curves(exp_dir: Path, label: str, curves: dict | None = None) -> RunCurves:
+def metric_tag(name: str) -> str:
+    """The TensorBoard tag a validation metric is logged under: ``valid_batchnorm_gap`` -> ``valid/batchnorm_gap``."""
+    return "valid/" + name.removeprefix("valid_")
+
+
+def read_run_curves(exp_dir: Path, label: str, curves: dict | None = None, metrics: tuple[str, ...] = ()) -> RunCurves:
     """The validation curves of the run in ``exp_dir`` (from ``curves``, its :func:`run_curves`, when the
-    caller has read them already); ``valid/loss`` must exist, the rest may not."""
+    caller has read them already), with those of the validation metrics named in ``metrics``; ``valid/loss``
+    must exist, the rest may not."""
     curves = run_curves(exp_dir, label) if curves is None else curves
     loss = curves.get("valid/loss")
     if loss is None:
@@ -97,11 +129,18 @@ def read_run_curves(exp_dir: Path, label: str, curves: dict | None = None) -> Ru
         at = dict(zip(curve.steps, curve.values))
         return [at[x] for x in loss.steps] if all(x in at for x in loss.steps) else None
 
+    def partly(tag: str) -> list[float]:
+        """The tag's values at loss's points, NaN where it has none."""
+        curve = curves.get(tag)
+        at = dict(zip(curve.steps, curve.values)) if curve is not None and curve.axis == loss.axis else {}
+        return [at.get(x, math.nan) for x in loss.steps]
+
+    found = {name: partly(metric_tag(name)) for name in metrics}
     if loss.axis == EPOCH_AXIS:  # a run from before the optimizer steps were logged
-        return RunCurves(loss.steps, loss.values, aligned("valid/wer"), None, aligned("valid/minutes"))
+        return RunCurves(loss.steps, loss.values, aligned("valid/wer"), None, aligned("valid/minutes"), found)
     epochs = aligned(EPOCH_TAG) or [float(i) for i in range(1, len(loss.steps) + 1)]
     return RunCurves([int(e) if float(e).is_integer() else e for e in epochs], loss.values, aligned("valid/wer"),
-                     loss.steps, aligned("valid/minutes"))
+                     loss.steps, aligned("valid/minutes"), found)
 
 
 def first_reached(values: list[float], target: float) -> int | None:
@@ -129,8 +168,13 @@ def late_fall(steps: list[int], loss: list[float], share: float = 0.25) -> float
     return (best_before - best_at_end) / ((steps[-1] - steps[index]) / 1000)
 
 
-def _reached(curves: RunCurves, values: list[float] | None, target: float | None) -> Reached | None:
-    index = None if target is None or values is None else first_reached(values, target)
+def _reached(curves: RunCurves, values: list[float] | None, target: float | MetricTarget | None) -> Reached | None:
+    if target is None or values is None:
+        index = None
+    elif isinstance(target, MetricTarget):
+        index = next((i for i, v in enumerate(values) if target.met(v)), None)
+    else:
+        index = first_reached(values, target)
     if index is None:
         return None
     step = curves.steps[index] if curves.steps else None
@@ -155,6 +199,7 @@ def measure(curves: RunCurves, targets: Targets) -> Convergence:
         loss_target=_reached(curves, curves.loss, targets.loss),
         wer_target=_reached(curves, curves.wer, targets.wer_percent),
         late_fall=late_fall(curves.steps, curves.loss) if curves.steps else None,
+        metric_targets={t.label: _reached(curves, curves.metrics.get(t.name), t) for t in targets.metrics},
     )
 
 
@@ -203,10 +248,18 @@ def aggregate(measures: list[Convergence]) -> dict:
         mean, std = mean_std(values) if values else (None, None)
         summary[name] = {"mean": mean, "std": std, "n": len(values)}
     for target in ("loss_target", "wer_target"):
-        hits = [getattr(m, target) for m in measures if getattr(m, target) is not None]
-        entry: dict = {"reached": len(hits)}
-        for field in ("step", "minutes", "epoch"):
-            values = [getattr(h, field) for h in hits if getattr(h, field) is not None]
-            entry[field] = dict(zip(("mean", "std"), mean_std(values))) if values else None
-        summary[target] = entry
+        summary[target] = _aggregate_reached([getattr(m, target) for m in measures])
+    labels = list(dict.fromkeys(label for m in measures for label in m.metric_targets))
+    if labels:
+        summary["metric_targets"] = {label: _aggregate_reached([m.metric_targets.get(label) for m in measures])
+                                     for label in labels}
     return summary
+
+
+def _aggregate_reached(reached: list[Reached | None]) -> dict:
+    hits = [r for r in reached if r is not None]
+    entry: dict = {"reached": len(hits)}
+    for name in ("step", "minutes", "epoch"):
+        values = [getattr(h, name) for h in hits if getattr(h, name) is not None]
+        entry[name] = dict(zip(("mean", "std"), mean_std(values))) if values else None
+    return entry

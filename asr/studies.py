@@ -35,6 +35,7 @@ from asr.convergence import (
     Targets,
     format_mean_std,
     measure,
+    metric_tag,
     read_run_curves,
     summarise_reached,
 )
@@ -479,17 +480,13 @@ def ensemble_table(ensembles: list[Run], grid: dict[str, list[str]], key: str, s
     return markdown_table(header, len(others), rows)
 
 
-def metric_tag(name: str) -> str:
-    """The TensorBoard tag a validation metric is logged under: ``valid_batchnorm_gap`` -> ``valid/batchnorm_gap``."""
-    return "valid/" + name.removeprefix("valid_")
-
-
 def measure_runs(runs: list[Run], targets: Targets, metrics: list[str] = ()) -> None:
     """Set every run's :attr:`Run.convergence` from its TensorBoard validation curves, and its
     :attr:`Run.finals`: the last logged value of each of ``metrics`` (None where it never logged one)."""
     for run in runs:
         curves = run_curves(run.exp_dir, run.name)  # read once: the convergence measures and the metrics
-        run.convergence = measure(read_run_curves(run.exp_dir, run.name, curves), targets)
+        named = tuple(t.name for t in targets.metrics)
+        run.convergence = measure(read_run_curves(run.exp_dir, run.name, curves, named), targets)
         for name in metrics:
             curve = curves.get(metric_tag(name))
             run.finals[name] = curve.values[-1] if curve is not None and curve.values else None
@@ -509,7 +506,14 @@ def _target_headers(targets: Targets, unit: str) -> list[str]:
         headers.append(f"{unit} to valid loss <= {targets.loss:g}")
     if targets.wer_percent is not None:
         headers.append(f"{unit} to valid WER <= {targets.wer_percent:g}%")
+    headers += [f"{unit} to {t.label}" for t in targets.metrics]
     return headers
+
+
+def _targets_reached(convergence: Convergence, targets: Targets) -> list[Reached | None]:
+    """Where ``convergence`` reached each given target, in :func:`_target_headers`' order."""
+    given = [(convergence.loss_target, targets.loss), (convergence.wer_target, targets.wer_percent)]
+    return [r for r, t in given if t is not None] + [convergence.metric_targets.get(t.label) for t in targets.metrics]
 
 
 # The convergence tables' column for asr.convergence.late_fall: near 0 on a plateau.
@@ -536,8 +540,7 @@ def convergence_table(runs: list[Run], grid: dict[str, list[str]], targets: Targ
             rows.append(cells + ["n/a"] * (len(header) - len(keys)))
             continue
         cells += [f"{c.epochs:g}", "n/a" if c.steps is None else str(c.steps)]
-        targets_given = ((c.loss_target, targets.loss), (c.wer_target, targets.wer_percent))
-        cells += [_reached_text(r) for r, t in targets_given if t is not None]
+        cells += [_reached_text(r) for r in _targets_reached(c, targets)]
         cells += [_num(c.auc), _num(c.late_fall), f"{_num(c.best_loss)} ({c.best_loss_epoch:g})", _num(c.final_loss),
                   _pct(c.best_wer_percent), _pct(c.final_wer_percent)]
         cells += [_num(run.finals.get(name)) for name in metrics]
@@ -559,10 +562,10 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
     for values, group in group_runs(runs, grid, seed_key):
         measured = [r.convergence for r in group if r.convergence is not None]
         cells = list(values.values()) + [str(len(group))]
+        reached = [_targets_reached(c, targets) for c in measured]
         for field_name in ("step", "minutes"):
-            for target, name in ((targets.loss, "loss_target"), (targets.wer_percent, "wer_target")):
-                if target is not None:
-                    cells.append(summarise_reached([getattr(c, name) for c in measured], field_name))
+            for index in range(len(_target_headers(targets, ""))):
+                cells.append(summarise_reached([r[index] for r in reached], field_name))
         cells += [format_mean_std([c.auc for c in measured]),
                   format_mean_std([c.late_fall for c in measured], 2),
                   format_mean_std([c.best_loss for c in measured]),
@@ -611,9 +614,13 @@ def comparison_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str,
     others = [k for k in grid if k not in (seed_key, compare_key)]
     base, *rest = grid[compare_key]
 
-    def wer_target(run: Run) -> float | None:
-        reached = run.convergence.wer_target if run.convergence else None
-        return None if reached is None or reached.step is None else float(reached.step)
+    def steps_to(target: str, label: str | None = None):
+        """A run's steps to the target (``"wer_target"``, or a metric target by its label), None if not reached."""
+        def steps(run: Run) -> float | None:
+            c = run.convergence
+            reached = None if c is None else (c.metric_targets.get(label) if label else getattr(c, target))
+            return None if reached is None or reached.step is None else float(reached.step)
+        return steps
 
     def convergence_field(name: str):
         return lambda run: getattr(run.convergence, name) if run.convergence else None
@@ -624,7 +631,8 @@ def comparison_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str,
                  ("final valid loss", convergence_field("final_loss"), 1.0)]
     measures += [(f"final {name}", lambda r, name=name: r.finals.get(name), 1.0) for name in metrics]
     if targets.wer_percent is not None:
-        measures.append((f"steps to valid WER <= {targets.wer_percent:g}%", wer_target, 1.0))
+        measures.append((f"steps to valid WER <= {targets.wer_percent:g}%", steps_to("wer_target"), 1.0))
+    measures += [(f"steps to {t.label}", steps_to("metric_targets", t.label), 1.0) for t in targets.metrics]
     measures.append(("train min", lambda r: r.results.get("train_seconds"), 1 / 60))
     header = [short_key(k) for k in others] + [short_key(compare_key), "seeds"] + [label for label, _, _ in measures]
     rows = []

@@ -13,6 +13,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from asr.convergence import (
     Convergence,
+    MetricTarget,
     Reached,
     RunCurves,
     Targets,
@@ -74,6 +75,45 @@ def test_measure_gives_steps_minutes_and_epochs_to_each_target():
     old = measure(RunCurves(epochs=[1, 2], loss=[2.0, 1.0]), Targets(loss=1.0))
     assert old.loss_target == Reached(epoch=2) and old.auc is None and old.best_wer_percent is None
     assert old.late_fall is None
+
+
+def test_a_metric_target_is_reached_in_the_direction_the_metric_improves_and_never_by_a_missing_value():
+    # a LAS's attention measures are not logged while a CTC-only phase keeps the speller off: NaN there
+    curves = RunCurves(epochs=[1, 2, 3], loss=[3.0, 2.0, 1.5], steps=[100, 200, 300], minutes=[2.0, 4.0, 6.0],
+                       metrics={"valid_attention_spearman": [math.nan, 0.9, 0.95], "valid_ctc_cer": [90.0, 40.0, 30.0]})
+    aligned, cer, strict = (MetricTarget("valid_attention_spearman", 0.9, True), MetricTarget("valid_ctc_cer", 35.0, False),
+                            MetricTarget("valid_attention_spearman", 0.99, True))
+    assert aligned.label == "valid_attention_spearman >= 0.9" and cer.label == "valid_ctc_cer <= 35"
+    result = measure(curves, Targets(metrics=(aligned, cer, strict)))
+    assert result.metric_targets == {aligned.label: Reached(2, 200, 4.0), cer.label: Reached(3, 300, 6.0),
+                                     strict.label: None}
+    # the other direction would have been met at once: 90 >= 35
+    assert measure(curves, Targets(metrics=(MetricTarget("valid_ctc_cer", 35.0, True),))).metric_targets == {
+        "valid_ctc_cer >= 35": Reached(1, 100, 2.0)}
+    # a metric the run never logged is never reached
+    missing = MetricTarget("valid_batchnorm_gap", 1.0, False)
+    assert measure(curves, Targets(metrics=(missing,))).metric_targets == {missing.label: None}
+    numbers = aggregate([result, measure(curves, Targets(metrics=(aligned,)))])
+    assert numbers["metric_targets"][aligned.label] == {"reached": 2, "step": {"mean": 200, "std": 0.0},
+                                                        "minutes": {"mean": 4.0, "std": 0.0},
+                                                        "epoch": {"mean": 2, "std": 0.0}}
+    assert numbers["metric_targets"][cer.label]["reached"] == 1
+
+
+def test_metric_curves_are_read_at_the_validations_with_gaps_left_as_nan(tmp_path):
+    writer = SummaryWriter(log_dir=str(tmp_path / "run"))
+    for step, loss in ((40, 3.0), (80, 2.0), (120, 1.5)):
+        writer.add_scalar("valid/loss", loss, step)
+        writer.add_scalar("epoch", step / 40, step)
+    for step, value in ((80, 0.5), (120, 0.9375)):  # none at the first validation (values exact in float32)
+        writer.add_scalar("valid/attention_spearman", value, step)
+    writer.close()
+    curves = read_run_curves(tmp_path / "run", "run", metrics=("valid_attention_spearman", "valid_ctc_cer"))
+    spearman = curves.metrics["valid_attention_spearman"]
+    assert math.isnan(spearman[0]) and spearman[1:] == [0.5, 0.9375]
+    assert all(math.isnan(v) for v in curves.metrics["valid_ctc_cer"])
+    target = MetricTarget("valid_attention_spearman", 0.9, True)
+    assert measure(curves, Targets(metrics=(target,))).metric_targets[target.label] == Reached(3, 120)
 
 
 def write_events(folder: Path, series: dict[str, list[float]]) -> None:
@@ -165,6 +205,24 @@ def test_seed_table_aggregates_each_setting_over_its_seeds():
     assert numbers["final_loss"] == {"mean": 1.5, "std": 0.5, "n": 3}
     assert numbers["loss_target"]["reached"] == 2 and numbers["loss_target"]["step"]["mean"] == 200
     json.dumps(numbers)  # it goes into convergence.json
+
+
+def test_metric_targets_get_their_columns_in_every_table():
+    runs, grid = fake_study()
+    target = MetricTarget("valid_attention_spearman", 0.9, True)
+    for k, run in enumerate(runs):  # seeds 0 and 1 of each setting aligned, at 200 and 400 steps
+        reached = Reached(k % 3 + 1, 200 * (k % 3 + 1), 1.0) if k % 3 < 2 else None
+        run.convergence = Convergence(**{**run.convergence.__dict__, "metric_targets": {target.label: reached}})
+    targets = Targets(loss=2.0, metrics=(target,))
+    header = [c.strip() for c in seed_table(runs, grid, "train.seed", targets, []).splitlines()[0].strip("|").split("|")]
+    assert header[2:6] == ["steps to valid loss <= 2", "steps to valid_attention_spearman >= 0.9",
+                           "minutes to valid loss <= 2", "minutes to valid_attention_spearman >= 0.9"]
+    rows = {row[0]: dict(zip(header, row)) for row in table_rows(seed_table(runs, grid, "train.seed", targets, []))}
+    assert rows["both"]["steps to valid_attention_spearman >= 0.9"] == "300 ± 140 (2/3)"
+    assert rows["both"]["steps to valid loss <= 2"] == "200 ± 140 (2/3)"
+    per_run = table_rows(convergence_table(runs, grid, targets))
+    assert per_run[1][4:6] == ["not reached", "400 (epoch 2, 1.0 min)"]
+    assert per_run[2][5] == "not reached"
 
 
 def test_per_run_convergence_table_says_not_reached():

@@ -218,7 +218,7 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
     assert not (out / "runs").exists()
 
     convergence = ["--seeds", "train.seed", "--target-loss", "1000", "--target-wer", "0.001",
-                   "--metric", "valid_attention_spearman"]
+                   "--metric", "valid_attention_spearman", "--target-metric", "valid_attention_at_end=100"]
     assert study_cli.main([*argv, "--ensemble", "train.seed", "--vtln-warps", "0.9,1.0", "--adapt-rounds", "1",
                            *convergence]) == 0
     printed = capsys.readouterr().out
@@ -249,6 +249,8 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
         c = results[name]["convergence"]
         assert c["epochs"] == 1 and c["steps"] == c["loss_target"]["step"] > 0  # any loss is below 1000
         assert c["loss_target"]["epoch"] == 1 and c["wer_target"] is None  # nobody gets to 0.001% WER
+        # a share logged in percent, lower is better: at most 100% at the first validation
+        assert c["metric_targets"]["valid_attention_at_end <= 100"] == c["loss_target"]
     (setting,) = json.loads((out / "convergence.json").read_text())["settings"]
     assert setting["runs"] == runs and setting["values"] == {"data.digits.held_out_speaker": "george"}
     finals = [results[name]["convergence"]["final_loss"] for name in runs]
@@ -261,6 +263,7 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
     spearman = [run_curves(folder, "run")["valid/attention_spearman"].values[-1] for folder in folders]
     assert [results[name]["final_metrics"]["valid_attention_spearman"] for name in runs] == spearman
     assert "final valid_attention_spearman" in table
+    assert "steps to valid_attention_at_end <= 100" in table and "minutes to valid_attention_at_end <= 100" in table
     assert "Mean ± sample std over 2 values of seed" in table and "| george | 2 | " in table
     assert "not reached (0/2)" in table and "(2/2)" in table and "Mean ± sample std" in printed
     for image in ("valid_mean.png", "alignments.png", "valid_loss.png"):
@@ -323,6 +326,11 @@ def test_convergence_options_are_checked_before_anything_trains(tmp_path, capsys
         (["--target-wer", "0"], "percentage"),
         (["--target-loss", "-1"], "positive"),
         (["--metric", "valid_nonsense"], "no validation metric 'valid_nonsense'"),
+        (["--target-metric", "valid_nonsense=1"], "--target-metric: no validation metric 'valid_nonsense'"),
+        (["--target-metric", "valid_ctc_cer"], "--target-metric takes NAME=VALUE"),
+        (["--target-metric", "valid_ctc_cer=low"], "'low' is not a number"),
+        (["--target-metric", "valid_ctc_cer=nan"], "must be finite"),
+        (["--target-metric", "valid_ctc_cer=30", "--target-metric", "valid_ctc_cer=20"], "given twice"),
         (["--compare", "model.layer_norm"], "--compare needs --seeds"),
         (["--seeds", "train.seed", "--compare", "train.seed"], "not a grid key other than --seeds"),
         (["--seeds", "train.seed", "--compare", "model.layer_norms"], "not a grid key other than --seeds"),

@@ -50,7 +50,9 @@ in KEY are also decoded together as one ensemble, into
 - in ``results.md`` too, how each run converged (:mod:`asr.convergence`, from
   its TensorBoard validation curves): epochs and optimizer steps, the steps
   (epoch, minutes) to the first validation at or below ``--target-loss`` and
-  ``--target-wer`` (in percent; "not reached" when none was), the area under
+  ``--target-wer`` (in percent; "not reached" when none was), and where each
+  ``--target-metric NAME=VALUE`` first reached its value (``valid_attention_spearman=0.9``:
+  the steps until a LAS's attention aligned), the area under
   the validation-loss curve over optimizer steps, how much the best
   validation loss fell over the last quarter of the steps (near 0: a plateau),
   best and final validation loss and WER. With ``--seeds KEY`` (a grid key, tied keys allowed, e.g.
@@ -96,7 +98,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.convergence import Targets, aggregate, measure, read_run_curves
+from asr.convergence import MetricTarget, Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.studies import (
     VARIANT,
@@ -184,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-loss", type=float, metavar="X", help="report the steps to the first validation loss <= X")
     parser.add_argument("--target-wer", type=float, metavar="Y", help="report the steps to the first validation WER <= Y percent")
     parser.add_argument(
+        "--target-metric", action="append", dest="target_metrics", default=[], metavar="NAME=VALUE",
+        help="report the steps to the first validation where metric NAME reaches VALUE (as logged: shares in "
+             "percent): at least VALUE when higher is better, else at most; e.g. valid_attention_spearman=0.9, "
+             "valid_ctc_cer=30; repeatable",
+    )
+    parser.add_argument(
         "--band", choices=("std", "minmax"), default="std",
         help="with --seeds, the band around the mean curves: ±1 sample std (default) or min-max",
     )
@@ -241,22 +249,39 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
     return Study(args, grid, runs, out, settings, threads, targets)
 
 
-def check_metric(parser: argparse.ArgumentParser, name: str) -> None:
+def check_metric(parser: argparse.ArgumentParser, name: str, option: str = "--metric") -> None:
     from asr.config import ConfigError
     from asr.training.metrics import check_metric_name
 
     try:
-        check_metric_name(name, "--metric")
+        check_metric_name(name, option)
     except ConfigError as err:
         parser.error(str(err))
 
 
 def check_targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Targets:
+    from asr.training.metrics import higher_is_better
+
     if args.target_loss is not None and not args.target_loss > 0:
         parser.error(f"--target-loss must be positive, got {args.target_loss}")
     if args.target_wer is not None and not 0 < args.target_wer <= 100:
         parser.error(f"--target-wer is a percentage in (0, 100], got {args.target_wer}")
-    return Targets(args.target_loss, args.target_wer)
+    metrics = []
+    for given in args.target_metrics:
+        name, sep, text = given.partition("=")
+        if not sep or not name or not text:
+            parser.error(f"--target-metric takes NAME=VALUE (e.g. valid_attention_spearman=0.9), got {given!r}")
+        check_metric(parser, name, "--target-metric")
+        try:
+            value = float(text)
+        except ValueError:
+            parser.error(f"--target-metric {name}: {text!r} is not a number")
+        if not math.isfinite(value):
+            parser.error(f"--target-metric {name}: the value must be finite, got {text!r}")
+        if any(m.name == name for m in metrics):
+            parser.error(f"--target-metric {name} is given twice")
+        metrics.append(MetricTarget(name, value, higher_is_better(name)))
+    return Targets(args.target_loss, args.target_wer, tuple(metrics))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,10 +405,11 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
         wanted.append(f"valid loss <= {targets.loss:g}")
     if targets.wer_percent is not None:
         wanted.append(f"valid WER <= {targets.wer_percent:g}%")
+    wanted += [t.label for t in targets.metrics]
     lines = ["## Convergence", "",
              "From each run's validation curves (one point per epoch; valid WER on the first "
              "train.valid_max_utterances dev utterances). Steps to a target: optimizer steps at the first "
-             "validation that reached it" + (f" ({', '.join(wanted)})" if wanted else " (no --target-loss or --target-wer given)")
+             "validation that reached it" + (f" ({', '.join(wanted)})" if wanted else " (no --target-loss, --target-wer or --target-metric given)")
              + ". AUC: area under the validation loss over optimizer steps (trapezoid rule). Fall per 1k steps, "
              "last quarter: how much the best validation loss so far fell over the last quarter of the steps; "
              "near 0 on a plateau, well above 0 when the run was still learning.", ""]
