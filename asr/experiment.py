@@ -52,6 +52,10 @@ class TrainConfig:
     keep_best: int = 3                  # best_epoch{E}.pt checkpoints kept by best_metric
     keep_last: int = 5                  # epoch{E}.pt checkpoints kept (for asr.average --last N)
     save_every_steps: int = 0           # also write last.pt every N steps (0: only at epoch ends)
+    # Also validate every N updates inside an epoch (0: at epoch ends only), as icefall's valid_interval and
+    # fairseq's validate_interval_updates: a long epoch's curves get points between its ends. Logged like
+    # an epoch's validation; ranking, early stopping, checkpoints and the plateau rate see epochs only.
+    valid_every_steps: int = 0
     log_every_steps: int = 10           # training scalars every N updates (and the first and the last)
     max_nonfinite_in_a_row: int = 10    # skipped NaN/inf steps in a row before the run stops
     max_oom_batches_in_a_row: int = 3   # batches in a row skipped for CUDA out of memory before the run stops
@@ -69,6 +73,8 @@ class TrainConfig:
             raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError(f"max_minutes must be positive or null, got {self.max_minutes}")
+        if self.valid_every_steps < 0:
+            raise ValueError(f"valid_every_steps must be >= 0 (0: at epoch ends only), got {self.valid_every_steps}")
         if self.valid_max_utterances is not None and self.valid_max_utterances < 1:
             raise ValueError(f"valid_max_utterances must be >= 1 or null, got {self.valid_max_utterances}")
         if not 0.0 <= self.valid_ctc_weight <= 1.0:

@@ -393,8 +393,9 @@ def test_the_batchnorm_gap_metric_measures_encoders_with_batchnorm_only(conv_nor
         gap.add(ValidBatch(Batch, model, model(x, lengths, tokens, token_lengths), None, [], [], None))
     trained = Transformer(config(conv_norm=conv_norm), FEATURES, vocab_size=12)
     trained.load_state_dict(model.state_dict())
-    train_out, mask, _ = trained.encoder.train()(x, lengths)
-    eval_out, _, _ = model.encoder(x, lengths)
+    with torch.no_grad():
+        train_out, mask, _ = trained.encoder.train()(x, lengths)
+        eval_out, _, _ = model.encoder(x, lengths)
     valid = mask.unsqueeze(-1)
     expected = float(((train_out - eval_out) * valid).norm() / (eval_out * valid).norm())
     assert gap.result() == pytest.approx(expected, rel=1e-4) and gap.result() > 0.01

@@ -268,6 +268,30 @@ def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_with_the_same_wei
     _assert_same_weights(expected, load_checkpoint(exp / "last.pt"))
 
 
+def test_validations_every_n_updates_are_logged_between_epochs_and_change_nothing_else(tmp_path, reference):
+    """train.valid_every_steps=2 on two epochs of 5 updates: validations after updates 2, 4, 6 and 8 of
+    the run besides the epochs' own (after 5 and 10), unranked; the weights end exactly as without them (dropout draws the
+    same numbers: a validation leaves the random state as it found it)."""
+    common, expected, reference_exp = reference
+    exp = tmp_path / "exp"
+    subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.valid_every_steps=2"]), check=True,
+                   env=subprocess_env(), capture_output=True)
+    _assert_same_weights(expected, load_checkpoint(exp / "last.pt"))
+    curves, before = run_curves(exp, "run"), run_curves(reference_exp, "reference")
+    assert before["valid/loss"].steps == [5, 10]
+    assert curves["valid/loss"].steps == [2, 4, 5, 6, 8, 10]  # 10 ends an epoch: validated once
+    # the epochs' own validations are the reference's, to the last digit
+    at = dict(zip(curves["valid/loss"].steps, curves["valid/loss"].values))
+    assert [at[5], at[10]] == before["valid/loss"].values
+    epochs = dict(zip(curves["epoch"].steps, curves["epoch"].values))
+    assert [epochs[s] for s in (2, 4, 5, 6, 10)] == pytest.approx([0.4, 0.8, 1, 1.2, 2])
+    log = (exp / "train.log").read_text()
+    assert re.search(r"step 2 \(epoch 1, not finished\): valid loss \d", log)
+    assert re.search(r"step 6 \(epoch 2, not finished\): valid loss \d", log)
+    assert sorted(p.name for p in exp.glob("epoch*.pt")) == ["epoch1.pt", "epoch2.pt"]
+    assert load_experiment_config(exp / "config.yaml").train.valid_every_steps == 2  # recorded with the run
+
+
 def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, reference):
     """A last.pt cut short (by a copy) does not stop --resume: epoch{E}.pt carries the same state."""
     common, expected, _ = reference

@@ -52,3 +52,14 @@ def test_spread_rows_picks_distinct_rows_across_the_batch():
     assert spread_rows(20, 4) == [2, 7, 12, 17]
     assert spread_rows(3, 5) == [0, 1, 2]
     assert spread_rows(7, 0) == []
+
+
+def test_a_negative_validation_interval_is_refused_naming_the_key():
+    from helpers import LAS_RECIPE
+
+    from asr.config import ConfigError
+    from asr.experiment import load_experiment_config
+
+    with pytest.raises(ConfigError, match=r"train: valid_every_steps must be >= 0 \(0: at epoch ends only\), got -1"):
+        load_experiment_config(LAS_RECIPE, ["train.valid_every_steps=-1"])
+    assert load_experiment_config(LAS_RECIPE, ["train.valid_every_steps=250"]).train.valid_every_steps == 250

@@ -313,6 +313,8 @@ class Trainer:
                 self._save_last()
             if self._limit_reached():
                 break
+            if cfg.valid_every_steps and progress.step % cfg.valid_every_steps == 0 and progress.batch_in_epoch < planned:
+                self._validate_within(number)
         bar.close()
         self._save_last()  # the epoch's training is kept before its validation runs
         validation = self.validate()
@@ -326,6 +328,14 @@ class Trainer:
         progress.batch_in_epoch = 0
         progress.epoch_first_step = None
         return self._end_of_epoch(number, validation)
+
+    def _validate_within(self, epoch: int) -> None:
+        """A validation inside epoch number ``epoch`` (``train.valid_every_steps``): logged, not ranked. The
+        random state is put back after it, so training goes on as it would have without it (and as a run
+        resumed from a checkpoint written just before it does)."""
+        random_state = rng_state()
+        self._report(epoch, self.validate(), self._epochs_done())
+        set_rng_state(random_state)
 
     def _count_skips(self, batch) -> None:
         """Log each training item whose audio failed where it was read, and count it by reason for the epoch."""
