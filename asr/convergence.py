@@ -1,8 +1,9 @@
 """How fast a run converged, read from its validation curves, and the mean ± std of that over seeds.
 
-The trainer validates once per epoch and logs ``valid/loss``, ``valid/wer``,
-``valid/minutes`` (wall-clock minutes of the run so far) and ``epoch`` (epochs
-done) at the optimizer step it has reached (:mod:`asr.training.reporting`; runs
+The trainer validates once per epoch (and every ``train.valid_every_steps``
+updates) and logs ``valid/loss``, ``valid/wer``, ``valid/minutes`` (wall-clock
+minutes of the run so far) and ``epoch`` (epochs done) at the optimizer step
+it has reached (:mod:`asr.training.reporting`; runs
 of the older layout are put on the same axis by :func:`asr.curves.run_curves`).
 From those, per run (:func:`measure`):
 
@@ -11,7 +12,8 @@ From those, per run (:func:`measure`):
   ``--target-wer``; any other validation metric at least or at most a value,
   as that metric improves: ``--target-metric valid_attention_spearman=0.9``);
   None when no validation got there ("not reached"). The true crossing lies
-  somewhere in the epoch before: the resolution is one epoch.
+  somewhere since the validation before: the resolution is one epoch, or
+  ``train.valid_every_steps`` updates where a run validates inside its epochs.
 - **area under the validation-loss curve**: the trapezoid rule over optimizer
   steps from the first validation to the last, in loss x 1000 steps. Lower is
   better; it rewards getting low early, and compares runs with the same budget.
@@ -68,8 +70,9 @@ class Targets:
 
 @dataclass
 class RunCurves:
-    """One run's validation points, one per epoch, in order (the last may be inside an epoch: a run
-    that ``train.max_steps`` stopped there; its epochs done are then a fraction)."""
+    """One run's validation points, in order: one per epoch, and any inside an epoch (every
+    ``train.valid_every_steps`` updates, or where ``train.max_steps`` stopped the run), whose epochs done
+    are a fraction."""
 
     epochs: list[float]
     loss: list[float]

@@ -614,11 +614,10 @@ def comparison_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str,
     others = [k for k in grid if k not in (seed_key, compare_key)]
     base, *rest = grid[compare_key]
 
-    def steps_to(target: str, label: str | None = None):
-        """A run's steps to the target (``"wer_target"``, or a metric target by its label), None if not reached."""
+    def steps_to(reached_in):
+        """A run's steps to the target that ``reached_in(convergence)`` gives, None where it was not reached."""
         def steps(run: Run) -> float | None:
-            c = run.convergence
-            reached = None if c is None else (c.metric_targets.get(label) if label else getattr(c, target))
+            reached = reached_in(run.convergence) if run.convergence else None
             return None if reached is None or reached.step is None else float(reached.step)
         return steps
 
@@ -631,8 +630,9 @@ def comparison_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str,
                  ("final valid loss", convergence_field("final_loss"), 1.0)]
     measures += [(f"final {name}", lambda r, name=name: r.finals.get(name), 1.0) for name in metrics]
     if targets.wer_percent is not None:
-        measures.append((f"steps to valid WER <= {targets.wer_percent:g}%", steps_to("wer_target"), 1.0))
-    measures += [(f"steps to {t.label}", steps_to("metric_targets", t.label), 1.0) for t in targets.metrics]
+        measures.append((f"steps to valid WER <= {targets.wer_percent:g}%", steps_to(lambda c: c.wer_target), 1.0))
+    measures += [(f"steps to {t.label}", steps_to(lambda c, label=t.label: c.metric_targets.get(label)), 1.0)
+                 for t in targets.metrics]
     measures.append(("train min", lambda r: r.results.get("train_seconds"), 1 / 60))
     header = [short_key(k) for k in others] + [short_key(compare_key), "seeds"] + [label for label, _, _ in measures]
     rows = []

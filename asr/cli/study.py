@@ -407,7 +407,8 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
         wanted.append(f"valid WER <= {targets.wer_percent:g}%")
     wanted += [t.label for t in targets.metrics]
     lines = ["## Convergence", "",
-             "From each run's validation curves (one point per epoch; valid WER on the first "
+             "From each run's validation curves (one point per validation: per epoch, and every "
+             "train.valid_every_steps updates where a run sets it; valid WER on the first "
              "train.valid_max_utterances dev utterances). Steps to a target: optimizer steps at the first "
              "validation that reached it" + (f" ({', '.join(wanted)})" if wanted else " (no --target-loss, --target-wer or --target-metric given)")
              + ". AUC: area under the validation loss over optimizer steps (trapezoid rule). Fall per 1k steps, "

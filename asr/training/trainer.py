@@ -424,8 +424,7 @@ class Trainer:
         """A validation in train.log and TensorBoard (with attention pictures) after ``epochs_done`` epochs,
         in epoch number ``epoch``; the run's clock is brought up to it."""
         progress, metrics = self.progress, validation.metrics
-        started, before = self._clock
-        progress.seconds = before + time.time() - started
+        self._read_clock()
         figures = []
         if self.writer is not None and metrics:
             when = f"after epoch {epoch}" if epochs_done == epoch else f"step {progress.step} (in epoch {epoch})"
@@ -456,9 +455,16 @@ class Trainer:
         }
 
     def _save_last(self) -> None:
+        self._read_clock()  # a run resumed from this checkpoint goes on from this time (train.max_minutes)
         if not self.dist.is_main:
             return
         save_checkpoint(self.exp_dir / "last.pt", self._payload(self._training_state()))
+
+    def _read_clock(self) -> None:
+        """Bring the run's clock (``progress.seconds``: training and validation so far, a resumed run's
+        earlier time included) up to now."""
+        started, before = self._clock
+        self.progress.seconds = before + time.time() - started
 
     def _restore(self, state: dict) -> None:
         self.raw_model.load_state_dict(state["model"])
