@@ -248,8 +248,7 @@ class Trainer:
         # The budget ends a run only once it has made an update: "after the first update past it", even on a
         # machine so busy that the budget is spent before the first batch arrives.
         if self._ended_by is None and cfg.max_minutes is not None and self.progress.step > 0:
-            started, before = self._clock
-            seconds = before + time.time() - started
+            seconds = self._clock_now()
             if self.dist.enabled:  # the slowest rank's clock, the same on every rank
                 seconds = all_max(seconds, self.device)
             self._seconds = seconds  # what the learning rate's cooldown reads until the next update
@@ -463,8 +462,12 @@ class Trainer:
     def _read_clock(self) -> None:
         """Bring the run's clock (``progress.seconds``: training and validation so far, a resumed run's
         earlier time included) up to now."""
+        self.progress.seconds = self._clock_now()
+
+    def _clock_now(self) -> float:
+        """The run's clock now, in seconds (a resumed run's earlier time included)."""
         started, before = self._clock
-        self.progress.seconds = before + time.time() - started
+        return before + time.time() - started
 
     def _restore(self, state: dict) -> None:
         self.raw_model.load_state_dict(state["model"])
