@@ -66,7 +66,7 @@ def tiled_corpus(target: Path, copies: int, shared_data: Path) -> Path:
     """A LibriSpeech-layout folder under ``target`` (returned: the folder holding ``LibriSpeech/``) whose
     train-clean-100 is ``copies`` speakers each reading the five LibriVox utterances, and whose dev-clean
     is one more: links to the same FLAC files, so only the reading is real."""
-    mini = shared_data / "librivox_mini" / "LibriSpeech" / "test-mini"
+    mini = shared_data.resolve() / "librivox_mini" / "LibriSpeech" / "test-mini"
     lines = (mini / "9999" / "1" / "9999-1.trans.txt").read_text().split("\n")
     utterances = [line.split(" ", 1) for line in lines if line.strip()]
     for subset, speakers in (("train-clean-100", range(1000, 1000 + copies)), ("dev-clean", [9000])):

@@ -68,14 +68,15 @@ def datasets(mini, pipeline, tokenizer, train: bool, epoch: int = 3):
     return sets
 
 
-def assert_rows_equal_items(batch, items):
+def assert_rows_equal_items(batch, items, atol: float = 2e-5):
+    """atol relative to each utterance's largest feature magnitude."""
     lengths = [item["features"].shape[0] for item in items]
     assert len(set(lengths)) > 1  # really a padded batch
     assert batch.feature_lengths.tolist() == lengths
     assert batch.features.shape == (len(items), max(lengths), items[0]["features"].shape[1])
     for row, item in enumerate(items):
         scale = item["features"].abs().max()
-        torch.testing.assert_close(batch.features[row, : lengths[row]].cpu(), item["features"], rtol=1e-5, atol=2e-5 * scale)
+        torch.testing.assert_close(batch.features[row, : lengths[row]].cpu(), item["features"], rtol=1e-5, atol=atol * scale)
         assert not batch.features[row, lengths[row] :].any()  # padding is zero, as in collate
 
 
@@ -145,7 +146,9 @@ def test_features_on_cuda_equal_the_loader_features(mini, tokenizer, name):
     items = [loader_set[i] for i in range(len(mini))]
     batch = with_features(collate([device_set[i] for i in range(len(mini))]).to("cuda"), pipeline)
     assert batch.features.device.type == "cuda"
-    assert_rows_equal_items(batch, items)
+    # cuFFT sums in another order than the CPU's FFT: the power of a quiet bin differs in its last bits,
+    # and the log (fbank) turns that into up to 5e-5 of the largest feature (H200, 2026-11-26); 4x that here
+    assert_rows_equal_items(batch, items, atol=2e-4)
 
 
 @pytest.mark.slow

@@ -505,14 +505,14 @@ def test_cuda_auto_uses_triton_and_graphs_match_eager(implementation, monkeypatc
     x, lengths = torch.randn(3, 30, 5), torch.tensor([30, 11, 2])
     lnlstm.set_implementation("auto")
     assert model.select_backend(x.cuda()) == "triton"
-    graphs = run_with_grads(model, x, lengths, None, "auto")
-    graphs_again = run_with_grads(model, x, lengths, None, "auto")  # replayed
+    recorded = run_with_grads(model, x, lengths, None, "auto")
+    replayed = run_with_grads(model, x, lengths, None, "auto")
     monkeypatch.setattr(graphs.LNLSTM_POLICY, "enabled", False)
     eager = run_with_grads(model, x, lengths, None, "auto")
     reference = run_with_grads(copy.deepcopy(model), x, lengths, None, "python")
     for name in reference:
-        assert_close(graphs[name], eager[name], name=name)
-        assert_close(graphs_again[name], eager[name], name=name)
+        assert_close(recorded[name], eager[name], name=name)
+        assert_close(replayed[name], eager[name], name=name)
         assert_close(eager[name], reference[name], name=name)
 
 
@@ -538,7 +538,7 @@ def test_cuda_graphs_survive_growing_shapes(implementation, monkeypatch):
         assert all(graph is not None for _, graph in entries.values())
     monkeypatch.setattr(graphs.LNLSTM_POLICY, "enabled", False)
     eager = [run_with_grads(model, x, lengths, None, "triton") for x, lengths in inputs]
-    for graphs, graphs_again, expected in zip(recorded, recorded_again, eager):
+    for first, again, expected in zip(recorded, recorded_again, eager):
         for name in expected:
-            assert_close(graphs[name], expected[name], name=name)
-            assert_close(graphs_again[name], expected[name], name=name)
+            assert_close(first[name], expected[name], name=name)
+            assert_close(again[name], expected[name], name=name)

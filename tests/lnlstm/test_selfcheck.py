@@ -143,3 +143,28 @@ def test_the_check_leaves_the_runs_random_numbers_as_they_were():
     before = torch.random.get_rng_state()
     selfcheck.passes("cpp", CellSpec(), CPU, torch.float32, torch.float32, single_step=False)
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+@needs_cpp
+def test_under_autocast_the_check_holds_both_paths_to_the_autocast_dtype_and_keeps_its_own_verdict(monkeypatch):
+    # Under bf16 autocast the reference path's GEMMs run in bf16, 1e-2 from float32: a float32
+    # tolerance failed every fused backend there (seen on an H200 in LAS training, 2026-11-26). A backend
+    # 1% off float32 is inside bf16's tolerance but not float32's, so the two verdicts must differ.
+    reference = backends()["reference"]
+
+    def one_percent_off(params, x, lengths, h0, c0, cuda_graphs):
+        with torch.autocast("cpu", enabled=False):
+            y, h, c = reference.layer(params, x.float(), lengths, h0.float(), c0.float(), cuda_graphs)
+        return y * 1.01, h, c
+
+    monkeypatch.setattr(backends()["cpp"], "layer", one_percent_off)
+    lstm = LNLSTM(5, 4, bidirectional=True)
+    x = torch.randn(2, 3, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lstm.select_backend(x) == "cpp"
+    assert selfcheck.fallbacks() == []
+    assert lstm.select_backend(x) == "reference"  # float32: 1% is too far
+    (entry,) = selfcheck.fallbacks()
+    assert "autocast" not in entry["call"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lstm.select_backend(x) == "cpp"  # its own verdict, kept

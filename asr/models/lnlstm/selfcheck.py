@@ -52,7 +52,7 @@ def passes(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
     always may; with ``mode`` "off" every backend may."""
     if name == "reference" or mode == "off":
         return True
-    key = (name, str(device), dtype, param_dtype, spec, single_step)
+    key = (name, str(device), dtype, param_dtype, spec, single_step, _autocast_dtype(device))
     if key not in _verdicts:
         _verdicts[key] = _check(name, spec, device, dtype, param_dtype, single_step)
         if _verdicts[key] is not None:
@@ -79,11 +79,22 @@ def forget() -> None:
     _fallbacks.clear()
 
 
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device`` here, or None outside autocast. The check runs in the
+    caller's autocast region, as the call it stands for does: under bf16 autocast both paths compute their
+    GEMMs in bf16, and the two are held to bf16's tolerance, not float32's."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
+
+
 def _describe(key: tuple) -> str:
-    _, _, dtype, param_dtype, spec, single_step = key
+    _, _, dtype, param_dtype, spec, single_step, amp = key
     kind = "one step" if single_step else "a layer"
     norm = spec.variant if spec.layer_norm else "no layer norm"
-    return f"{kind}, {norm}, {str(dtype).removeprefix('torch.')} input, {str(param_dtype).removeprefix('torch.')} weights"
+    under = f" under {str(amp).removeprefix('torch.')} autocast" if amp is not None else ""
+    return (f"{kind}, {norm}, {str(dtype).removeprefix('torch.')} input, "
+            f"{str(param_dtype).removeprefix('torch.')} weights{under}")
 
 
 def _record(key: tuple, reason: str) -> dict:
@@ -112,7 +123,7 @@ def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
         return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     finally:
         torch.set_num_threads(threads)
-    atol, rtol = _TOLERANCE.get(dtype, _TOLERANCE[torch.float32])
+    atol, rtol = _TOLERANCE.get(_autocast_dtype(device) or dtype, _TOLERANCE[torch.float32])
     for what, got, want in zip(_NAMES, ours, theirs):
         if got is None and want is None:
             continue
