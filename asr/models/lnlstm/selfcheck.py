@@ -53,9 +53,10 @@ def passes(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
     always may; with ``mode`` "off" every backend may."""
     if name == "reference" or mode == "off":
         return True
-    key = (name, str(device), dtype, param_dtype, spec, single_step, _autocast_dtype(device))
+    amp = _autocast_dtype(device)
+    key = (name, str(device), dtype, param_dtype, spec, single_step, amp)
     if key not in _verdicts:
-        _verdicts[key] = _check(name, spec, device, dtype, param_dtype, single_step)
+        _verdicts[key] = _check(name, spec, device, dtype, param_dtype, single_step, amp)
         if _verdicts[key] is not None:
             _fallbacks.append(_record(key, _verdicts[key]))
             if mode != "strict":
@@ -104,7 +105,7 @@ def _record(key: tuple, reason: str) -> dict:
 
 
 def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
-           single_step: bool) -> str | None:
+           single_step: bool, amp: torch.dtype | None = None) -> str | None:
     """None when ``name`` agrees with the reference path on a tiny call, else the reason it does not."""
     from asr.models.lnlstm.backends import backends
 
@@ -124,7 +125,7 @@ def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtyp
         return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     finally:
         torch.set_num_threads(threads)
-    atol, rtol = _TOLERANCE.get(_autocast_dtype(device) or dtype, _TOLERANCE[torch.float32])
+    atol, rtol = _TOLERANCE.get(amp or dtype, _TOLERANCE[torch.float32])
     for what, got, want in zip(_NAMES, ours, theirs):
         if got is None and want is None:
             continue
