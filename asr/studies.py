@@ -271,9 +271,41 @@ def train_run(run: Run, recipe: Path, overrides: list[str], threads: int) -> Non
     seconds = time.time() - start
     if status != 0:
         raise StudyError(f"run {run.name} failed (exit {status}); its output is in {log_path}")
-    # An interrupted and resumed run counts only the attempt that finished it.
-    timing.write_text(json.dumps({"train_seconds": seconds, "resumed": "--resume" in command}) + "\n")
+    # attempt_seconds: the attempt that finished it; train_seconds: the trainer's own clock, every attempt
+    # of an interrupted and resumed run (training and validation, the pauses between attempts not counted).
+    clock = trainer_clock(run.exp_dir)
+    timing.write_text(json.dumps({"train_seconds": seconds if clock is None else clock, "attempt_seconds": seconds,
+                                  "resumed": "--resume" in command}) + "\n")
     logger.info("finished %s in %.1f min", run.name, seconds / 60)
+
+
+def trainer_clock(exp_dir: Path) -> float | None:
+    """The run's own clock in ``exp_dir/last.pt`` (seconds of training and validation over every attempt),
+    or None where last.pt is missing or saved none."""
+    from asr.checkpointing import CheckpointError, load_checkpoint
+
+    try:
+        progress = load_checkpoint(exp_dir / "last.pt").get("training", {}).get("progress", {})
+    except CheckpointError:
+        return None
+    seconds = progress.get("seconds") if isinstance(progress, dict) else None
+    return float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+
+
+def training_seconds(exp_dir: Path) -> float | None:
+    """How long a finished run trained, from its ``study_time.json``: every attempt of a resumed run.
+
+    Files written before ``attempt_seconds`` existed timed only the attempt that finished a resumed run;
+    for those the trainer's clock in ``last.pt`` is read instead."""
+    timing = exp_dir / "study_time.json"
+    if not timing.exists():
+        return None
+    saved = json.loads(timing.read_text())
+    if saved.get("resumed") and "attempt_seconds" not in saved:
+        clock = trainer_clock(exp_dir)
+        if clock is not None:
+            return clock
+    return saved["train_seconds"]
 
 
 def average_run(run: Run, last: int) -> Path:

@@ -143,6 +143,11 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tin
     for run in results:
         assert run["dev"]["utterances"] == 4 and run["test"]["utterances"] == 4
         assert run["final_valid_loss"] > 0 and run["train_seconds"] > 0
+        # The minutes are the trainer's own clock, which excludes the subprocess's start-up.
+        folder = out / "runs" / f"held_out_speaker-{run['values']['data.digits.held_out_speaker']}"
+        clock = load_checkpoint(folder / "last.pt")["training"]["progress"]["seconds"]
+        timing = json.loads((folder / "study_time.json").read_text())
+        assert run["train_seconds"] == pytest.approx(clock) and clock < timing["attempt_seconds"]
         # The test split is the held-out speaker's own digits.
         refs = (out / "runs" / f"held_out_speaker-{run['values']['data.digits.held_out_speaker']}" / "eval_test" / "ref.txt")
         assert all(run["values"]["data.digits.held_out_speaker"] in line for line in refs.read_text().splitlines())
@@ -161,6 +166,27 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tin
     capsys.readouterr()
     assert study_cli.main(argv) == 0
     assert (checkpoint.stat().st_mtime_ns, evaluation.stat().st_mtime_ns) == stamps
+
+
+def test_a_resumed_runs_minutes_are_the_trainers_clock_over_every_attempt(tmp_path):
+    from asr.checkpointing import save_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    timing = run / "study_time.json"
+    assert study.training_seconds(run) is None  # not finished
+    save_checkpoint(run / "last.pt", {"config": {}, "model": {}, "training": {"progress": {"seconds": 5220.0}}})
+    # Written before attempt_seconds existed: a resumed run's file timed its last attempt only.
+    timing.write_text(json.dumps({"train_seconds": 600.0, "resumed": True}))
+    assert study.training_seconds(run) == 5220.0
+    timing.write_text(json.dumps({"train_seconds": 600.0, "resumed": False}))
+    assert study.training_seconds(run) == 600.0
+    timing.write_text(json.dumps({"train_seconds": 5220.0, "attempt_seconds": 600.0, "resumed": True}))
+    assert study.training_seconds(run) == 5220.0
+    (run / "last.pt").unlink()  # an old resumed run whose checkpoint is gone keeps what it has
+    timing.write_text(json.dumps({"train_seconds": 600.0, "resumed": True}))
+    assert study.training_seconds(run) == 600.0
+    assert study.trainer_clock(run) is None
 
 
 @pytest.mark.slow

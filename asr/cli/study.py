@@ -78,7 +78,8 @@ A study is resumable: a finished run (its folder holds ``study_time.json``)
 is not trained again, an interrupted one (``last.pt`` but no
 ``study_time.json``) is continued with ``--resume``, and an evaluation is
 reused when its ``wer.json`` is newer than the checkpoint and was made with
-the same settings. Values are split at commas outside brackets, so
+the same settings. A resumed run's training minutes are the trainer's own
+clock, summed over its attempts. Values are split at commas outside brackets, so
 ``features.speed_perturb=[0.9,1.0,1.1],[]`` is two values.
 """
 
@@ -126,6 +127,7 @@ from asr.studies import (
     seed_table,
     short_key,
     train_run,
+    training_seconds,
 )
 
 if TYPE_CHECKING:
@@ -321,12 +323,11 @@ def score_runs(study: Study, scorings: list[Scoring]) -> dict[str, Path]:
     for run in study.runs:
         validations = measure(read_run_curves(run.exp_dir, run.name), Targets())
         finite = math.isfinite(validations.best_loss)
-        timing = run.exp_dir / "study_time.json"
         run.results.update(
             final_valid_loss=validations.final_loss,
             best_valid_loss=validations.best_loss if finite else None,
             best_epoch=validations.best_loss_epoch if finite else None,
-            train_seconds=json.loads(timing.read_text())["train_seconds"] if timing.exists() else None,
+            train_seconds=training_seconds(run.exp_dir),
         )
     return models
 
