@@ -105,7 +105,7 @@ def _record(key: tuple, reason: str) -> dict:
 
 
 def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
-           single_step: bool, amp: torch.dtype | None = None) -> str | None:
+           single_step: bool, amp: torch.dtype | None) -> str | None:
     """None when ``name`` agrees with the reference path on a tiny call, else the reason it does not."""
     from asr.models.lnlstm.backends import backends
 
