@@ -163,8 +163,11 @@ def split_values(text: str) -> list[str]:
     return [v.strip() for v in values]
 
 
-def parse_grid(entries: list[str]) -> dict[str, list[str]]:
+def parse_grid(entries: list[str], variants_file: bool = False) -> dict[str, list[str]]:
     """``["KEY=V1,V2", ...]`` -> ``{KEY: [V1, V2]}``; errors name the entry.
+
+    ``variant=A,B`` is a grid entry only beside a variants file (``variants_file``): it picks
+    which of the file's variants run (:func:`choose_variants`).
 
     ``KEY1,KEY2=V1,V2`` ties the keys: both take V1 in one run and V2 in the
     other (e.g. pre- or post-norm in the encoder and the decoder together).
@@ -187,11 +190,25 @@ def parse_grid(entries: list[str]) -> dict[str, list[str]]:
         for value in parsed:
             tied_values(key, value)  # a tied value with the wrong number of parts fails here, before any run
         grid[key] = parsed
-    if VARIANT in grid:
+    if VARIANT in grid and not variants_file:
         raise StudyError(f"--grid: {VARIANT!r} is not a config key (--variants FILE gives the variants)")
     if len({short_key(k) for k in grid}) != len(grid):
         raise StudyError(f"--grid: two keys end in the same name ({', '.join(grid)}); run names would collide")
     return grid
+
+
+def choose_variants(variants: dict[str, list[str]], names: list[str] | None, path: Path) -> dict[str, list[str]]:
+    """The variants a study runs: all of ``variants`` (read from ``path``) when ``names`` is None, else
+    those ``names`` picks (``--grid variant=A,B``), in that order; an unknown name is an error naming
+    the file and its variants. Runs keep their folders either way, so a study of the whole file later
+    reuses the runs a subset made."""
+    if names is None:
+        return variants
+    unknown = [name for name in names if name not in variants]
+    if unknown:
+        raise StudyError(f"--grid {VARIANT}=...: {', '.join(map(repr, unknown))} not in {path} "
+                         f"(its variants: {', '.join(variants)})")
+    return {name: variants[name] for name in names}
 
 
 def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path,

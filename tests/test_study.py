@@ -107,6 +107,28 @@ def test_a_bad_variants_file_is_refused_naming_the_file_and_the_variant(tmp_path
     assert "--grid" in capsys.readouterr().err
 
 
+def test_grid_variant_runs_only_the_named_variants_in_their_order_and_in_the_same_folders(tmp_path, capsys):
+    variants_file = RECIPE.parent / "variants" / "rehearsal_las_bootstraps.yaml"
+    argv = [str(RECIPE.parent / "rehearsal_las.yaml"), "--variants", str(variants_file), "--out", str(tmp_path)]
+    parser = study_cli.build_parser()
+    whole = study_cli.plan(parser, [*argv, "--grid", "train.seed=0"])
+    some = study_cli.plan(parser, [*argv, "--grid", "variant=none,no_ctc_phase", "train.seed=0,1"])
+    assert [r.name for r in some.runs] == ["variant=none,seed=0", "variant=none,seed=1",
+                                           "variant=no_ctc_phase,seed=0", "variant=no_ctc_phase,seed=1"]
+    assert some.grid[study.VARIANT] == ["none", "no_ctc_phase"]
+    by_name = {r.name: r for r in whole.runs}
+    assert len(whole.runs) == len(study.read_variants(variants_file)) > 2
+    for run in some.runs[::2]:  # seed 0: the whole file's run of that variant, its folder and its overrides
+        assert run.exp_dir == by_name[run.name].exp_dir and run.overrides() == by_name[run.name].overrides()
+    with pytest.raises(SystemExit):
+        study_cli.plan(parser, [*argv, "--grid", "variant=none,no_such_thing"])
+    printed = capsys.readouterr().err
+    assert "'no_such_thing' not in" in printed and str(variants_file) in printed and "no_ctc_phase" in printed
+    with pytest.raises(SystemExit):  # without a variants file, 'variant' is no grid key
+        study_cli.plan(parser, [argv[0], "--grid", "variant=none", "--out", str(tmp_path)])
+    assert "'variant' is not a config key" in capsys.readouterr().err
+
+
 def test_threads_default_to_the_cores_shared_among_jobs_and_can_be_fewer(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(study_cli.os, "cpu_count", lambda: 8)
     argv = [str(RECIPE.parent / "rehearsal_las.yaml"), "--grid", "train.seed=0,1", "--out", str(tmp_path)]

@@ -15,7 +15,8 @@ named after its grid values (``layer_norm=none,mvn=global``). ``--variants
 FILE`` adds comparisons a grid cannot express, such as an ablation that
 removes one thing at a time: FILE maps names to lists of overrides
 (:func:`asr.studies.read_variants`), and the runs take each in turn as the
-grid key ``variant``, crossed with ``--grid`` (``variant=no_prior,seed=1``). Keys joined by
+grid key ``variant``, crossed with ``--grid`` (``variant=no_prior,seed=1``); ``--grid variant=A,B``
+runs only those of the file's variants. Keys joined by
 a comma before the ``=`` are tied: they take each value together, or one
 ``:``-separated part each (``model.norm_type,model.fixnorm=layernorm:false,scalenorm:true``). Positional
 overrides apply to every run. After training, each run's ``last.pt`` is
@@ -109,6 +110,7 @@ from asr.studies import (
     average_run,
     check_average,
     check_demo_corpora,
+    choose_variants,
     comparison_table,
     convergence_table,
     ensemble_table,
@@ -157,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--variants", type=Path, metavar="FILE",
         help="a YAML mapping of variant names to lists of overrides: the runs take each variant in turn "
-             "(crossed with --grid), as the grid key 'variant' (e.g. one bootstrap removed at a time)",
+             "(crossed with --grid), as the grid key 'variant' (e.g. one bootstrap removed at a time); "
+             "--grid variant=A,B runs only those of them",
     )
     parser.add_argument("--out", type=Path, help="study folder (default exp/study_<recipe name>)")
     parser.add_argument("--tag", action="append", dest="tags", metavar="TAG", help="curves to plot (default valid/loss)")
@@ -223,9 +226,10 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
     if not args.grid and args.variants is None:
         parser.error("give --grid KEY=V1,V2 ..., --variants FILE, or both")
     try:
-        grid = parse_grid(args.grid)
+        grid = parse_grid(args.grid, variants_file=args.variants is not None)
         variants = read_variants(args.variants) if args.variants is not None else None
         if variants is not None:
+            variants = choose_variants(variants, grid.pop(VARIANT, None), args.variants)
             grid = {VARIANT: list(variants), **grid}
         for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble), ("--seeds", args.seeds)):
             if key is not None and key not in grid:
