@@ -24,19 +24,22 @@ from asr.experiment import load_experiment_config  # noqa: E402
 from asr.models.registry import build_model  # noqa: E402
 from asr.training.step import TrainingStep  # noqa: E402
 from asr.training.trainer import build_optimizer  # noqa: E402
+from features.pipeline import FeaturePipeline  # noqa: E402
 
 if not torch.cuda.is_available():
     sys.exit("benchmarks/oom_skip.py needs a CUDA GPU")
 device = torch.device("cuda")
 config = load_experiment_config(Path(__file__).resolve().parents[1] / "recipes" / "librispeech100.yaml")
-tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=300)
-model = build_model(config.model, 80, tokenizer).to(device).train()
+vocab_size = config.data.bpe_vocab_size
+feature_dim = FeaturePipeline(config.features).feature_dim
+tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
+model = build_model(config.model, feature_dim, tokenizer).to(device).train()
 optimizer = build_optimizer(model, config.train)
-step = TrainingStep(model, optimizer, grad_clip=5.0, use_amp=True)
+step = TrainingStep(model, optimizer, grad_clip=config.train.grad_clip, use_amp=config.train.amp)
 
 
 def batch(n, seconds):
-    f, l, t, tl = synthetic_batch(n, seconds, 6.0, 300, 80, device)
+    f, l, t, tl = synthetic_batch(n, seconds, 6.0, vocab_size, feature_dim, device)
     return Batch([f"u{i}" for i in range(n)], f, l, t, tl)
 
 
