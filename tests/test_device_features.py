@@ -217,4 +217,6 @@ def test_the_data_loading_benchmark_measures_both_paths_of_both_recipes(shared_d
         "features on the loader", "features on the device", "features on the loader", "features on the device"
     ]
     assert all("loader wait" in line and "% of step time" in line for line in lines)
+    # one timed step against the 2 batches one worker keeps ready: flagged, for each recipe and path
+    assert result.stdout.count("not judged") == 4, result.stdout
     assert "librispeech100.yaml (las" in result.stdout and "librispeech100_transformer.yaml (transformer" in result.stdout
