@@ -132,13 +132,19 @@ def loader_wait(batches, dataset: SpeechDataset, trainer: Trainer, workers: int,
     return wait, total
 
 
-def warm_shapes(batches, utterances, trainer: Trainer, config) -> None:
+def training_set(trainer: Trainer, compute_on: str) -> SpeechDataset:
+    """The trainer's training utterances, their features computed where ``compute_on`` says, epoch 0."""
+    data = trainer.config.data
+    dataset = SpeechDataset(trainer.data.train_set.utterances, trainer.pipeline, trainer.tokenizer, train=True,
+                            seed=data.seed, strict=data.strict, compute_on=compute_on)
+    dataset.set_epoch(0)
+    return dataset
+
+
+def warm_shapes(batches, trainer: Trainer) -> None:
     """One untimed training step on each of ``batches``, features computed in this process, so that no
     measured path pays for a shape's first step."""
-    dataset = SpeechDataset(utterances, trainer.pipeline, trainer.tokenizer, train=True, seed=config.data.seed,
-                            strict=config.data.strict, compute_on="device")
-    dataset.set_epoch(0)
-    for batch in make_loader(batches, dataset, 0, config.data.seed, pin_memory=False):
+    for batch in make_loader(batches, training_set(trainer, "device"), 0, trainer.config.data.seed, pin_memory=False):
         if trainer.step.backward(with_features(batch.to(trainer.device), trainer.pipeline)).loss is not None:
             trainer.step.update()
     synchronize(trainer.device)
@@ -165,12 +171,10 @@ def run_recipe(name: str, root: Path, overrides: list[str], args, fixed: list[st
               f"{len(batches)} batches of {utterances / len(batches):.1f} utterances on average, "
               f"max_frames_per_batch={config.data.max_frames_per_batch}")
         print(f"  overrides: {' '.join(overrides) or 'none (the recipe as shipped, data.root aside)'}")
-        warm_shapes(batches[args.warmup:], data.train_set.utterances, trainer, config)
+        warm_shapes(batches[args.warmup:], trainer)
         results = defaultdict(dict)
         for where in ("loader", "device"):
-            dataset = SpeechDataset(data.train_set.utterances, trainer.pipeline, trainer.tokenizer, train=True,
-                                    seed=config.data.seed, strict=config.data.strict, compute_on=where)
-            dataset.set_epoch(0)
+            dataset = training_set(trainer, where)
             results[where]["pass"] = throughput(batches, dataset, trainer, args.workers)
             results[where]["wait"] = loader_wait(batches, dataset, trainer, args.workers, args.warmup)
         for where, result in results.items():
