@@ -48,6 +48,9 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     chosen = {name for names in recorded["lnlstm_backends"].values() for name in names}
     assert {"listener.layers.0", "speller.cells.0"} <= chosen
     assert set(recorded["lnlstm_backends_ran"]["cpu"]) == set(recorded["lnlstm_backends"])
+    # and which code computed its attention (the fused C++ step, where it builds)
+    assert [name for names in recorded["attention_backends"].values() for name in names] == ["speller.attention"]
+    assert set(recorded["attention_backends"]) <= set(recorded["attention_backends_ran"])
     assert "runtime: lnlstm_backends:" in (exp / "train.log").read_text()
     # the environment's overrides of the recipe (ASR_* variables), named so; none here
     assert "runtime: environment_overrides: {}" in (exp / "train.log").read_text()

@@ -40,6 +40,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from asr.models import attention_fused
+
 
 @dataclass
 class AttentionConfig:
@@ -69,6 +71,10 @@ class AttentionConfig:
     chunk: int = 2
     monotonic_bias: float = -4.0
     sigmoid_noise: float = 1.0
+    # Which code computes a step of types content and location (asr/models/attention_fused.py): auto
+    # (the fused C++ step on CPU with one head, where it builds; else PyTorch ops), reference (PyTorch
+    # ops always) or cpp (an error where the fused step cannot run). The run records what ran.
+    backend: Literal["auto", "reference", "cpp"] = "auto"
 
     def __post_init__(self) -> None:
         if self.type not in ("content", "dot", "location", "mocha"):
@@ -83,6 +89,8 @@ class AttentionConfig:
             raise ValueError(f"sigmoid_noise must be >= 0, got {self.sigmoid_noise}")
         if self.type == "mocha" and self.heads != 1:
             raise ValueError(f"heads must be 1 with type 'mocha', got {self.heads}")
+        if self.backend not in attention_fused.BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(attention_fused.BACKENDS)}, got {self.backend!r}")
         if self.type == "mocha" and self.window:
             raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
         for name in ("dim", "heads", "conv_channels", "conv_kernel"):
@@ -188,6 +196,7 @@ class Attention(nn.Module):
         projected_keys: torch.Tensor | None = None,
         attend: torch.Tensor | None = None,
         energy_bias: torch.Tensor | None = None,
+        accumulator: attention_fused.Accumulator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One attention step.
 
@@ -197,13 +206,19 @@ class Attention(nn.Module):
         projected_keys: :meth:`project_keys` of ``keys``, or None to compute it;
         attend: (B, T) bool, the frames this step may attend to (a window, :meth:`window_mask`),
         None = every valid frame; energy_bias: (B, T) added to every head's energies after the
-        scaling (a prior), None = none.
+        scaling (a prior), None = none; accumulator: a loop's
+        :class:`~asr.models.attention_fused.Accumulator` (the fused step only; None = none).
 
         Returns context (B, H) and weights (B, heads, T), each head's weights
         summing to 1 over the valid frames and exactly 0 on padded frames.
         """
         if projected_keys is None:
             projected_keys = self.project_keys(keys)
+        if self.config.backend != "reference" and attention_fused.chosen(self, keys.device, keys.dtype) == "cpp":
+            attention_fused.record("cpp")
+            return attention_fused.step(self, query, keys, mask, prev_weights, projected_keys, attend, energy_bias,
+                                        accumulator)
+        attention_fused.record("reference")
         batch, heads, time, dim = projected_keys.shape
         q = self.query_proj(query).view(batch, heads, 1, dim)
         # Every step touches (B, heads, T, dim) values: the code below makes as

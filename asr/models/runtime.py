@@ -1,4 +1,4 @@
-"""What code computes a model here: the LN-LSTM backends, the C++ build flags, CUDA graphs.
+"""What code computes a model here: the LN-LSTM and attention backends, the C++ build flags, CUDA graphs.
 
 Two runs of one recipe can run different code (a machine without a compiler falls back to the
 reference path; an override switches a path for a benchmark). The trainer writes
@@ -14,7 +14,8 @@ import logging
 import torch
 from torch import nn
 
-from asr.models import cuda_graphs, overrides
+from asr.models import attention_fused, cuda_graphs, overrides
+from asr.models.attention import Attention
 from asr.models.lnlstm import LNLSTM, LNLSTMCell, selection, selfcheck
 from asr.models.lnlstm.backends import cpp as cpp_backend
 from asr.models.speller import Speller
@@ -39,6 +40,11 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         dtype = cell.weight_h.dtype
         chosen[name] = selection.checked(module.backend, cell.spec, device, dtype, dtype,
                                          single_step=isinstance(module, LNLSTMCell), check=module.check)
+    attention = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            dtype = module.query_proj.weight.dtype
+            attention[name] = attention_fused.chosen(module, device, dtype)
     switches = {
         "lnlstm": [m.cuda_graphs for m in model.modules() if isinstance(m, LNLSTM)],
         "speller": [m.cuda_graphs for m in model.modules() if isinstance(m, Speller)],
@@ -51,6 +57,7 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         "lnlstm_backends": _grouped(chosen),
         # fused backends that failed their check against the reference path (asr.models.lnlstm.selfcheck)
         "lnlstm_fallbacks": selfcheck.fallbacks(),
+        "attention_backends": _grouped(attention),  # the fused C++ step or PyTorch ops (asr.models.attention_fused)
         "cpp_build_flags": " ".join(cpp_backend.build_flags()) if cpp_backend.build_flags() else None,
         "cuda_graphs": {
             "lnlstm": env.get("ASR_LNLSTM_CUDA_GRAPHS", all(switches["lnlstm"])) if switches["lnlstm"] else None,
@@ -67,14 +74,15 @@ def snapshot() -> dict:
 
 def ran(since: dict | None = None) -> dict:
     """What ran (after the ``since`` :func:`snapshot`, else in this process): LN-LSTM backends per
-    device type, and CUDA graphs recorded per kind with the capture failure if any."""
+    device type, the attention paths (in this process), and CUDA graphs recorded per kind with the
+    capture failure if any."""
     graphs = cuda_graphs.report()
     if since is not None:
         for kind, entry in graphs.items():
             entry["recorded"] -= since["cuda_graphs"][kind]["recorded"]
     calls = since["lnlstm_calls"] if since is not None else None
     return {"lnlstm_backends_ran": selection.ran(calls), "lnlstm_fallbacks": selfcheck.fallbacks(),
-            "cuda_graphs_recorded": graphs}
+            "attention_backends_ran": attention_fused.ran(), "cuda_graphs_recorded": graphs}
 
 
 def lines(record: dict) -> list[str]:

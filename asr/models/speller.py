@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.models import speller_graphs
+from asr.models import attention_fused, speller_graphs
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm import LNLSTMCell
@@ -194,7 +194,7 @@ class Speller(nn.Module):
             attend = self.attention.window_mask(static["mask"], state["focus"]) if "focus" in state else None
             context, weights = self.attention(
                 x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend,
-                energy_bias=energy_bias,
+                energy_bias=energy_bias, accumulator=static.get("accumulator"),
             )
         read = torch.zeros_like(context) if without_context else context
         log_probs = F.log_softmax(self.output(torch.cat([x, read], dim=-1)), dim=-1)
@@ -244,6 +244,9 @@ class Speller(nn.Module):
         """:meth:`forward`'s loop over output steps, run eagerly: :meth:`eager_step` per step (:meth:`step`
         when neither the prior nor the context-free diagnostic is asked for)."""
         state = self.init_state(keys, mask)
+        if torch.is_grad_enabled() and isinstance(self.attention, Attention):
+            # The fused attention step sums the keys' gradients over the loop here (attention_fused.Accumulator).
+            state[STATIC_STATE_KEY]["accumulator"] = attention_fused.Accumulator()
         sample = self.training and self.sampling_probability > 0.0
         plain = target_lengths is None and not without_context
         log_probs, weights = [], []

@@ -37,6 +37,9 @@ from asr.models import overrides
 from asr.models.lnlstm.backends import LAYER_INPUTS, LN_INPUTS, layer_inputs
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
+# Built into the same library: the fused attention step (asr.models.attention_fused) and the math both share.
+SHARED_SOURCES = Path(__file__).resolve().parents[2] / "csrc"
+SOURCES = (SOURCE, SHARED_SOURCES / "attention.cpp")
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -128,10 +131,11 @@ def _compile(cpp_extension, name: str, flags: list[str]) -> None:
     with _build_directory_held(Path(cpp_extension._get_build_directory(name, verbose=False))):
         cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             extra_cflags=flags,
+            extra_include_paths=[str(SHARED_SOURCES)],
             extra_ldflags=["-fopenmp"],
-            is_python_module=False,  # registers torch.ops.asr_lnlstm (TORCH_LIBRARY)
+            is_python_module=False,  # registers torch.ops.asr_lnlstm and asr_attention (TORCH_LIBRARY)
             verbose=False,
         )
 
