@@ -89,7 +89,9 @@ class Accumulator:
         self.weights: list[torch.Tensor] = []
         self.grad_contexts: list[torch.Tensor] = []
 
-    def totals(self, keys: torch.Tensor, projected_keys: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def totals(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The projected keys' and the keys' gradients summed over the steps so far (None: none), and a
+        fresh start."""
         d_keys = None
         if self.grad_contexts:
             weights = torch.stack(self.weights, 1)  # (B, steps, T)
@@ -142,7 +144,7 @@ class _FusedStep(torch.autograd.Function):
             if grad_context is not None:
                 accumulator.weights.append(weights)
                 accumulator.grad_contexts.append(grad_context)
-            d_pk, d_keys = accumulator.totals(keys, projected_keys) if ctx.first else (None, None)
+            d_pk, d_keys = accumulator.totals() if ctx.first else (None, None)
         if not ctx.location:
             d_prev = d_conv_w = d_loc_w = None
         return (None, None, None, d_pk, d_keys, None, None, d_prev, d_q, d_conv_w, d_loc_w, d_v,

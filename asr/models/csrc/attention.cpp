@@ -29,12 +29,29 @@
 
 #include "fast_math.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace {
 
 using namespace asr_math;
 
-inline float exp_(float x) { return exp_approx(x); }
-inline double exp_(double x) { return std::exp(x); }
+// exp for the softmax: 0 where float's exp underflows (exp_approx clamps there, which would leave every
+// frame far from the attention's peak with a tiny weight instead of none).
+inline float softmax_exp(float x) { return x < -87.3f ? 0.f : exp_approx(x); }
+inline double softmax_exp(double x) { return std::exp(x); }
+
+// Denormal numbers flushed to zero while an operator runs (restored after): a sharp attention, or the
+// diagonal prior's energies, leave most frames' weights and gradients far below float's smallest normal
+// number, and arithmetic on denormals is many times slower. Frames whose weight is exactly 0 are skipped.
+struct FlushDenormals {
+#if defined(__SSE__)
+  unsigned int saved = _mm_getcsr();
+  FlushDenormals() { _mm_setcsr(saved | 0x8040); }  // flush-to-zero and denormals-are-zero
+  ~FlushDenormals() { _mm_setcsr(saved); }
+#endif
+};
 
 // A dot product of a short vector (a frame's dim or key values): 16 partial sums, where fast_math.h's
 // dot keeps 64 and then spends longer adding them up than on the products.
@@ -161,6 +178,7 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& pk, const at::Tensor
     T* G = save ? gates.mutable_data_ptr<T>() : nullptr;
     T* L = save && s.location ? loc.mutable_data_ptr<T>() : nullptr;
     at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+      FlushDenormals flushed;
       std::vector<T> z(s.D), own_loc(s.location && !L ? s.C * s.T : 0), pm(s.location ? s.T + s.KW - 1 : 0);
       for (int64_t b = begin; b < end; ++b) {
         const bool* allow = A + b * s.T;
@@ -190,14 +208,14 @@ std::vector<at::Tensor> attention_forward(const at::Tensor& pk, const at::Tensor
         }
         T total = 0;
         for (int64_t t = 0; t < s.T; ++t) {
-          w[t] = allow[t] ? exp_(w[t] - top) : T(0);
+          w[t] = allow[t] ? softmax_exp(w[t] - top) : T(0);
           total += w[t];
         }
         T* ctx = CTX + b * s.H;
         std::fill(ctx, ctx + s.H, T(0));
         for (int64_t t = 0; t < s.T; ++t) {
           w[t] /= total;
-          if (!allow[t]) continue;
+          if (!allow[t] || w[t] == T(0)) continue;
           axpy(s.H, w[t], K + (b * s.T + t) * s.H, ctx);
         }
       }
@@ -255,6 +273,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_context, const
     T* DLW = s.location ? d_lw_b.mutable_data_ptr<T>() : nullptr;
     T* DCW = s.location ? d_cw_b.mutable_data_ptr<T>() : nullptr;
     at::parallel_for(0, s.B, 1, [&](int64_t begin, int64_t end) {
+      FlushDenormals flushed;
       std::vector<T> ge(s.T), dz(s.D), dl(s.location ? s.C * s.T : 0), pm(s.location ? s.T + s.KW - 1 : 0),
           dpm(s.location ? s.T + s.KW - 1 : 0);
       for (int64_t b = begin; b < end; ++b) {
@@ -263,8 +282,12 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_context, const
         // d loss / d weights, through the context as well
         T inner = 0;
         for (int64_t t = 0; t < s.T; ++t) {
+          if (!allow[t] || w[t] == T(0)) {  // no share in the context, the softmax's backward gives 0
+            ge[t] = 0;
+            continue;
+          }
           T g = GW ? GW[b * s.T + t] : T(0);
-          if (GC && allow[t]) {
+          if (GC) {
             const T* kt = K + (b * s.T + t) * s.H;
             const T* gcb = GC + b * s.H;
             g += dot16(gcb, kt, s.H);
@@ -281,10 +304,7 @@ std::vector<at::Tensor> attention_backward(const at::Tensor& grad_context, const
         T* dlwb = s.location ? DLW + b * s.C * s.D : nullptr;
         std::fill(dl.begin(), dl.end(), T(0));  // (C, T), zero on the frames not attended
         for (int64_t t = 0; t < s.T; ++t) {
-          if (!allow[t]) {
-            ge[t] = 0;
-            continue;
-          }
+          if (!allow[t] || w[t] == T(0)) continue;
           const T de = w[t] * (ge[t] - inner);  // softmax backward: d loss / d e[t]
           DB[b * s.T + t] = de;
           const T dd = T(scaling) * de;  // d loss / d (v . tanh z)
