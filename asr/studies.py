@@ -211,6 +211,17 @@ def choose_variants(variants: dict[str, list[str]], names: list[str] | None, pat
     return {name: variants[name] for name in names}
 
 
+def study_grid(entries: list[str], variants_path: Path | None) -> tuple[dict[str, list[str]], dict[str, list[str]] | None]:
+    """The grid and the variants a study runs, from ``--grid`` ``entries`` and ``--variants`` ``variants_path``:
+    beside a variants file the grid's :data:`VARIANT` entry comes first and names the chosen variants
+    (all of the file's when ``--grid`` names none)."""
+    grid = parse_grid(entries, variants_file=variants_path is not None)
+    if variants_path is None:
+        return grid, None
+    variants = choose_variants(read_variants(variants_path), grid.pop(VARIANT, None), variants_path)
+    return {VARIANT: list(variants), **grid}, variants
+
+
 def plan_runs(recipe: Path, overrides: list[str], grid: dict[str, list[str]], out: Path,
               variants: dict[str, list[str]] | None = None) -> list[Run]:
     """Every combination of the grid as a :class:`Run`, each config validated before anything trains.

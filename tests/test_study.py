@@ -413,7 +413,7 @@ def test_every_shipped_variants_file_plans_with_the_study_its_header_shows(varia
     for line in studies:
         args = study_cli.build_parser().parse_args(shlex.split(line)[3:])
         assert args.variants.name == variants
-        read = study.read_variants(RECIPE.parent.parent / args.variants)
-        grid = {study.VARIANT: list(read), **parse_grid(args.grid)}
-        runs = study.plan_runs(RECIPE.parent.parent / args.recipe, args.overrides, grid, tmp_path, read)
-        assert len(runs) == len(read) * max(1, len(args.grid and parse_grid(args.grid)["train.seed"]))
+        grid, chosen = study.study_grid(args.grid, RECIPE.parent.parent / args.variants)
+        runs = study.plan_runs(RECIPE.parent.parent / args.recipe, args.overrides, grid, tmp_path, chosen)
+        assert len(runs) == len(chosen) * len(grid.get("train.seed", [None]))
+        assert [run.values[study.VARIANT] for run in runs[:: len(grid.get("train.seed", [None]))]] == list(chosen)

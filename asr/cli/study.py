@@ -103,14 +103,12 @@ from asr.cli.options import add_decode_arguments, decode_settings
 from asr.convergence import MetricTarget, Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.studies import (
-    VARIANT,
     Run,
     Scoring,
     StudyError,
     average_run,
     check_average,
     check_demo_corpora,
-    choose_variants,
     comparison_table,
     convergence_table,
     ensemble_table,
@@ -119,15 +117,14 @@ from asr.studies import (
     has_split,
     length_table,
     measure_runs,
-    parse_grid,
     plan_ensembles,
     plan_runs,
     pooled_table,
-    read_variants,
     results_table,
     scorings_for,
     seed_table,
     short_key,
+    study_grid,
     train_run,
     training_seconds,
 )
@@ -226,11 +223,7 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
     if not args.grid and args.variants is None:
         parser.error("give --grid KEY=V1,V2 ..., --variants FILE, or both")
     try:
-        grid = parse_grid(args.grid, variants_file=args.variants is not None)
-        variants = read_variants(args.variants) if args.variants is not None else None
-        if variants is not None:
-            variants = choose_variants(variants, grid.pop(VARIANT, None), args.variants)
-            grid = {VARIANT: list(variants), **grid}
+        grid, variants = study_grid(args.grid, args.variants)
         for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble), ("--seeds", args.seeds)):
             if key is not None and key not in grid:
                 raise StudyError(f"{option} {key!r} is not a grid key ({', '.join(grid)})")
