@@ -39,27 +39,9 @@ from las_step import decoder_case, step_case, synthetic_batch  # noqa: E402
 
 from asr.experiment import load_experiment_config  # noqa: E402
 from asr.models import attention_fused  # noqa: E402
-from asr.models.common import add_sos_eos  # noqa: E402
 from asr.models.registry import build_model  # noqa: E402
 from asr.training.trainer import build_optimizer  # noqa: E402
 from features.pipeline import FeaturePipeline  # noqa: E402
-
-
-def prior_case(model, features, lengths, tokens, token_lengths):
-    """The speller's forward + backward with the attention prior on (strength 1, as the rehearsal
-    recipe's attention_prior schedule has it from the speller's first update)."""
-    with torch.no_grad():
-        encoder = model.encode(features, lengths)
-    decoder_input, target = add_sos_eos(tokens, token_lengths, model.sos_id, model.eos_id, model.pad_id)
-    keys = encoder.out.detach().requires_grad_()
-
-    def run() -> None:
-        model.speller.attention_prior = 1.0
-        log_probs, _ = model.speller(decoder_input, keys, encoder.mask, target_lengths=token_lengths + 1)
-        model.speller.attention_prior = 0.0
-        log_probs.gather(2, target.unsqueeze(-1)).sum().neg().backward()
-
-    return run
 
 
 def greedy_case(model, features, lengths, steps: int):
@@ -111,7 +93,7 @@ def main() -> None:
         optimizer = build_optimizer(model, config.train)
         cases[backend] = {
             "speller forward + backward": decoder_case(model, *batch),
-            "the same with the attention prior": prior_case(model, *batch),
+            "the same with the attention prior": decoder_case(model, *batch, prior=1.0),
             "whole training step": step_case(model, optimizer, config.train.grad_clip, batch),
             f"greedy decoding, {args.decode_steps} steps": greedy_case(model, batch[0], batch[1], args.decode_steps),
         }

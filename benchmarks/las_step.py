@@ -82,9 +82,9 @@ def encoder_case(model, features, lengths):
     return run
 
 
-def decoder_case(model, features, lengths, tokens, token_lengths):
+def decoder_case(model, features, lengths, tokens, token_lengths, prior: float = 0.0):
     """Decoder forward + backward on a fixed (detached) encoder output; the loss is the
-    summed NLL of the targets."""
+    summed NLL of the targets. ``prior``: a LAS speller's attention prior strength while it runs (0: none)."""
     with torch.no_grad():
         encoder = model.encode(features, lengths)
     decoder_input, target = add_sos_eos(tokens, token_lengths, model.sos_id, model.eos_id, model.pad_id)
@@ -92,7 +92,12 @@ def decoder_case(model, features, lengths, tokens, token_lengths):
 
     def run() -> None:
         if hasattr(model, "speller"):
-            log_probs, _ = model.speller(decoder_input, keys, encoder.mask)
+            model.speller.attention_prior = prior
+            try:
+                log_probs, _ = model.speller(decoder_input, keys, encoder.mask,
+                                             target_lengths=token_lengths + 1 if prior else None)
+            finally:
+                model.speller.attention_prior = 0.0
         else:
             fixed = EncoderOutput(out=keys, mask=encoder.mask, lengths=encoder.lengths)
             log_probs = model.decoder_log_probs(fixed, decoder_input, token_lengths + 1)
