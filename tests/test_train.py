@@ -73,6 +73,11 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     assert 0 < epochs[1] < 1 and sorted(epochs.values()) == [epochs[s] for s in sorted(epochs)]  # rising
     minutes = [e.value for e in events.Scalars("valid/minutes")]
     assert 0 < minutes[0] < minutes[1]
+    # where the training loop's time went, at every logged update
+    assert [e.step for e in events.Scalars("time/loader_wait")] == train_steps
+    assert all(0 <= e.value <= 1 for e in events.Scalars("time/loader_wait"))
+    assert all(e.value > 0 for e in events.Scalars("time/seconds_per_update"))
+    assert "s/update, loader wait" in (exp / "train.log").read_text()
     log = (exp / "train.log").read_text()
     # The command line and its overrides in the log and, with the resolved config, in TensorBoard.
     assert f"overrides: {' '.join(args)}" in log and "command line: python -m asr.train" in log

@@ -12,7 +12,9 @@ Per logged optimiser update (every ``train.log_every_steps``, the first, and ``t
 the last): ``train/loss``, ``train/lr``, ``train/grad_norm`` and ``grad_norm/<group>`` (before
 clipping, :func:`asr.training.step.gradient_groups`), the value of every other schedule in force
 (``train/ctc_weight``, ``train/max_duration``, ...; a model's scheduled regularisers, e.g.
-``train/drophead_encoder``), and ``epoch``. Per validation, at the step it follows: every validation
+``train/drophead_encoder``), ``time/seconds_per_update`` and ``time/loader_wait`` (the wall time per
+update since the last logged one, and the share of it spent waiting for the loader:
+:mod:`asr.training.timing`), and ``epoch``. Per validation, at the step it follows: every validation
 metric the model has (``valid/loss``, ``valid/wer``, ``valid/ctc_cer``, ``valid/attention_spearman``,
 ... :mod:`asr.training.metrics`; WER, CER and the other shares in percent, as in ``train.log``,
 ``wer.json`` and every table), ``valid/minutes`` (so curves can be drawn against time),
@@ -122,12 +124,15 @@ class RunLog:
         return self.writer is not None and (step % self.log_every_steps == 0 or step in (1, self.last_step))
 
     def step(self, epoch: int, step: int, loss: float, grad_norm: float | None, group_norms: dict | None,
-             values: dict[str, float], epochs_done: float) -> None:
+             values: dict[str, float], epochs_done: float, timing: dict[str, float] | None = None) -> None:
         """The update ``step`` just made in epoch number ``epoch`` (from 1), with the schedules'
-        ``values`` it was made with; ``epochs_done`` counts the epochs done with this one's share."""
+        ``values`` it was made with; ``epochs_done`` counts the epochs done with this one's share;
+        ``timing`` (:meth:`asr.training.timing.LoaderClock.read`) the wall time per update and the loader's
+        share of it since the last logged update."""
         if not self.logs_step(step):
             return
         lr = values.get("lr", float("nan"))
+        timing = timing or {}
         with writing(self.event_file()):
             self.writer.add_scalar("train/loss", loss, step)
             if grad_norm is not None:
@@ -136,8 +141,14 @@ class RunLog:
                 self.writer.add_scalar(f"grad_norm/{group}", norm, step)
             for name, value in values.items():
                 self.writer.add_scalar(f"train/{name}", value, step)
+            for name, value in timing.items():
+                self.writer.add_scalar(f"time/{name}", value, step)
             self._epoch(step, epochs_done)
-        logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
+        if timing:
+            logger.info("epoch %d step %d loss %.4f lr %.3g, %.3g s/update, loader wait %.0f%%", epoch, step, loss,
+                        lr, timing["seconds_per_update"], 100 * timing["loader_wait"])
+        else:
+            logger.info("epoch %d step %d loss %.4f lr %.3g", epoch, step, loss, lr)
 
     def validation(self, epoch: int, progress: Progress, metrics: dict[str, float], figures,
                    epochs_done: float) -> None:

@@ -60,6 +60,7 @@ from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_sche
 from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, restore_progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
+from asr.training.timing import LoaderClock
 from asr.training.validation import Validation, alignment_figures, validate
 from asr.writing import atomic_write
 from features.config import resolve_compute_on
@@ -280,7 +281,8 @@ class Trainer:
         bar = tqdm(total=len(batches), desc=f"epoch {number}", disable=None if self.dist.is_main else True, leave=False)
         accumulated, utterances, start = 0, 0, time.time()
         values: dict[str, float] = {}
-        for batch in self._loader(batches, self.data.train_set, epoch):
+        clock = LoaderClock()
+        for batch in clock.batches(self._loader(batches, self.data.train_set, epoch)):
             if accumulated == 0:  # a step boundary: nothing accumulated that a resume would lose
                 self._stop_if_asked()
                 values = self.schedules.apply(progress.step)  # the values this update is made with
@@ -303,17 +305,20 @@ class Trainer:
                 self._skipped(update.skipped, batch.ids)
                 continue
             progress.step += 1
+            clock.updated()
             progress.nonfinite_in_a_row = progress.oom_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
             self.log.step(number, progress.step, outcome.loss, update.grad_norm, update.group_norms, values,
-                          epoch + progress.batch_in_epoch / planned)
+                          epoch + progress.batch_in_epoch / planned,
+                          clock.read() if self.log.logs_step(progress.step) else None)
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self._limit_reached():
                 break
             if cfg.valid_every_steps and progress.step % cfg.valid_every_steps == 0 and progress.batch_in_epoch < planned:
                 self._validate_within(number)
+                clock.restart()  # the validation's time is no update's
         bar.close()
         self._save_last()  # the epoch's training is kept before its validation runs
         validation = self.validate()
