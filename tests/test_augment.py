@@ -59,9 +59,9 @@ def band_energy_db(waveform, low_hz, high_hz, rate=RATE):
 def lag_of_best_match(a, b, max_lag=200):
     """The shift of ``b`` against ``a`` (in samples, within ``max_lag``) at which they correlate best."""
     a, b = a.double().numpy(), b.double().numpy()
-    lags = range(-max_lag, max_lag + 1)
-    scores = [np.dot(a[max_lag : -max_lag], np.roll(b, -lag)[max_lag : -max_lag]) for lag in lags]
-    return list(lags)[int(np.argmax(scores))]
+    # scores[k] = sum over the middle of a of a[i] * b[i + k - max_lag], k = 0 .. 2 max_lag
+    scores = scipy.signal.correlate(b, a[max_lag:-max_lag], mode="valid", method="fft")
+    return int(np.argmax(scores)) - max_lag
 
 
 # --- band limits -----------------------------------------------------------------------------------------
