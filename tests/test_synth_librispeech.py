@@ -321,6 +321,7 @@ def test_bad_options_are_refused_by_the_command(tmp_path):
         main([str(tmp_path), "--jobs", "0"])
 
 
+@pytest.mark.slow  # plans until the text runs out
 def test_more_hours_than_the_text_holds_are_refused_before_anything_is_written(tmp_path, capsys):
     assert main([str(tmp_path / "out"), "--hours", "200", "--quiet"]) == 2
     assert "the text ran out" in capsys.readouterr().err

@@ -207,7 +207,9 @@ def test_gradcheck_float64_layer_norm(implementation):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
-@pytest.mark.parametrize("case", ["3000 frames", "zero input", "constant input", "scaled 1e4", "scaled 1e-4"])
+@pytest.mark.parametrize(
+    "case", [pytest.param("3000 frames", marks=pytest.mark.slow), "zero input", "constant input", "scaled 1e4", "scaled 1e-4"]
+)
 def test_outputs_and_gradients_stay_finite(implementation, case):
     torch.manual_seed(3)
     time = 3000 if case == "3000 frames" else 50
@@ -549,6 +551,7 @@ def test_parameter_names_are_those_of_earlier_checkpoints():
     assert list(plain.state_dict()) == ["cells.0.weight_x", "cells.0.weight_h", "cells.0.bias"]
 
 
+@pytest.mark.slow  # a second process loads the operator
 def test_a_lock_left_by_a_process_stopped_while_loading_the_operator_does_not_hang_the_next_load(tmp_path):
     # torch's build lock file (a FileBaton) outlives a process killed while ninja checks the build; every
     # later load of the operator used to wait for it for ever (seen: a study's runs stopped by SIGTERM as

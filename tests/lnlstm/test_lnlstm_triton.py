@@ -158,6 +158,7 @@ def test_kernels_are_interpreted_on_cpu():
     assert isinstance(lnlstm_kernels.lstm_backward_step, InterpretedFunction)
 
 
+@pytest.mark.slow  # seconds under the interpreter; the quick tier keeps the cell-step and single-direction checks
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layer_norm", [True, False])
 def test_layer_matches_reference(implementation, device, layer_norm):
@@ -202,6 +203,7 @@ def test_single_direction_without_lengths(implementation, device):
         assert_close(actual[name], expected[name], name=name)
 
 
+@pytest.mark.slow  # seconds under the interpreter
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_is_as_close_to_float32_as_the_reference(implementation, device, dtype):
@@ -231,6 +233,7 @@ def test_autocast_is_as_close_to_float32_as_the_reference(implementation, device
         )
 
 
+@pytest.mark.slow  # seconds under the interpreter
 @needs_triton
 @pytest.mark.skipif(not _interpreting(), reason="needs the interpreter (TRITON_INTERPRET=1)")
 def test_recorded_loops_reuse_padded_shared_buffers(implementation, monkeypatch):
