@@ -37,9 +37,9 @@ from asr.experiment import load_experiment_config
 from asr.models.registry import build_model
 from asr.training.trainer import build_optimizer
 from features.pipeline import FeaturePipeline
+from las_step import FRAMES_PER_SECOND, step_case
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAMES_PER_SECOND = 100  # 10 ms frame shift
 BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 
 
@@ -90,11 +90,7 @@ def run_pass(model, optimizer, grad_clip: float, batches, device, amp: bool) -> 
             torch.cuda.synchronize(device)
         start = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            output = model(*batch)
-        output.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            step_case(model, optimizer, grad_clip, batch)()  # as las_step.measure runs it
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
