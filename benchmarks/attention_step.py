@@ -28,20 +28,18 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from las_step import decoder_case, step_case, synthetic_batch  # noqa: E402
+from las_step import decoder_case, stand_ins, step_case, synthetic_batch  # noqa: E402
 
 from asr.experiment import load_experiment_config  # noqa: E402
 from asr.models import attention_fused  # noqa: E402
 from asr.models.registry import build_model  # noqa: E402
 from asr.training.trainer import build_optimizer  # noqa: E402
-from features.pipeline import FeaturePipeline  # noqa: E402
 
 
 def greedy_case(model, features, lengths, steps: int):
@@ -75,9 +73,8 @@ def main() -> None:
     config = load_experiment_config(ROOT / "recipes" / args.recipe)
     if config.model.type != "las":
         parser.error(f"{args.recipe} is not an LAS recipe")
-    vocab_size = config.data.bpe_vocab_size
-    tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
-    feature_dim = FeaturePipeline(config.features).feature_dim
+    tokenizer, feature_dim = stand_ins(config)
+    vocab_size = tokenizer.vocab_size
     batch_size = args.batch or max(1, config.data.max_frames_per_batch // round(args.seconds * 100))
     batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, vocab_size, feature_dim, "cpu")
     torch.manual_seed(0)

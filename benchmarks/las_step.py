@@ -55,6 +55,13 @@ MEAN_UTTERANCE_SECONDS = 12.7  # 100.6 h / 28,539 utterances
 FRAMES_PER_SECOND = 100  # 10 ms frame shift
 
 
+def stand_ins(config) -> tuple[SimpleNamespace, int]:
+    """What ``build_model`` needs from a corpus, without one: a tokenizer stand-in with the recipe's BPE
+    vocabulary (ids 0-2: pad, sos, eos; 300 where the recipe names none) and the feature size of its front end."""
+    tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=config.data.bpe_vocab_size or 300)
+    return tokenizer, FeaturePipeline(config.features).feature_dim
+
+
 def synthetic_batch(batch: int, seconds: float, tokens_per_second: float, vocab_size: int, feature_dim: int, device):
     """Features (B, T, feature_dim), lengths (B,), tokens (B, L) and token lengths (B,): every
     utterance as long as the longest, as in a well-bucketed batch."""
@@ -137,10 +144,9 @@ def measure(run, device, amp: bool, warmup: int, repeats: int) -> float:
 
 def benchmark_recipe(recipe: str, args, device) -> None:
     config = load_experiment_config(ROOT / "recipes" / recipe)
-    vocab_size = config.data.bpe_vocab_size
-    tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
+    tokenizer, feature_dim = stand_ins(config)
+    vocab_size = tokenizer.vocab_size
     torch.manual_seed(0)
-    feature_dim = FeaturePipeline(config.features).feature_dim
     model = build_model(config.model, feature_dim, tokenizer).to(device).train()
     for line in runtime.lines(runtime.describe(model, device)):  # which code this measures
         print(f"  {line}")

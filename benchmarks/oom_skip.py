@@ -12,27 +12,24 @@ allocator. Results: docs/performance.md ("An oversized batch on CUDA")."""
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from las_step import synthetic_batch  # noqa: E402
+from las_step import stand_ins, synthetic_batch  # noqa: E402
 
 from asr.data.batching import Batch  # noqa: E402
 from asr.experiment import load_experiment_config  # noqa: E402
 from asr.models.registry import build_model  # noqa: E402
 from asr.training.step import TrainingStep  # noqa: E402
 from asr.training.trainer import build_optimizer  # noqa: E402
-from features.pipeline import FeaturePipeline  # noqa: E402
 
 if not torch.cuda.is_available():
     sys.exit("benchmarks/oom_skip.py needs a CUDA GPU")
 device = torch.device("cuda")
 config = load_experiment_config(Path(__file__).resolve().parents[1] / "recipes" / "librispeech100.yaml")
-vocab_size = config.data.bpe_vocab_size
-feature_dim = FeaturePipeline(config.features).feature_dim
-tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
+tokenizer, feature_dim = stand_ins(config)
+vocab_size = tokenizer.vocab_size
 model = build_model(config.model, feature_dim, tokenizer).to(device).train()
 optimizer = build_optimizer(model, config.train)
 step = TrainingStep(model, optimizer, grad_clip=config.train.grad_clip, use_amp=config.train.amp)

@@ -29,15 +29,13 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from asr.experiment import load_experiment_config
 from asr.models.registry import build_model
 from asr.training.trainer import build_optimizer
-from features.pipeline import FeaturePipeline
-from las_step import FRAMES_PER_SECOND, step_case
+from las_step import FRAMES_PER_SECOND, stand_ins, step_case
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
@@ -99,9 +97,8 @@ def run_pass(model, optimizer, grad_clip: float, batches, device, amp: bool) -> 
 
 def measure(args, device) -> list[dict]:
     config = load_experiment_config(ROOT / "recipes" / args.recipe, args.overrides)
-    vocab_size = config.data.bpe_vocab_size or 300
-    tokenizer = SimpleNamespace(pad_id=0, sos_id=1, eos_id=2, vocab_size=vocab_size)
-    feature_dim = FeaturePipeline(config.features).feature_dim
+    tokenizer, feature_dim = stand_ins(config)
+    vocab_size = tokenizer.vocab_size
     amp = bool(config.train.amp) and device.type == "cuda"
     frames = args.frames or config.data.max_frames_per_batch
     shapes = batch_shapes(args.steps, frames, args.min_seconds, args.max_seconds, args.pad_multiple)
