@@ -81,6 +81,7 @@ def planned_seconds(chapter, utterance) -> float:
     return utterance.lead_seconds + utterance.trail_seconds + words / chapter.speaker.words_per_second()
 
 
+@pytest.mark.slow  # plans 1, 10 and 100 hours: about 5 s; the quick tier stays under a minute
 def test_the_plan_has_librispeech_100s_shape(plans):
     corpus = plans[100.0]
     train = [c for c in corpus.chapters if c.subset == "train-clean-100"]
@@ -101,6 +102,7 @@ def test_the_plan_has_librispeech_100s_shape(plans):
     assert len(vocabulary) >= 20_000
 
 
+@pytest.mark.slow  # plans 1, 10 and 100 hours: about 5 s; the quick tier stays under a minute
 def test_smaller_hours_keep_the_proportions_and_the_vocabulary_grows(plans):
     counts = {h: sum(1 for _ in p.utterances("train-clean-100")) for h, p in plans.items()}
     assert 250 < counts[1.0] < 320 and 2_600 < counts[10.0] < 3_100
@@ -113,6 +115,7 @@ def test_smaller_hours_keep_the_proportions_and_the_vocabulary_grows(plans):
             assert 0.04 < held_out / train < 0.07  # 5.4 / 100.6
 
 
+@pytest.mark.slow  # plans 1, 10 and 100 hours: about 5 s; the quick tier stays under a minute
 def test_subsets_share_no_speaker_voice_book_or_sentence(plans):
     corpus = plans[10.0]
     by_subset = {s: [c for c in corpus.chapters if c.subset == s] for s in synth.SUBSETS}
