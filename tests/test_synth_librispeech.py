@@ -132,6 +132,7 @@ def test_subsets_share_no_speaker_voice_book_or_sentence(plans):
     assert {c.speaker.synthesiser for c in by_subset["dev-clean"] + by_subset["test-clean"]} == {"espeak"}
 
 
+@pytest.mark.slow  # the first plan in a process reads both books: about 5 s
 def test_the_plan_is_the_same_for_a_seed_and_another_for_another_seed():
     one, again, other = (synth.plan(synth.Options(hours=0.5, seed=s)) for s in (0, 0, 1))
     assert [u for u in one.utterances()] == [u for u in again.utterances()]
@@ -288,22 +289,29 @@ def test_a_killed_run_resumed_gives_the_same_bytes_as_an_uninterrupted_one(tiny,
 # Clear errors
 
 
-def test_a_folder_made_with_other_options_is_refused_naming_them(tmp_path, capsys):
+def planning_fails(*args):
+    raise AssertionError("planned: this refusal needs no plan, and planning reads both books (seconds)")
+
+
+def test_a_folder_made_with_other_options_is_refused_naming_them(tmp_path, capsys, monkeypatch):
     root = tmp_path / "LibriSpeech"
     root.mkdir()
     recorded = synth.recorded_options(synth.Options(hours=5.0, seed=0))
     (root / "synth_options.json").write_text(json.dumps(recorded))
+    monkeypatch.setattr(synth, "plan", planning_fails)
     assert main([str(tmp_path), "--hours", "0.02", "--quiet"]) == 2
     error = capsys.readouterr().err
     assert "made with other options" in error and "hours: 5.0 there, 0.02 now" in error and "seed" not in error
 
 
-def test_an_unwritable_output_is_refused_naming_it(tmp_path, capsys):
+def test_an_unwritable_output_is_refused_naming_it(tmp_path, capsys, monkeypatch):
     (tmp_path / "a_file").write_text("not a folder")
+    monkeypatch.setattr(synth, "plan", planning_fails)
     assert main([str(tmp_path / "a_file" / "out"), *TINY]) == 2
     assert f"cannot write the corpus under {tmp_path / 'a_file' / 'out'}" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # plans a corpus: the first plan in a process reads both books
 def test_a_missing_synthesiser_names_the_pip_command_and_leaves_nothing_behind(monkeypatch, tmp_path, capsys):
     def missing():
         raise pico.PicoError("SVOX Pico is not installed (no module named 'ttspico'); install it with: pip install ttspico")

@@ -58,7 +58,7 @@ import resource
 import shutil
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
@@ -76,6 +76,7 @@ logger = logging.getLogger(__name__)
 
 # Bump when the generation changes in a way the options do not show, so an old folder is not resumed.
 FORMAT_VERSION = 1
+OPTIONS_FILE = "synth_options.json"  # the options, format and packages a corpus was made with
 SAMPLE_RATE = 16000
 SUBSETS = ("train-clean-100", "dev-clean", "test-clean")
 # The shape of LibriSpeech's subsets, per hour of train-clean-100 (100.6 h, 251 speakers, 585 chapters).
@@ -523,27 +524,33 @@ def check_output(out: Path, options: Options) -> Path:
         probe.unlink()
     except OSError as err:
         raise SynthCorpusError(f"cannot write the corpus under {out}: {err}") from err
-    recorded = root / "synth_options.json"
     wanted = recorded_options(options)
+    if not check_recorded(root, wanted):
+        (root / OPTIONS_FILE).write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return root
+
+
+def check_recorded(root: Path, wanted: dict, keys: Iterable[str] | None = None) -> bool:
+    """True when ``root`` records ``wanted`` (compared on ``keys``, all by default), False when it
+    holds no corpus yet; :class:`SynthCorpusError` when it was made with other options or by something else."""
+    recorded = root / OPTIONS_FILE
     if recorded.exists():
         try:
             before = json.loads(recorded.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise SynthCorpusError(f"{recorded} is unreadable ({err}); delete {root} to start again") from err
-        differing = sorted(k for k in set(before) | set(wanted) if before.get(k) != wanted.get(k))
+        compared = set(before) | set(wanted) if keys is None else set(keys)
+        differing = sorted(k for k in compared if before.get(k) != wanted.get(k))
         if differing:
             described = "; ".join(f"{k}: {before.get(k)!r} there, {wanted.get(k)!r} now" for k in differing)
             raise SynthCorpusError(
                 f"{root} was made with other options ({described}); "
                 "give those options to resume it, or another OUT folder"
             )
-    elif any(p.name in SUBSETS for p in root.iterdir()):
-        raise SynthCorpusError(
-            f"{root} already holds a corpus this command did not make (no {recorded.name}); use another OUT"
-        )
-    else:
-        recorded.write_text(json.dumps(wanted, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return root
+        return True
+    if root.is_dir() and any(p.name in SUBSETS for p in root.iterdir()):
+        raise SynthCorpusError(f"{root} already holds a corpus this command did not make (no {OPTIONS_FILE}); use another OUT")
+    return False
 
 
 def check_synthesisers(corpus: Plan) -> None:
@@ -562,6 +569,14 @@ def check_synthesisers(corpus: Plan) -> None:
 def generate(out: Path, options: Options, jobs: int | None = None, progress: bool = True) -> Path:
     """Makes (or finishes) the corpus under ``out``; returns ``out/LibriSpeech``."""
     jobs = jobs or os.cpu_count() or 1
+    # An output under a file, or a folder made with other options, is refused before the books are read
+    # (seconds); the packages' versions are compared after the synthesisers are checked, so that a missing
+    # one is named as such, and the folder is made only then.
+    root = Path(out) / "LibriSpeech"
+    nearest = next(p for p in (root, *root.parents) if p.exists())
+    if not nearest.is_dir():
+        raise SynthCorpusError(f"cannot write the corpus under {out}: {nearest} is not a folder")
+    check_recorded(root, asdict(options), keys=asdict(options))
     corpus = plan(options)
     # before synth_options.json is written: it records the packages' versions, "missing" included
     check_synthesisers(corpus)
