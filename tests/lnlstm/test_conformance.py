@@ -80,8 +80,20 @@ def outputs_and_gradients(model, x, lengths, state) -> dict[str, torch.Tensor]:
     return {name: value.detach().double().cpu() for name, value in results.items()}
 
 
-@pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("on_backend", BACKENDS, indirect=True)
+# Under Triton's interpreter the two deepest cases take over a second each: they run in the full suite only.
+SLOW_UNDER_INTERPRETER = {"bidirectional-2-layers", "forward-3-layers"}
+
+
+def _layer_case(backend, case: str):
+    slow = backend.id == "triton-interpreter" and case in SLOW_UNDER_INTERPRETER
+    marks = [*backend.marks, *([pytest.mark.slow] if slow else [])]
+    return pytest.param(backend.values[0], case, id=f"{backend.id}-{case}", marks=marks)
+
+
+LAYER_CASES = [_layer_case(backend, case) for backend in BACKENDS for case in CASES]
+
+
+@pytest.mark.parametrize(("on_backend", "case"), LAYER_CASES, indirect=["on_backend"])
 def test_layer_conforms_to_the_reference(on_backend, case):
     backend, device, dtype, tolerance = on_backend
     options, lengths, with_state = CASES[case]
