@@ -58,7 +58,7 @@ import resource
 import shutil
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
@@ -530,16 +530,17 @@ def check_output(out: Path, options: Options) -> Path:
     return root
 
 
-def check_recorded(root: Path, wanted: dict, keys: Iterable[str] | None = None) -> bool:
-    """True when ``root`` records ``wanted`` (compared on ``keys``, all by default), False when it
-    holds no corpus yet; :class:`SynthCorpusError` when it was made with other options or by something else."""
+def check_recorded(root: Path, wanted: dict, only_wanted: bool = False) -> bool:
+    """True when ``root`` records ``wanted`` (every recorded key compared, or only ``wanted``'s with
+    ``only_wanted``), False when it holds no corpus yet; :class:`SynthCorpusError` when it was made with
+    other options or by something else."""
     recorded = root / OPTIONS_FILE
     if recorded.exists():
         try:
             before = json.loads(recorded.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise SynthCorpusError(f"{recorded} is unreadable ({err}); delete {root} to start again") from err
-        compared = set(before) | set(wanted) if keys is None else set(keys)
+        compared = set(wanted) if only_wanted else set(before) | set(wanted)
         differing = sorted(k for k in compared if before.get(k) != wanted.get(k))
         if differing:
             described = "; ".join(f"{k}: {before.get(k)!r} there, {wanted.get(k)!r} now" for k in differing)
@@ -576,7 +577,7 @@ def generate(out: Path, options: Options, jobs: int | None = None, progress: boo
     nearest = next(p for p in (root, *root.parents) if p.exists())
     if not nearest.is_dir():
         raise SynthCorpusError(f"cannot write the corpus under {out}: {nearest} is not a folder")
-    check_recorded(root, asdict(options), keys=asdict(options))
+    check_recorded(root, asdict(options), only_wanted=True)
     corpus = plan(options)
     # before synth_options.json is written: it records the packages' versions, "missing" included
     check_synthesisers(corpus)
