@@ -135,6 +135,7 @@ def test_same_config_gives_the_same_corpus_and_another_seed_another(tiny_corpus,
     assert parse_transcripts(other["train"]) != parse_transcripts(again["train"])
 
 
+@pytest.mark.slow  # builds the corpus and the training data
 @pytest.mark.parametrize("splits", [["train", "dev", "test"], ["train"]])
 def test_a_recipe_adds_the_corpus_to_the_splits_it_lists(tiny_corpus, fsdd_recordings, splits):
     # data.demo.splits=[train] adds the synthetic voices as training data only: a real-speech
@@ -401,6 +402,7 @@ def test_piper_takes_its_share_of_what_pico_leaves_and_moves_no_pico_utterance()
     assert all(kinds.count(kind) > 0 for kind in (pico.PicoRequest, piper.PiperRequest, espeak.SynthesisRequest))
 
 
+@pytest.mark.slow  # synthesis
 def test_piper_speech_follows_the_text_and_the_length_scale():
     speaker = piper.Speaker(["joe"])
     short = speaker.speak(piper.PiperRequest("three", "joe", noise_w_scale=0.0))
@@ -413,6 +415,7 @@ def test_piper_speech_follows_the_text_and_the_length_scale():
         speaker.speak(piper.PiperRequest("three", "joe", length_scale=10.0))
 
 
+@pytest.mark.slow  # synthesis
 def test_a_fresh_voice_repeats_itself_and_a_used_one_varies():
     requests = [piper.PiperRequest("one two", "joe"), piper.PiperRequest("one two", "joe")]
     first, again = (piper.Speaker(["joe"]) for _ in range(2))

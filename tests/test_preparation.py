@@ -549,6 +549,7 @@ def test_prepare_jobs_is_a_recipe_option_checked_on_load():
         from_dict(DataConfig, {"prepare_jobs": -1}, "data")
 
 
+@pytest.mark.slow  # prepares the dev set and the LibriVox folder twice
 def test_a_second_start_on_the_same_corpus_computes_nothing(dev_copy, librivox_mini, tmp_path, monkeypatch):
     train = writable_copy(librivox_mini, tmp_path / "train")
     config = experiment_config_from_dict({

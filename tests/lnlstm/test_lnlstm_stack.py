@@ -184,6 +184,7 @@ def test_zero_length_rows_keep_the_initial_state(implementation):
 # --- gradients and numerical robustness -----------------------------------------
 
 
+@pytest.mark.slow  # float64 gradcheck: about 1-3 s a backend
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
 def test_gradcheck_float64_layer_norm(implementation):
     torch.manual_seed(2)
@@ -309,6 +310,7 @@ def test_fused_path_matches_reference_at_odd_sizes(batch):
         assert_close(actual[name], expected[name], tol=1e-10, name=name)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
 def test_fused_path_reusing_saved_memory_matches_reference():
     """Saved tensors of 8 MB and more live in buffers the operator keeps from
