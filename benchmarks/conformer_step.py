@@ -20,6 +20,9 @@ published layout):
 * ``ours, relative``: the recipe's own (``positions: relative``, Transformer-XL attention): what a
   LibriSpeech run pays for relative positions.
 
+Then the SDPA kernels each case's attention reaches (torch.profiler over one more step): a position
+bias that needs a gradient keeps SDPA off its fused kernel.
+
 Results go to docs/performance.md by hand, with the command, machine and date.
 """
 
@@ -63,6 +66,16 @@ def step_of(run_blocks, parameters, shape: torch.Size, mask: torch.Tensor):
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def attention_kernels(step) -> str:
+    """The SDPA kernels one training step reaches, from torch.profiler: the fused (flash) CPU kernel, or
+    the unfused math path that SDPA falls back to when the attention mask needs a gradient."""
+    with torch.autograd.profiler.profile() as profile:
+        step()
+    names = {event.key.removeprefix("aten::") for event in profile.key_averages()}
+    kernels = sorted(name for name in names if name.startswith("_scaled_dot_product") and "backward" not in name)
+    return ", ".join(kernels) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"  {name:16s} {median * 1000:8.1f} ms a training step   {median / reference:5.2f} x torchaudio")
+    for name, step in cases.items():
+        print(f"  {name:16s} attention: {attention_kernels(step)}")
     return 0
 
 
