@@ -20,7 +20,7 @@ published layout):
 * ``ours, relative``: the recipe's own (``positions: relative``, Transformer-XL attention): what a
   LibriSpeech run pays for relative positions.
 
-Then the SDPA kernels each case's attention reaches (torch.profiler over one more step): a position
+Then the SDPA kernels each case's attention reaches (torch.autograd.profiler over one more step): a position
 bias that needs a gradient keeps SDPA off its fused kernel.
 
 Results go to docs/performance.md by hand, with the command, machine and date.
@@ -69,7 +69,7 @@ def step_of(run_blocks, parameters, shape: torch.Size, mask: torch.Tensor):
 
 
 def attention_kernels(step) -> str:
-    """The SDPA kernels one training step reaches, from torch.profiler: the fused (flash) CPU kernel, or
+    """The SDPA kernels one training step reaches, from torch.autograd.profiler: the fused (flash) CPU kernel, or
     the unfused math path that SDPA falls back to when the attention mask needs a gradient."""
     with torch.autograd.profiler.profile() as profile:
         step()
