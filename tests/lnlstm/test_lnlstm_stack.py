@@ -376,6 +376,16 @@ def test_build_cache_key_names_the_flags_and_the_cpu():
     assert lnlstm_ext.build_configurations(dict(avx512)) == [(native, native_flags), (portable, portable_flags)]
 
 
+def test_build_cache_key_names_the_checkout(tmp_path):
+    """Two checkouts sharing one build cache keep a build each, instead of rebuilding whenever the other ran."""
+    other = tuple(tmp_path / "other_clone" / source.name for source in lnlstm_ext.SOURCES)
+    here = lnlstm_ext.build_configurations()
+    assert lnlstm_ext.build_configurations(sources=tuple(lnlstm_ext.SOURCES)) == here
+    assert lnlstm_ext.build_configurations(sources=other) != here
+    assert [flags for _, flags in lnlstm_ext.build_configurations(sources=other)] == [flags for _, flags in here]
+    assert {name for name, _ in here}.isdisjoint(name for name, _ in lnlstm_ext.build_configurations(sources=other))
+
+
 def test_build_falls_back_to_portable_flags_without_a_warning(monkeypatch):
     compiled = []
 

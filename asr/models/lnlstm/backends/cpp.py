@@ -5,7 +5,7 @@ use and cached (under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``); later processes only load the cached library.
 It is built for the CPU it runs on (``-march=native``, or portable flags where
 the compiler lacks that, or where ``ASR_LNLSTM_BUILD=portable`` asks for them),
-under a name that identifies the flags and the CPU (:func:`build_configurations`).
+under a name that identifies the flags, the CPU and the checkout (:func:`build_configurations`).
 Where no compiler is available or the build fails, :func:`load` warns once and
 returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
 path instead.
@@ -64,7 +64,8 @@ def _cpu_description() -> dict[str, str]:
     return fields
 
 
-def build_configurations(cpu: dict[str, str] | None = None) -> list[tuple[str, list[str]]]:
+def build_configurations(cpu: dict[str, str] | None = None,
+                         sources: tuple[Path, ...] = SOURCES) -> list[tuple[str, list[str]]]:
     """(extension name, compiler flags) to try in order: native first, then portable.
 
     The native build (-march=native) uses every vector extension of this CPU
@@ -72,7 +73,11 @@ def build_configurations(cpu: dict[str, str] | None = None) -> list[tuple[str, l
     build. The name, which keys the build cache, carries a hash of the flags and
     of the CPU's model and feature flags: a cache shared between machines (a
     network home, a copied image) never loads a binary built for another CPU.
+    It carries the sources' paths too: torch rebuilds an extension whose build
+    file names other sources, so two checkouts sharing one cache under one name
+    would each rebuild it (about 15 s) whenever the other had run last.
     cpu: :func:`_cpu_description`'s fields (default: this machine's).
+    sources: the C++ files compiled (default: this checkout's).
     """
     cpu = _cpu_description() if cpu is None else cpu
     # -fno-trapping-math lets the compiler vectorise the branch-free exp/tanh
@@ -84,7 +89,8 @@ def build_configurations(cpu: dict[str, str] | None = None) -> list[tuple[str, l
     cpu_key = "\n".join(f"{key}: {value}" for key, value in sorted(cpu.items()))
     configurations = []
     for kind, flags in (("native", base + ["-march=native"]), ("portable", portable)):
-        digest = hashlib.sha256("\n".join([*flags, cpu_key]).encode()).hexdigest()[:12]
+        key = "\n".join([*flags, cpu_key, *(str(Path(source).resolve()) for source in sources)])
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
         configurations.append((f"asr_lnlstm_{kind}_{digest}", flags))
     return configurations
 
