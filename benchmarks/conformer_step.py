@@ -20,8 +20,9 @@ published layout):
 * ``ours, relative``: the recipe's own (``positions: relative``, Transformer-XL attention): what a
   LibriSpeech run pays for relative positions.
 
-Then the SDPA kernels each case's attention reaches (torch.autograd.profiler over one more step): a position
-bias that needs a gradient keeps SDPA off its fused kernel.
+Then the attention kernels each case reaches (torch.autograd.profiler over one more step): SDPA's, or
+the relative case's own autograd node on the CPU (``_RelativeAttention``, asr.models.relative_attention),
+since a position bias that needs a gradient would keep SDPA off its fused kernel.
 
 Results go to docs/performance.md by hand, with the command, machine and date.
 """
@@ -69,12 +70,14 @@ def step_of(run_blocks, parameters, shape: torch.Size, mask: torch.Tensor):
 
 
 def attention_kernels(step) -> str:
-    """The SDPA kernels one training step reaches, from torch.autograd.profiler: the fused (flash) CPU kernel, or
-    the unfused math path that SDPA falls back to when the attention mask needs a gradient."""
+    """The attention kernels one training step reaches, from torch.autograd.profiler: SDPA's fused (flash) CPU
+    kernel, the unfused math path that SDPA falls back to when the attention mask needs a gradient, or the
+    relative attention's own node (``_RelativeAttention``)."""
     with torch.autograd.profiler.profile() as profile:
         step()
     names = {event.key.removeprefix("aten::") for event in profile.key_averages()}
-    kernels = sorted(name for name in names if name.startswith("_scaled_dot_product") and "backward" not in name)
+    kernels = sorted(name for name in names if (name.startswith("_scaled_dot_product") and "backward" not in name)
+                     or name == "_RelativeAttention")
     return ", ".join(kernels) or "none"
 
 

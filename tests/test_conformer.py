@@ -16,6 +16,7 @@ from asr.models.blocks import sinusoidal_positions
 from asr.models.common import lengths_to_mask
 from asr.models.conformer import ConformerEncoder, RelativeMultiHeadAttention, relative_positions
 from asr.models.norms import ChannelLayerNorm, MaskedBatchNorm1d, MaskedGroupNorm
+from asr.models.relative_attention import relative_attention
 from asr.models.transformer import Transformer, TransformerConfig
 
 D_MODEL, HEADS, FF, KERNEL, LAYERS, FEATURES = 16, 4, 32, 5, 2, 23
@@ -137,6 +138,71 @@ def test_relative_attention_matches_its_formula_written_as_a_loop():
                 expected[b, i, h] = torch.softmax(scores, 0) @ v[b, :, h]
     expected = attention.out(expected.reshape(2, frames, D_MODEL))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_the_cpu_relative_attention_gives_the_sdpa_formulations_outputs_and_gradients():
+    """One autograd node on the CPU (asr.models.relative_attention) against the position term handed to
+    SDPA as an additive mask (the CUDA path), float64, with padded keys, in training mode."""
+    torch.manual_seed(5)
+    frames, lengths = 11, torch.tensor([11, 7, 3])
+    attention = RelativeMultiHeadAttention(D_MODEL, HEADS, dropout=0.0).double().train()
+    with torch.no_grad():
+        attention.bias_u.normal_(), attention.bias_v.normal_()  # so that u and v enter the gradients unequally
+    x = torch.randn(3, frames, D_MODEL, dtype=torch.float64, requires_grad=True)
+    mask = lengths_to_mask(lengths, frames)[:, None, None, :]
+    positions = relative_positions(frames, D_MODEL, x.device).double()
+    got = attention(x, positions, mask)
+    got_grads = torch.autograd.grad((got * torch.linspace(-1, 2, got.numel()).view_as(got)).sum(),
+                                    [x, *attention.parameters()])
+
+    def through_sdpa():
+        head = D_MODEL // HEADS
+        queries = attention.query(x).view(3, frames, HEADS, head)
+        keys, values = attention.project_kv(x)
+        embedded = attention.position(positions).view(-1, HEADS, head).transpose(0, 1)
+        attended = attention._through_sdpa((queries + attention.bias_u).transpose(1, 2),
+                                           (queries + attention.bias_v).transpose(1, 2), keys, values, embedded, mask, 0.0)
+        return attention.out(attended.transpose(1, 2).reshape(3, frames, D_MODEL))
+
+    expected = through_sdpa()
+    expected_grads = torch.autograd.grad((expected * torch.linspace(-1, 2, got.numel()).view_as(got)).sum(),
+                                         [x, *attention.parameters()])
+    torch.testing.assert_close(got, expected)
+    names = ["x", *(name for name, _ in attention.named_parameters())]
+    for name, ours, theirs in zip(names, got_grads, expected_grads):
+        torch.testing.assert_close(ours, theirs, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("frames", [1, 5, 9])  # one block of queries; blocks of 2 and 1; of 3
+def test_the_cpu_relative_attention_passes_gradcheck_with_padding_and_a_dropout_mask(frames):
+    torch.manual_seed(6)
+    batch, heads, head = 2, 2, 3
+    tensors = [torch.randn(batch, heads, frames, head, dtype=torch.float64, requires_grad=True) for _ in range(4)]
+    embedded = torch.randn(heads, 2 * frames - 1, head, dtype=torch.float64, requires_grad=True)
+    valid = lengths_to_mask(torch.tensor([frames, (frames + 1) // 2]), frames)[:, None, None, :]
+    keep = torch.rand(batch, heads, frames, frames) > 0.3
+    for dropout, mask in ((0.0, None), (0.3, keep)):
+        assert torch.autograd.gradcheck(
+            lambda q_u, q_v, k, v, e: relative_attention(q_u, q_v, k, v, e, valid, dropout, mask), (*tensors, embedded))
+    # with the mask: the probabilities' kept entries scaled by 1 / (1 - p), as SDPA's dropout
+    q_u, q_v, k, v = tensors
+    scores = (q_u @ k.transpose(-2, -1) + torch.stack(
+        [torch.stack([embedded[:, frames - 1 - i + j] for j in range(frames)], -2) for i in range(frames)], -3)
+        .unsqueeze(0).mul(q_v.unsqueeze(-2)).sum(-1)) / math.sqrt(head)
+    probs = torch.softmax(scores.masked_fill(~valid, float("-inf")), -1)
+    torch.testing.assert_close(relative_attention(q_u, q_v, k, v, embedded, valid, 0.3, keep),
+                               (probs * keep / 0.7) @ v)
+
+
+def test_the_cpu_relative_attentions_own_dropout_keeps_the_expected_output():
+    """Dropout drawn inside (no mask given): each draw differs, and their mean is the output without it."""
+    torch.manual_seed(7)
+    q_u, q_v, k, v = (torch.randn(1, 1, 4, 2, dtype=torch.float64) for _ in range(4))
+    embedded = torch.randn(1, 7, 2, dtype=torch.float64)
+    valid = torch.ones(1, 1, 1, 4, dtype=torch.bool)
+    draws = torch.stack([relative_attention(q_u, q_v, k, v, embedded, valid, 0.5) for _ in range(4000)])
+    assert not torch.equal(draws[0], draws[1])
+    torch.testing.assert_close(draws.mean(0), relative_attention(q_u, q_v, k, v, embedded, valid), atol=0.05, rtol=0)
 
 
 # ---------------------------------------------------------------- padding and the batch

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from asr.models.blocks import FeedForward, MultiHeadAttention, SubsampledEncoder, sinusoidal_positions
 from asr.models.drophead import drop_heads
 from asr.models.norms import make_conv_norm, make_norm
+from asr.models.relative_attention import relative_attention
 
 if TYPE_CHECKING:
     from asr.models.transformer import EncoderConfig, TransformerConfig
@@ -64,8 +65,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
     The score of query frame ``i`` for key frame ``j`` is
     ``((q_i + u) . k_j + (q_i + v) . W_pos r_{i-j}) / sqrt(D/H)``, ``r`` the sinusoidal embedding of
     the distance ``i - j`` and ``u``, ``v`` learned per head (ESPnet's ``pos_bias_u``/``pos_bias_v``).
-    The position term goes into SDPA as an additive bias, so masking, dropout and DropHead are
-    :class:`MultiHeadAttention`'s.
+    Masking, dropout and DropHead are :class:`MultiHeadAttention`'s. On CUDA and under autocast the
+    position term goes into SDPA as an additive bias (:meth:`_through_sdpa`); on the CPU, where that keeps
+    SDPA on its unfused path, :func:`asr.models.relative_attention.relative_attention` computes the same.
     """
 
     def __init__(self, d_model: int, heads: int, dropout: float, drophead: float = 0.0) -> None:
@@ -84,17 +86,28 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         keys, values = self.project_kv(x)
         embedded = self.position(positions).view(-1, self.heads, self.head_dim).transpose(0, 1)  # (H, 2T-1, D/H)
         with_v = (queries + self.bias_v).transpose(1, 2)  # (B, H, T, D/H)
-        by_distance = with_v @ embedded.transpose(-2, -1)  # (B, H, T, 2T-1): column k is distance T-1-k
-        # Row i, column j reads distance i - j, at column T - 1 - i + j.
-        index = frames - 1 - torch.arange(frames, device=x.device)[:, None] + torch.arange(frames, device=x.device)
-        bias = by_distance.gather(-1, index.expand(batch, self.heads, frames, frames)) / math.sqrt(self.head_dim)
-        bias = bias.masked_fill(~mask, float("-inf"))
         dropout = self.dropout if self.training else 0.0
         with_u = (queries + self.bias_u).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(with_u, keys, values, attn_mask=bias.to(with_u.dtype), dropout_p=dropout)
+        if x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+            # the same function in one autograd node (asr.models.relative_attention): SDPA cannot fuse it here
+            attended = relative_attention(with_u, with_v, keys, values, embedded, mask, dropout)
+        else:
+            attended = self._through_sdpa(with_u, with_v, keys, values, embedded, mask, dropout)
         if self.training:
             attended = drop_heads(attended, self.drophead)
         return self.out(attended.transpose(1, 2).reshape(batch, frames, self.heads * self.head_dim))
+
+    def _through_sdpa(self, with_u: Tensor, with_v: Tensor, keys: Tensor, values: Tensor, embedded: Tensor,
+                      mask: Tensor, dropout: float) -> Tensor:
+        """The position term as SDPA's additive mask (autograd keeps its intermediates): CUDA, autocast."""
+        batch, _, frames, _ = with_u.shape
+        by_distance = with_v @ embedded.transpose(-2, -1)  # (B, H, T, 2T-1): column k is distance T-1-k
+        # Row i, column j reads distance i - j, at column T - 1 - i + j.
+        steps = torch.arange(frames, device=with_u.device)
+        index = frames - 1 - steps[:, None] + steps
+        bias = by_distance.gather(-1, index.expand(batch, self.heads, frames, frames)) / math.sqrt(self.head_dim)
+        bias = bias.masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(with_u, keys, values, attn_mask=bias.to(with_u.dtype), dropout_p=dropout)
 
 
 class ConvolutionModule(nn.Module):
