@@ -18,7 +18,9 @@ published layout):
 * ``ours, absolute``: the same computation here (``positions: absolute``; BatchNorm that leaves padded
   frames out, and the padding zeroed before the depthwise convolution);
 * ``ours, relative``: the recipe's own (``positions: relative``, Transformer-XL attention): what a
-  LibriSpeech run pays for relative positions.
+  LibriSpeech run pays for relative positions;
+* ``relative, SDPA``: the same weights with the position term handed to SDPA as an additive mask, as on
+  CUDA (``cpu_node = False``), against which the CPU's own node is measured.
 
 Then the attention kernels each case reaches (torch.autograd.profiler over one more step): SDPA's, or
 the relative case's own autograd node on the CPU (``_RelativeAttention``, asr.models.relative_attention),
@@ -30,6 +32,7 @@ Results go to docs/performance.md by hand, with the command, machine and date.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -40,7 +43,7 @@ from torchaudio.models import Conformer as TorchaudioConformer
 from asr.config import from_dict, to_dict
 from asr.experiment import load_experiment_config
 from asr.models.common import lengths_to_mask
-from asr.models.conformer import ConformerEncoder, relative_positions
+from asr.models.conformer import ConformerEncoder, RelativeMultiHeadAttention, relative_positions
 from asr.models.transformer import TransformerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,13 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     absolute = our_encoder(recipe, "absolute", 80).train()
     relative = our_encoder(recipe, "relative", 80).train()
 
-    def run_relative():
-        return relative.blocks(x, mask, relative_positions(frames, d_model, x.device))
+    through_sdpa = copy.deepcopy(relative)
+    for module in through_sdpa.modules():
+        if isinstance(module, RelativeMultiHeadAttention):
+            module.cpu_node = False
+
+    def run_relative(encoder):
+        return lambda: encoder.blocks(x, mask, relative_positions(frames, d_model, x.device))
 
     cases = {
         "torchaudio": step_of(lambda: peer(x, lengths)[0], peer.parameters(), x.shape, mask),
         "ours, absolute": step_of(lambda: absolute.blocks(x, mask, None), absolute.layers.parameters(), x.shape, mask),
-        "ours, relative": step_of(run_relative, relative.layers.parameters(), x.shape, mask),
+        "ours, relative": step_of(run_relative(relative), relative.layers.parameters(), x.shape, mask),
+        "relative, SDPA": step_of(run_relative(through_sdpa), through_sdpa.layers.parameters(), x.shape, mask),
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
     for round_index in range(args.warmup + args.repeats):

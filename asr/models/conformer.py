@@ -77,6 +77,9 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         self.bias_v = nn.Parameter(torch.empty(heads, self.head_dim))
         nn.init.xavier_uniform_(self.bias_u)
         nn.init.xavier_uniform_(self.bias_v)
+        # False: SDPA on the CPU too (benchmarks/conformer_step.py times the two; not a recipe setting,
+        # since both compute the same function)
+        self.cpu_node = True
 
     def forward(self, x: Tensor, positions: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
         """x: (B, T, D); positions: (2T - 1, D) from :func:`relative_positions`; mask: (B, 1, 1, T)
@@ -88,7 +91,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         with_v = (queries + self.bias_v).transpose(1, 2)  # (B, H, T, D/H)
         dropout = self.dropout if self.training else 0.0
         with_u = (queries + self.bias_u).transpose(1, 2)
-        if x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+        if self.cpu_node and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
             # the same function in one autograd node (asr.models.relative_attention): SDPA cannot fuse it here
             attended = relative_attention(with_u, with_v, keys, values, embedded, mask, dropout)
         else:
