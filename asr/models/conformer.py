@@ -102,7 +102,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
 
     def _through_sdpa(self, with_u: Tensor, with_v: Tensor, keys: Tensor, values: Tensor, embedded: Tensor,
                       mask: Tensor, dropout: float) -> Tensor:
-        """The position term as SDPA's additive mask (autograd keeps its intermediates): CUDA, autocast."""
+        """The position term as SDPA's additive mask (autograd keeps its intermediates): CUDA, autocast, ``cpu_node`` False."""
         batch, _, frames, _ = with_u.shape
         by_distance = with_v @ embedded.transpose(-2, -1)  # (B, H, T, 2T-1): column k is distance T-1-k
         # Row i, column j reads distance i - j, at column T - 1 - i + j.
