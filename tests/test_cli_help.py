@@ -7,7 +7,7 @@ import sys
 import pytest
 from helpers import subprocess_env
 
-COMMANDS = ("train", "evaluate", "transcribe", "compare", "study", "average", "check", "checkpoint", "synth_demo",
+COMMANDS = ("train", "evaluate", "validate", "transcribe", "compare", "study", "average", "check", "checkpoint", "synth_demo",
             "synth_librispeech")
 
 

@@ -61,7 +61,7 @@ from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, restore_progress, rng_state, seed_everything, set_rng_state
 from asr.training.step import TrainingStep, describe
 from asr.training.timing import LoaderClock
-from asr.training.validation import Validation, alignment_figures, validate
+from asr.training.validation import Validation, alignment_figures, validate, validation_options
 from asr.writing import atomic_write
 from features.config import resolve_compute_on
 
@@ -381,9 +381,7 @@ class Trainer:
 
     def validation_options(self) -> DecodingOptions:
         """The decoding behind the validation WER and CER (``train.valid_*``)."""
-        cfg = self.train_cfg
-        ctc_weight = cfg.valid_ctc_weight if self.raw_model.has_ctc else 0.0
-        return DecodingOptions(beam_size=cfg.valid_beam_size, ctc_weight=ctc_weight, max_len_ratio=cfg.valid_max_len_ratio)
+        return validation_options(self.train_cfg, self.raw_model)
 
     def validate(self) -> Validation:
         """Every validation metric of the model (:mod:`asr.training.metrics`) on rank 0, shared with the

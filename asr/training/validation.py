@@ -71,6 +71,14 @@ def spread_rows(size: int, count: int) -> list[int]:
     return sorted({int((k + 0.5) * size / count) for k in range(count)})
 
 
+def validation_options(train_cfg, model) -> DecodingOptions:
+    """The decoding behind the validation WER and CER: ``train.valid_beam_size``, ``train.valid_ctc_weight``
+    (0 for a model without a CTC head) and ``train.valid_max_len_ratio`` of ``train_cfg``."""
+    ctc_weight = train_cfg.valid_ctc_weight if model.has_ctc else 0.0
+    return DecodingOptions(beam_size=train_cfg.valid_beam_size, ctc_weight=ctc_weight,
+                           max_len_ratio=train_cfg.valid_max_len_ratio)
+
+
 @torch.no_grad()
 def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
     """Every registered metric that applies to ``model`` (:mod:`asr.training.metrics`) over the batches

@@ -1,0 +1,72 @@
+"""``python -m asr.validate``: the trainer's validation of a checkpoint, again, at any batch budget."""
+
+import json
+
+import pytest
+from helpers import tiny_transformer_run
+
+from asr.cli.train import main as train
+from asr.cli.validate import main as validate
+from asr.curves import read_scalars
+
+
+@pytest.fixture(scope="module")
+def conformer_run(tmp_path_factory):
+    """A tiny Conformer with BatchNorm in its convolution module, trained two epochs on real digits."""
+    tmp_path = tmp_path_factory.mktemp("validate")
+    args = tiny_transformer_run(tmp_path, "model.encoder.kind=conformer", "model.encoder.conv_kernel=5",
+                                "model.encoder.conv_norm=batchnorm", "train.max_epochs=2", "train.device=cpu",
+                                "train.valid_beam_size=3", "train.valid_ctc_weight=0.5")
+    assert train(args) == 0
+    return tmp_path / "exp"
+
+
+@pytest.mark.slow  # trains a tiny Conformer first (once for the module)
+def test_the_recipes_batch_gives_the_figures_of_the_trainers_last_validation(conformer_run, tmp_path, capsys):
+    out = tmp_path / "validation.json"
+    assert validate(["--checkpoint", str(conformer_run / "last.pt"), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    (row,) = record["results"]
+    logged = {tag.removeprefix("valid/"): events for tag, events in read_scalars(conformer_run).items()
+              if tag.startswith("valid/")}
+    compared = 0
+    for name, value in row["metrics"].items():
+        short = name.removeprefix("valid_")
+        last = max(logged[short], key=lambda event: event[1])[2]  # the value at the run's last validation
+        assert value == pytest.approx(last, rel=1e-5, abs=1e-5), name
+        compared += 1
+    assert {"valid_loss", "valid_wer", "valid_cer", "valid_ctc_cer", "valid_batchnorm_gap"} <= row["metrics"].keys()
+    assert compared == len(row["metrics"])
+    assert row["decoded"] == 4  # the recipe's train.valid_max_utterances, as TINY_TRANSFORMER sets it
+    printed = capsys.readouterr().out
+    assert "(the recipe's)" in printed and "batchnorm_gap" in printed
+
+
+@pytest.mark.slow
+def test_only_batchnorms_gap_moves_with_the_batch_budget(conformer_run, tmp_path):
+    # In evaluation mode an utterance's loss and CTC path do not depend on the batch it is padded in;
+    # training-mode BatchNorm's statistics do, so the gap differs from one budget to the next.
+    out = tmp_path / "budgets.json"
+    assert validate(["--checkpoint", str(conformer_run / "last.pt"), "--decode", "0",
+                     "--max-frames-per-batch", "300", "1200", "4800", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["max_frames_per_batch"] for r in rows] == [300, 1200, 4800]
+    assert rows[0]["batches"] > rows[1]["batches"] > rows[2]["batches"]
+    assert all(r["decoded"] == 0 and "valid_wer" not in r["metrics"] for r in rows)
+    for row in rows[1:]:
+        assert row["utterances"] == rows[0]["utterances"]
+        assert row["metrics"]["valid_loss"] == pytest.approx(rows[0]["metrics"]["valid_loss"], rel=1e-4)
+        assert row["metrics"]["valid_ctc_cer"] == pytest.approx(rows[0]["metrics"]["valid_ctc_cer"], abs=1e-6)
+    gaps = [r["metrics"]["valid_batchnorm_gap"] for r in rows]
+    assert all(gap > 0 for gap in gaps)
+    assert len({round(gap, 6) for gap in gaps}) == 3, gaps
+
+
+def test_a_missing_checkpoint_and_a_bad_budget_are_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        validate(["--checkpoint", str(tmp_path / "nowhere.pt")])
+    assert "checkpoint not found" in capsys.readouterr().err
+    (tmp_path / "x.pt").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        validate(["--checkpoint", str(tmp_path / "x.pt"), "--max-frames-per-batch", "0"])
+    assert "--max-frames-per-batch must be positive" in capsys.readouterr().err
