@@ -12,10 +12,10 @@ from asr.curves import read_scalars
 
 @pytest.fixture(scope="module")
 def conformer_run(tmp_path_factory):
-    """A tiny Conformer with BatchNorm in its convolution module, trained two epochs on real digits."""
+    """A tiny Conformer with BatchNorm in its convolution module, trained one epoch on real digits."""
     tmp_path = tmp_path_factory.mktemp("validate")
     args = tiny_transformer_run(tmp_path, "model.encoder.kind=conformer", "model.encoder.conv_kernel=5",
-                                "model.encoder.conv_norm=batchnorm", "train.max_epochs=2", "train.device=cpu",
+                                "model.encoder.conv_norm=batchnorm", "train.max_epochs=1", "train.device=cpu",
                                 "train.valid_beam_size=3", "train.valid_ctc_weight=0.5")
     assert train(args) == 0
     return tmp_path / "exp"
