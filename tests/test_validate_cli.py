@@ -43,6 +43,19 @@ def test_the_recipes_batch_gives_the_figures_of_the_trainers_last_validation(con
 
 
 @pytest.mark.slow
+def test_a_folder_given_with_data_reads_as_the_recipes_dev_split_of_the_same_folder(conformer_run, tmp_path):
+    rows = {}
+    for where in (["--split", "dev"], ["--data", str(conformer_run.parent / "valid")]):
+        out = tmp_path / f"{where[0][2:]}.json"
+        assert validate(["--checkpoint", str(conformer_run / "last.pt"), "--decode", "2", *where, "--out", str(out)]) == 0
+        record = json.loads(out.read_text())
+        rows[where[0]] = record["results"][0]
+        expected = f"the dev split of {conformer_run / 'last.pt'}" if where[0] == "--split" else where[1]
+        assert record["data"] == expected
+    assert rows["--data"] == rows["--split"]
+
+
+@pytest.mark.slow
 def test_only_batchnorms_gap_moves_with_the_batch_budget(conformer_run, tmp_path):
     # In evaluation mode an utterance's loss and CTC path do not depend on the batch it is padded in;
     # training-mode BatchNorm's statistics do, so the gap differs from one budget to the next.

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         parser.error(str(err))
     if not utterances:
-        parser.error(f"{where}: no usable utterances ({report.counts_text() or 'it lists none'})")
+        parser.error(f"{where}: no usable utterances ({report.counts_text() if len(report) else 'it lists none'})")
     compute_on = resolve_compute_on(config.features.compute_on, recogniser.device.type)
     dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False, seed=config.data.seed,
                             strict=config.data.strict, compute_on=compute_on)
