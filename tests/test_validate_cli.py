@@ -83,3 +83,56 @@ def test_a_missing_checkpoint_and_a_bad_budget_are_refused_by_name(tmp_path, cap
     with pytest.raises(SystemExit):
         validate(["--checkpoint", str(tmp_path / "x.pt"), "--max-frames-per-batch", "0"])
     assert "--max-frames-per-batch must be positive" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_statistics_re_estimated_from_the_validation_batch_itself_leave_no_gap(conformer_run):
+    # Training-mode BatchNorm normalises each batch by its own statistics; running statistics estimated
+    # from that very batch (every layer's, in training mode, in one pass) are the same numbers, but for
+    # the unbiased variance's count / (count - 1): the gap falls from its trained value to about nothing.
+    import torch
+
+    from asr.data.batching import collate
+    from asr.data.dataset import SpeechDataset
+    from asr.data.sources import read_source
+    from asr.inference import load_recogniser
+    from asr.models.norms import recompute_batch_statistics
+    from asr.training.validation import validate as run_validation
+    from asr.training.validation import validation_options
+
+    recogniser = load_recogniser(conformer_run / "last.pt")
+    utterances = read_source(conformer_run.parent / "valid")
+    dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False)
+    everything = [list(range(len(dataset)))]
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=everything, collate_fn=collate)
+
+    def gap():
+        options = validation_options(recogniser.config.train, recogniser.model)
+        return run_validation(recogniser.model, loader, recogniser.tokenizer, recogniser.device, options,
+                              0).metrics["valid_batchnorm_gap"]
+
+    before = gap()
+    batch = next(iter(loader))
+    assert recompute_batch_statistics(recogniser.model, [(batch.features, batch.feature_lengths)]) == 1
+    after = gap()
+    assert before > 0.05
+    assert after < 0.01 * before, (before, after)
+    assert not recogniser.model.training
+
+
+@pytest.mark.slow
+def test_recompute_batchnorm_re_estimates_from_the_training_split_and_leaves_the_checkpoint_alone(conformer_run, tmp_path):
+    checkpoint = conformer_run / "last.pt"
+    before = checkpoint.read_bytes()
+    plain, recomputed = tmp_path / "plain.json", tmp_path / "recomputed.json"
+    assert validate(["--checkpoint", str(checkpoint), "--decode", "0", "--out", str(plain)]) == 0
+    assert validate(["--checkpoint", str(checkpoint), "--decode", "0", "--recompute-batchnorm", "2",
+                     "--out", str(recomputed)]) == 0
+    record = json.loads(recomputed.read_text())
+    assert record["batchnorm_recomputed"]["batches"] == 2
+    assert record["batchnorm_recomputed"]["utterances"] >= 2
+    assert json.loads(plain.read_text())["batchnorm_recomputed"] is None
+    a, b = (json.loads(f.read_text())["results"][0]["metrics"] for f in (plain, recomputed))
+    assert a["valid_loss"] != pytest.approx(b["valid_loss"], rel=1e-6)  # evaluation reads the new statistics
+    assert a["valid_batchnorm_gap"] != pytest.approx(b["valid_batchnorm_gap"], rel=1e-6)
+    assert checkpoint.read_bytes() == before

@@ -4,6 +4,7 @@
     python -m asr.validate --checkpoint exp/a/avg_last5.pt --split test
     python -m asr.validate --checkpoint exp/rc/last.pt --max-frames-per-batch 6000 12000 24000 --decode 0
     python -m asr.validate --checkpoint exp/rc/last.pt --data /data/LibriSpeech/dev-other --out dev_other.json
+    python -m asr.validate --checkpoint exp/rc/avg_last5.pt --recompute-batchnorm 100
 
 Runs what ``asr.train`` runs at the end of an epoch (:func:`asr.training.validation.validate`) on the
 recipe's dev split stored in the checkpoint (``--split test``: its test split; ``--data``: a
@@ -20,8 +21,15 @@ after a validation (``last.pt`` at the end of a run, ``epochN.pt``), the figures
 ``train.log``. ``--max-frames-per-batch`` gives other batch budgets, each validated in turn: the
 loss, WER and CER of a model in evaluation mode barely depend on the batch, but BatchNorm's
 training-mode statistics do, so ``batchnorm_gap`` at halved and doubled budgets shows how much the
-batch a trained model sees moves what training-mode BatchNorm makes of it. Weighed against the
-other: validating a model in training mode is not training it at another batch size.
+batch a trained model sees moves what training-mode BatchNorm makes of it. Validating a model in
+training mode is not training it at another batch size.
+
+``--recompute-batchnorm N`` first re-estimates BatchNorm's running statistics from N batches of the
+recipe's training split (its budget and first epoch's shuffle), without augmentation, with the
+weights as they are, each batch weighing the same (:func:`asr.models.norms.recompute_batch_statistics`,
+what ``torch.optim.swa_utils.update_bn`` does for averaged weights): whether the running averages,
+gathered over training as the weights moved and on augmented batches, are what evaluation should use.
+The checkpoint is never changed.
 
 Prints one line per budget (batches, utterances per batch, the metrics as ``train.log`` shows them)
 and, with ``--out``, writes them as JSON (shares in percent, as everywhere a person reads them) with
@@ -55,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--decode", type=int, metavar="N",
                         help="utterances decoded for WER and CER, spread over the lengths "
                              "(default: the recipe's train.valid_max_utterances; 0: none)")
+    parser.add_argument("--recompute-batchnorm", type=int, metavar="N", default=0,
+                        help="first re-estimate BatchNorm's running statistics from N batches of the recipe's "
+                             "training split, without augmentation, with the weights as they are (as "
+                             "torch.optim.swa_utils.update_bn does); default 0: the checkpoint's own")
     parser.add_argument("--out", type=Path, help="write the results to this JSON file")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     return parser
@@ -70,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--max-frames-per-batch must be positive, got {budget}")
     if args.decode is not None and args.decode < 0:
         parser.error(f"--decode must be >= 0, got {args.decode}")
+    if args.recompute_batchnorm < 0:
+        parser.error(f"--recompute-batchnorm must be >= 0, got {args.recompute_batchnorm}")
 
     from asr.checkpointing import CheckpointError
     from asr.console import ProgressBarHandler
@@ -101,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     compute_on = resolve_compute_on(config.features.compute_on, recogniser.device.type)
     dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False, seed=config.data.seed,
                             strict=config.data.strict, compute_on=compute_on)
+    recomputed = None
+    if args.recompute_batchnorm:
+        try:
+            recomputed = recompute_from_training_batches(recogniser, args.recompute_batchnorm)
+        except DataError as err:
+            parser.error(str(err))
+        print(f"BatchNorm's running statistics re-estimated from {recomputed['batches']} batches "
+              f"({recomputed['utterances']} utterances) of the training split, without augmentation"
+              if recomputed["batches"] else "the model has no BatchNorm: --recompute-batchnorm changed nothing")
     options = validation_options(config.train, model)
     decode = config.train.valid_max_utterances if args.decode is None else args.decode
     budgets = args.max_frames_per_batch or [config.data.max_frames_per_batch]
@@ -130,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": ["python", "-m", "asr.validate", *(sys.argv[1:] if argv is None else argv)],
             "decoding": {"beam": options.beam_size, "ctc_weight": options.ctc_weight,
                          "max_len_ratio": options.max_len_ratio},
+            "batchnorm_recomputed": recomputed,
             "results": rows, "skipped": len(report), "skips": report.as_dict(),
         }
         try:
@@ -158,3 +182,50 @@ def read_split(args, config, tokenizer, report):
     usable, _ = prepare_utterances(utterances, config.data, tokenizer, report, limit_duration=False,
                                    name="data" if args.data else args.split)
     return usable, where
+
+
+def recompute_from_training_batches(recogniser, count: int) -> dict:
+    """Re-estimate the BatchNorm running statistics of ``recogniser``'s model from the first ``count``
+    batches (the recipe's budget and shuffle, its first epoch) of the recipe's training split, without
+    augmentation (:func:`asr.models.norms.recompute_batch_statistics`). Returns what went in."""
+    from asr.data.batching import BucketBatchSampler, with_features
+    from asr.data.corpus import load_split
+    from asr.data.dataset import SpeechDataset, prepare_utterances
+    from asr.data.report import DataError, SkipReport
+    from asr.models.norms import MaskedBatchNorm1d, recompute_batch_statistics
+    from asr.training.data import make_loader
+    from features.config import resolve_compute_on
+
+    model, config = recogniser.model, recogniser.config
+    if not any(isinstance(m, MaskedBatchNorm1d) for m in model.modules()):
+        return {"batches": 0, "utterances": 0}
+    report = SkipReport()
+    utterances, _ = load_split(config.data, "train", report)
+    utterances, _ = prepare_utterances(utterances, config.data, recogniser.tokenizer, report, name="train")
+    if not utterances:
+        raise DataError(f"--recompute-batchnorm: no usable training utterances (data.train={config.data.train})")
+    compute_on = resolve_compute_on(config.features.compute_on, recogniser.device.type)
+    dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False, seed=config.data.seed,
+                            strict=config.data.strict, compute_on=compute_on)
+    sampler = BucketBatchSampler(dataset.num_frames(), config.data.max_frames_per_batch, shuffle=True,
+                                 seed=config.data.seed)
+    batches = list(sampler)[:count]
+    seen = {"utterances": 0}
+    unreadable = SkipReport()  # in the batches used (what the split's reading left out is logged above)
+
+    def inputs():
+        for batch in make_loader(batches, dataset, config.data.num_workers, config.data.seed, pin_memory=False):
+            for skip in batch.skipped:
+                unreadable.add(skip)
+            if len(batch) == 0:
+                continue
+            batch = batch.to(recogniser.device)
+            if batch.audio is not None:
+                batch = with_features(batch, recogniser.pipeline)
+            seen["utterances"] += len(batch)
+            yield batch.features, batch.feature_lengths
+
+    used = recompute_batch_statistics(model, inputs())
+    if len(unreadable):
+        unreadable.log("the training batches BatchNorm's statistics were re-estimated from")
+    return {"batches": used, "utterances": seen["utterances"], "skips": unreadable.as_dict()}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterator, Literal
+from typing import Iterable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -222,3 +222,34 @@ def batch_statistics(model: nn.Module) -> Iterator[int]:
             norm.train(training)
             norm.synchronise = synchronise
             norm.running_mean.copy_(mean), norm.running_var.copy_(var), norm.num_batches_tracked.copy_(count)
+
+
+@torch.no_grad()
+def recompute_batch_statistics(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]) -> int:
+    """Re-estimate the running statistics of every :class:`MaskedBatchNorm1d` of ``model`` from
+    ``batches`` of ``(features, lengths)``, with the weights as they are: the statistics are reset and
+    each batch's (training mode, valid frames only) enters with equal weight (momentum None, a
+    cumulative mean), as ``torch.optim.swa_utils.update_bn`` does for averaged weights. Every other
+    module keeps its mode (dropout stays off in an evaluated model); each norm's momentum, mode and
+    ``synchronise`` are restored after. Returns how many batches went in (0: the model has no such
+    norm, and nothing was run)."""
+    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d) and m.track_running_stats]
+    if not norms:
+        return 0
+    saved = [(m.training, m.synchronise, m.momentum) for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.train()
+        norm.synchronise = False
+        norm.momentum = None
+    count = 0
+    try:
+        for features, lengths in batches:
+            model.encode(features, lengths)
+            count += 1
+    finally:
+        for norm, (training, synchronise, momentum) in zip(norms, saved):
+            norm.train(training)
+            norm.synchronise = synchronise
+            norm.momentum = momentum
+    return count
