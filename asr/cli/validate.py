@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     from asr.checkpointing import CheckpointError
     from asr.console import ProgressBarHandler
     from asr.data.batching import BucketBatchSampler
-    from asr.data.dataset import SpeechDataset
     from asr.data.report import DataError, SkipReport
     from asr.inference import load_recogniser
     from asr.training.data import make_loader
@@ -96,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     from asr.training.reporting import format_metrics
     from asr.training.validation import validate, validation_options
     from asr.writing import WriteError, atomic_write
-    from features.config import resolve_compute_on
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s",
                         handlers=[ProgressBarHandler(sys.stderr)])
@@ -112,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if not utterances:
         parser.error(f"{where}: no usable utterances ({report.counts_text() if len(report) else 'it lists none'})")
-    compute_on = resolve_compute_on(config.features.compute_on, recogniser.device.type)
-    dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False, seed=config.data.seed,
-                            strict=config.data.strict, compute_on=compute_on)
+    dataset = evaluation_dataset(recogniser, utterances)
     recomputed = None
     if args.recompute_batchnorm:
         try:
@@ -164,6 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def evaluation_dataset(recogniser, utterances):
+    """``utterances`` as the trainer's dev set reads them (no augmentation), with ``recogniser``'s
+    features and tokenizer, computed where its device wants them (``features.compute_on``)."""
+    from asr.data.dataset import SpeechDataset
+    from features.config import resolve_compute_on
+
+    config = recogniser.config
+    compute_on = resolve_compute_on(config.features.compute_on, recogniser.device.type)
+    return SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False, seed=config.data.seed,
+                         strict=config.data.strict, compute_on=compute_on)
+
+
 def read_split(args, config, tokenizer, report):
     """The utterances to validate on, filtered as the trainer filters its dev split (every duration
     kept), and a description of where they come from."""
@@ -190,11 +198,10 @@ def recompute_from_training_batches(recogniser, count: int) -> dict:
     augmentation (:func:`asr.models.norms.recompute_batch_statistics`). Returns what went in."""
     from asr.data.batching import BucketBatchSampler, with_features
     from asr.data.corpus import load_split
-    from asr.data.dataset import SpeechDataset, prepare_utterances
+    from asr.data.dataset import prepare_utterances
     from asr.data.report import DataError, SkipReport
     from asr.models.norms import MaskedBatchNorm1d, recompute_batch_statistics
     from asr.training.data import make_loader
-    from features.config import resolve_compute_on
 
     model, config = recogniser.model, recogniser.config
     if not any(isinstance(m, MaskedBatchNorm1d) for m in model.modules()):
@@ -204,9 +211,7 @@ def recompute_from_training_batches(recogniser, count: int) -> dict:
     utterances, _ = prepare_utterances(utterances, config.data, recogniser.tokenizer, report, name="train")
     if not utterances:
         raise DataError(f"--recompute-batchnorm: no usable training utterances (data.train={config.data.train})")
-    compute_on = resolve_compute_on(config.features.compute_on, recogniser.device.type)
-    dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False, seed=config.data.seed,
-                            strict=config.data.strict, compute_on=compute_on)
+    dataset = evaluation_dataset(recogniser, utterances)
     sampler = BucketBatchSampler(dataset.num_frames(), config.data.max_frames_per_batch, shuffle=True,
                                  seed=config.data.seed)
     batches = list(sampler)[:count]
