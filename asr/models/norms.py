@@ -202,6 +202,25 @@ def make_conv_norm(kind: str, channels: int, eps: float = 1e-5, groups: int = 1)
 
 
 @contextmanager
+def _batch_mode(model: nn.Module) -> Iterator[list[MaskedBatchNorm1d]]:
+    """Inside: every :class:`MaskedBatchNorm1d` of ``model`` that tracks running statistics is in training
+    mode and unsynchronised (its own process's batch only); yields them. Every other module keeps its
+    mode. Each norm's mode, ``synchronise`` and momentum are restored after; its statistics are not."""
+    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d) and m.track_running_stats]
+    saved = [(m.training, m.synchronise, m.momentum) for m in norms]
+    for norm in norms:
+        norm.train()
+        norm.synchronise = False
+    try:
+        yield norms
+    finally:
+        for norm, (training, synchronise, momentum) in zip(norms, saved):
+            norm.train(training)
+            norm.synchronise = synchronise
+            norm.momentum = momentum
+
+
+@contextmanager
 def batch_statistics(model: nn.Module) -> Iterator[int]:
     """Inside: every :class:`MaskedBatchNorm1d` of ``model`` normalises with the batch's own statistics,
     as in training, while every other module keeps its mode (dropout stays off in an evaluated model)
@@ -209,19 +228,13 @@ def batch_statistics(model: nn.Module) -> Iterator[int]:
     would make of the same batch, beside what evaluation makes of it (``valid_batchnorm_gap``). The
     statistics are this process's batch's alone, never summed over ranks: under DDP only rank 0 validates,
     and a collective the other ranks never join would wait for ever."""
-    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d) and m.track_running_stats]
-    saved = [(m.training, m.synchronise, m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone())
-             for m in norms]
-    for norm in norms:
-        norm.train()
-        norm.synchronise = False
-    try:
-        yield len(norms)
-    finally:
-        for norm, (training, synchronise, mean, var, count) in zip(norms, saved):
-            norm.train(training)
-            norm.synchronise = synchronise
-            norm.running_mean.copy_(mean), norm.running_var.copy_(var), norm.num_batches_tracked.copy_(count)
+    with _batch_mode(model) as norms:
+        saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in norms]
+        try:
+            yield len(norms)
+        finally:
+            for norm, (mean, var, count) in zip(norms, saved):
+                norm.running_mean.copy_(mean), norm.running_var.copy_(var), norm.num_batches_tracked.copy_(count)
 
 
 @torch.no_grad()
@@ -233,23 +246,14 @@ def recompute_batch_statistics(model: nn.Module, batches: Iterable[tuple[Tensor,
     module keeps its mode (dropout stays off in an evaluated model); each norm's momentum, mode and
     ``synchronise`` are restored after. Returns how many batches went in (0: the model has no such
     norm, and nothing was run)."""
-    norms = [m for m in model.modules() if isinstance(m, MaskedBatchNorm1d) and m.track_running_stats]
-    if not norms:
-        return 0
-    saved = [(m.training, m.synchronise, m.momentum) for m in norms]
-    for norm in norms:
-        norm.reset_running_stats()
-        norm.train()
-        norm.synchronise = False
-        norm.momentum = None
     count = 0
-    try:
+    with _batch_mode(model) as norms:
+        if not norms:
+            return 0
+        for norm in norms:
+            norm.reset_running_stats()
+            norm.momentum = None
         for features, lengths in batches:
             model.encode(features, lengths)
             count += 1
-    finally:
-        for norm, (training, synchronise, momentum) in zip(norms, saved):
-            norm.train(training)
-            norm.synchronise = synchronise
-            norm.momentum = momentum
     return count
