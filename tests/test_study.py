@@ -251,7 +251,7 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
     argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george", "train.seed=0,1"]
-    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker"]
+    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker", "--jobs", "2"]  # two at a time: 2 cores
 
     # Wrong uses fail before anything trains.
     for extra, message in [
