@@ -16,7 +16,7 @@ import sys
 import pytest
 import soundfile
 import torch
-from helpers import LAS_RECIPE, PROJECT_ROOT, require_shared_data, subprocess_env
+from helpers import LAS_RECIPE, PROJECT_ROOT, require_shared_data, subprocess_env, tiny_valid
 
 from asr.data.fsdd import build_digit_recording, read_fsdd
 from asr.data.utterance import Utterance
@@ -35,7 +35,6 @@ SMALL = [
     "data.max_frames_per_batch=3000",
     "features.speed_perturb=[1.0]",
     "train.max_epochs=5",
-    "train.valid_max_utterances=20",
 ]
 
 
@@ -43,7 +42,8 @@ def test_a_long_recording_decodes_nearly_as_well_as_its_digits_one_at_a_time(tmp
     shared = require_shared_data()
     exp = tmp_path / "exp"
     result = subprocess.run(
-        [sys.executable, "-m", "asr.train", str(LAS_RECIPE), f"data.root={shared}", f"exp_dir={exp}", *SMALL],
+        [sys.executable, "-m", "asr.train", str(LAS_RECIPE), f"data.root={shared}", f"exp_dir={exp}", *SMALL,
+         f"data.dev=[{tiny_valid(tmp_path, 20)}]"],  # validation does not change training: 20 dev utterances
         cwd=PROJECT_ROOT, env=dict(subprocess_env(), OMP_NUM_THREADS="2"), capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -157,7 +157,7 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tin
     out = tmp_path / "study"
     fold = ["data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=1"]
     argv = [str(RECIPE), *TINY, *fold, "--grid", "data.digits.held_out_speaker=george,jackson"]
-    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker", "--by-length"]
+    argv += ["--out", str(out), "--pool", "data.digits.held_out_speaker", "--by-length", "--jobs", "2"]
     assert study_cli.main(argv) == 0
 
     results = json.loads((out / "results.json").read_text())

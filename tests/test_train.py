@@ -300,12 +300,21 @@ def test_validations_every_n_updates_are_logged_between_epochs_and_change_nothin
     assert load_experiment_config(exp / "config.yaml").train.valid_every_steps == 2  # recorded with the run
 
 
-def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, reference):
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory, reference):
+    """The reference run stopped after its first epoch (``train.max_epochs=1``): a folder to copy."""
+    common, _, _ = reference
+    exp = tmp_path_factory.mktemp("one_epoch") / "exp"
+    subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.max_epochs=1"]), check=True, env=subprocess_env(),
+                   capture_output=True)
+    return exp
+
+
+def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, reference, one_epoch):
     """A last.pt cut short (by a copy) does not stop --resume: epoch{E}.pt carries the same state."""
     common, expected, _ = reference
     exp = tmp_path / "exp"
-    subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.max_epochs=1"]), check=True, env=subprocess_env(),
-                   capture_output=True)
+    shutil.copytree(one_epoch, exp)
     last = exp / "last.pt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
     subprocess.run(_train_command(common + [f"exp_dir={exp}", "--resume"]), check=True, env=subprocess_env(),
@@ -318,12 +327,11 @@ def test_resume_falls_back_to_the_newest_readable_epoch_checkpoint(tmp_path, ref
     assert "optimizer" not in load_checkpoint(next(exp.glob("best_epoch*.pt")))["training"]  # weights only
 
 
-def test_resume_without_last_pt_falls_back_to_the_newest_epoch_checkpoint(tmp_path, reference):
+def test_resume_without_last_pt_falls_back_to_the_newest_epoch_checkpoint(tmp_path, reference, one_epoch):
     """Issue 49: a full disk before last.pt was first written left epoch1.pt whole; --resume refused."""
     common, expected, _ = reference
     exp = tmp_path / "exp"
-    subprocess.run(_train_command(common + [f"exp_dir={exp}", "train.max_epochs=1"]), check=True, env=subprocess_env(),
-                   capture_output=True)
+    shutil.copytree(one_epoch, exp)
     (exp / "last.pt").unlink()
     subprocess.run(_train_command(common + [f"exp_dir={exp}", "--resume"]), check=True, env=subprocess_env(),
                    capture_output=True)
