@@ -2,7 +2,9 @@
 trains in seconds, and the environment for tests that run the entry points as subprocesses.
 
 Tiers: tests that train a model or start processes are marked ``slow``;
-``python -m pytest -m "not slow" -q`` is the quick loop, ``python -m pytest -q`` runs everything."""
+``python -m pytest -m "not slow" -q`` is the quick loop, ``python -m pytest -q`` runs everything.
+Both run on two worker processes, a module to a worker (``-n 2 --dist loadfile`` in setup.cfg);
+``-n 0`` runs in this process, for a debugger or ``-s``."""
 
 import logging
 from pathlib import Path
@@ -11,6 +13,27 @@ import pytest
 import torch
 
 from helpers import SHARED_DATA, prepare_tiny_demo, require_shared_data
+
+# The modules that take minutes in all, longest first. A worker takes the next module in collection order
+# whenever it runs out, so these go first and the short ones fill in at the end: started last, one of
+# them would leave the other worker idle for minutes (docs/architecture.md, "Tests").
+LONGEST_FIRST = ("test_train.py", "test_study.py", "test_long_recording.py", "test_device_features.py",
+                 "test_inference_cli.py", "test_synth_librispeech.py", "test_bootstraps.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules in LONGEST_FIRST's order, then those with slow tests, then the rest; a module's tests stay
+    together and in their order (its module-scoped fixtures are built once, with or without workers)."""
+    def rank(item) -> tuple[int, int]:
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        return (1 if slow_modules.get(item.path) else 2), 0
+
+    slow_modules: dict = {}
+    for item in items:
+        slow_modules[item.path] = slow_modules.get(item.path, False) or item.get_closest_marker("slow") is not None
+    items[:] = sorted(items, key=rank)  # stable: collection order within each rank
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ def test_a_long_recording_decodes_nearly_as_well_as_its_digits_one_at_a_time(tmp
     result = subprocess.run(
         [sys.executable, "-m", "asr.train", str(LAS_RECIPE), f"data.root={shared}", f"exp_dir={exp}", *SMALL,
          f"data.dev=[{tiny_valid(tmp_path, 20)}]"],  # validation does not change training: 20 dev utterances
-        cwd=PROJECT_ROOT, env=dict(subprocess_env(), OMP_NUM_THREADS="2"), capture_output=True, text=True, timeout=900,
+        cwd=PROJECT_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     recogniser = load_recogniser(exp / "last.pt")

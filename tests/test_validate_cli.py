@@ -92,8 +92,8 @@ def test_statistics_re_estimated_from_the_validation_batch_itself_leave_no_gap(c
     # the unbiased variance's count / (count - 1): the gap falls from its trained value to about nothing.
     import torch
 
+    from asr.cli.validate import evaluation_dataset
     from asr.data.batching import collate
-    from asr.data.dataset import SpeechDataset
     from asr.data.sources import read_source
     from asr.inference import load_recogniser
     from asr.models.norms import recompute_batch_statistics
@@ -102,7 +102,7 @@ def test_statistics_re_estimated_from_the_validation_batch_itself_leave_no_gap(c
 
     recogniser = load_recogniser(conformer_run / "last.pt")
     utterances = read_source(conformer_run.parent / "valid")
-    dataset = SpeechDataset(utterances, recogniser.pipeline, recogniser.tokenizer, train=False)
+    dataset = evaluation_dataset(recogniser, utterances)
     everything = [list(range(len(dataset)))]
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=everything, collate_fn=collate)
 
