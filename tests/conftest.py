@@ -12,28 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import SHARED_DATA, prepare_tiny_demo, require_shared_data
-
-# The modules that take minutes in all, longest first. A worker takes the next module in collection order
-# whenever it runs out, so these go first and the short ones fill in at the end: started last, one of
-# them would leave the other worker idle for minutes (docs/architecture.md, "Tests").
-LONGEST_FIRST = ("test_train.py", "test_study.py", "test_long_recording.py", "test_device_features.py",
-                 "test_inference_cli.py", "test_synth_librispeech.py", "test_bootstraps.py")
+from helpers import SHARED_DATA, longest_modules_first, prepare_tiny_demo, require_shared_data
 
 
 def pytest_collection_modifyitems(config, items):
-    """Modules in LONGEST_FIRST's order, then those with slow tests, then the rest; a module's tests stay
-    together and in their order (its module-scoped fixtures are built once, with or without workers)."""
-    def rank(item) -> tuple[int, int]:
-        name = item.path.name
-        if name in LONGEST_FIRST:
-            return 0, LONGEST_FIRST.index(name)
-        return (1 if slow_modules.get(item.path) else 2), 0
-
-    slow_modules: dict = {}
-    for item in items:
-        slow_modules[item.path] = slow_modules.get(item.path, False) or item.get_closest_marker("slow") is not None
-    items[:] = sorted(items, key=rank)  # stable: collection order within each rank
+    items[:] = longest_modules_first(items)  # docs/architecture.md, "Tests"
 
 
 @pytest.fixture(scope="session")

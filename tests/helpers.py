@@ -122,6 +122,29 @@ def tiny_transformer_run(tmp_path: Path, *extra: str) -> list[str]:
             f"data.dev=[{tiny_valid(tmp_path)}]", *extra]
 
 
+# The modules that take minutes in all, longest first. A worker takes the next module in collection order
+# whenever it runs out, so these go first and the short ones fill in at the end: started last, one of
+# them would leave the other worker idle for minutes.
+LONGEST_FIRST = ("test_train.py", "test_study.py", "test_long_recording.py", "test_device_features.py",
+                 "test_inference_cli.py", "test_synth_librispeech.py", "test_bootstraps.py")
+
+
+def longest_modules_first(items: list) -> list:
+    """The collected tests with the modules in LONGEST_FIRST's order first, then the others with slow tests,
+    then the rest; a module's tests stay together and in their order (its module-scoped fixtures are built
+    once, with or without workers)."""
+    slow: dict = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, False) or item.get_closest_marker("slow") is not None
+
+    def rank(item) -> tuple[int, int]:
+        if item.path.name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(item.path.name)
+        return (1 if slow[item.path] else 2), 0
+
+    return sorted(items, key=rank)  # stable: collection order within a rank
+
+
 def subprocess_env() -> dict:
     """The environment for an entry point run as a subprocess: this checkout importable, one thread."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT))
