@@ -133,14 +133,12 @@ def longest_modules_first(items: list) -> list:
     """The collected tests with the modules in LONGEST_FIRST's order first, then the others with slow tests,
     then the rest; a module's tests stay together and in their order (its module-scoped fixtures are built
     once, with or without workers)."""
-    slow: dict = {}
-    for item in items:
-        slow[item.path] = slow.get(item.path, False) or item.get_closest_marker("slow") is not None
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
 
     def rank(item) -> tuple[int, int]:
         if item.path.name in LONGEST_FIRST:
             return 0, LONGEST_FIRST.index(item.path.name)
-        return (1 if slow[item.path] else 2), 0
+        return (1 if item.path in slow else 2), 0
 
     return sorted(items, key=rank)  # stable: collection order within a rank
 
