@@ -129,6 +129,14 @@ LONGEST_FIRST = ("test_train.py", "test_study.py", "test_long_recording.py", "te
                  "test_inference_cli.py", "test_synth_librispeech.py", "test_bootstraps.py")
 
 
+def read_png(path: Path):
+    """The picture at ``path`` as an array (height, width, channels), by matplotlib's reader, imported here:
+    matplotlib takes 0.7 s that every test worker would pay while collecting the modules that read pictures."""
+    import matplotlib.image
+
+    return matplotlib.image.imread(path)
+
+
 def longest_modules_first(items: list) -> list:
     """The collected tests with the modules in LONGEST_FIRST's order first, then the others with slow tests,
     then the rest; a module's tests stay together and in their order (its module-scoped fixtures are built

@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pytest
-import scipy.signal
 import torch
 import torchaudio.functional as AF
 
@@ -45,13 +44,20 @@ def speech(librivox_mini):
     return to_mono(waveform)
 
 
+def signal():
+    """scipy.signal, imported on first use: it takes 1.6 s, which every test worker would pay while collecting."""
+    import scipy.signal
+
+    return scipy.signal
+
+
 def seeded(seed):
     return torch.Generator().manual_seed(seed)
 
 
 def band_energy_db(waveform, low_hz, high_hz, rate=RATE):
     """Energy of ``waveform`` between the two frequencies, in dB (Welch power spectrum, summed)."""
-    freqs, power = scipy.signal.welch(waveform.double().numpy(), fs=rate, nperseg=1024)
+    freqs, power = signal().welch(waveform.double().numpy(), fs=rate, nperseg=1024)
     band = (freqs >= low_hz) & (freqs < high_hz)
     return 10 * math.log10(power[band].sum())
 
@@ -60,7 +66,7 @@ def lag_of_best_match(a, b, max_lag=200):
     """The shift of ``b`` against ``a`` (in samples, within ``max_lag``) at which they correlate best."""
     a, b = a.double().numpy(), b.double().numpy()
     # scores[k] = sum over the middle of a of a[i] * b[i + k - max_lag], k = 0 .. 2 max_lag
-    scores = scipy.signal.correlate(b, a[max_lag:-max_lag], mode="valid", method="fft")
+    scores = signal().correlate(b, a[max_lag:-max_lag], mode="valid", method="fft")
     return int(np.argmax(scores)) - max_lag
 
 
@@ -91,8 +97,8 @@ def test_lowpass_removes_energy_above_the_cutoff_and_keeps_it_below(speech, cuto
 def test_lowpass_is_scipys_butterworth_run_forward_and_backward(speech, cutoff):
     # The reference: the filter designed and run by scipy. The two may differ only where sosfiltfilt
     # pads the ends, so the comparison leaves out 50 ms at each end.
-    sections = scipy.signal.butter(8, cutoff, btype="low", fs=RATE, output="sos")
-    expected = scipy.signal.sosfiltfilt(sections, speech.double().numpy())
+    sections = signal().butter(8, cutoff, btype="low", fs=RATE, output="sos")
+    expected = signal().sosfiltfilt(sections, speech.double().numpy())
     got = lowpass(speech, RATE, cutoff).double().numpy()
     edge = RATE // 20
     error = np.abs(got - expected)[edge:-edge].max()
@@ -142,9 +148,9 @@ def test_silence_stays_silent():
 
 def test_peaking_filter_equals_torchaudios_equalizer_and_has_its_gain_at_the_centre(speech):
     sos = peaking_filter(1200.0, 7.5, 1.3, RATE)
-    ours = torch.from_numpy(scipy.signal.sosfilt(sos, speech.double().numpy())).float()
+    ours = torch.from_numpy(signal().sosfilt(sos, speech.double().numpy())).float()
     torch.testing.assert_close(ours, AF.equalizer_biquad(speech, RATE, 1200.0, 7.5, 1.3), rtol=0, atol=1e-5)
-    _, response = scipy.signal.sosfreqz(sos, worN=[100.0, 1200.0, 7000.0], fs=RATE)
+    _, response = signal().sosfreqz(sos, worN=[100.0, 1200.0, 7000.0], fs=RATE)
     gain_db = 20 * np.log10(np.abs(response))
     assert gain_db[1] == pytest.approx(7.5, abs=1e-6)
     assert abs(gain_db[0]) < 1.0 and abs(gain_db[2]) < 1.0

@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib.image
 import pytest
+from helpers import read_png
 from torch.utils.tensorboard import SummaryWriter
 
 from asr.convergence import (
@@ -242,7 +242,7 @@ def test_bands_average_aligned_points_and_the_plot_is_written(tmp_path):
     assert (minmax.low, minmax.high, minmax.cut) == ([1.0, 2.0], [3.0, 4.0], False)
     out = tmp_path / "bands.png"
     plot_bands({"valid/loss": [b, minmax]}, out, "optimizer step", zoom=True)
-    image = matplotlib.image.imread(out)
+    image = read_png(out)
     assert image.ndim == 3 and image.shape[0] > 100
 
 
@@ -254,7 +254,7 @@ def test_many_settings_get_one_legend_below_the_panels_instead_of_one_over_the_c
     for count in (2, 8):
         out = tmp_path / f"{count}.png"
         plot_bands({"valid/loss": settings(count), "valid/wer": settings(count)}, out, "epoch")
-        heights[count] = matplotlib.image.imread(out).shape[0]
+        heights[count] = read_png(out).shape[0]
     # The figure is 7.2 in (720 px) high either way; eight legend lines below it add about 100 px.
     assert heights[2] <= 730 < 780 < heights[8]
 
@@ -266,5 +266,5 @@ def test_tiled_pictures_make_one_image(tmp_path):
     plot_bands({"valid/loss": [band("x", [[1, 2]], [[2.0, 1.0]])]}, picture, "epoch")
     out = tmp_path / "tiles.png"
     tile_images([[("run a", str(picture)), ("run b", None)], [("run c", str(picture))]], out)
-    tiles, single = matplotlib.image.imread(out), matplotlib.image.imread(picture)
+    tiles, single = read_png(out), read_png(picture)
     assert tiles.shape[1] > single.shape[1]  # two columns wide

@@ -2,7 +2,6 @@
 
 import numpy as np
 
-from asr.plots import FONT_SIZE, MAX_TOKEN_LABELS, alignment_figure
 from asr.training.validation import alignment_title
 
 
@@ -13,6 +12,10 @@ def _diagonal(steps: int, frames: int) -> np.ndarray:
 
 
 def test_the_attention_picture_fits_a_tensorboard_card_with_its_tokens_readable():
+    # Imported here, not at the top: matplotlib and librosa.display take 0.75 s that every test worker would
+    # pay while collecting.
+    from asr.plots import FONT_SIZE, MAX_TOKEN_LABELS, alignment_figure
+
     tokens = list("SEVEN FIVE TWO NINE THREE ONE EIGHT FOUR") + ["<eos>"]
     title = alignment_title("9000-1-0003", "after epoch 3")
     figure = alignment_figure(np.zeros((300, 40)), _diagonal(len(tokens), 75), 0.01, title, tokens)
