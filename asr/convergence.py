@@ -146,6 +146,24 @@ def read_run_curves(exp_dir: Path, label: str, curves: dict | None = None, metri
                      loss.steps, aligned("valid/minutes"), found)
 
 
+def up_to_step(curves: RunCurves, step: int, label: str) -> RunCurves | None:
+    """``curves`` cut after the last validation at or before optimizer step ``step``: the run as it stood
+    then. None when no validation came that early. A run whose validations are on the epoch axis only (one
+    from before the optimizer steps were logged) cannot be cut by steps: :class:`CompareError`."""
+    if curves.steps is None:
+        raise CompareError(f"run {label} logged its validations by epoch only, without optimizer steps; "
+                           "it cannot be read up to a step")
+    keep = sum(1 for s in curves.steps if s <= step)  # the steps ascend
+
+    def cut(values: list | None) -> list | None:
+        return None if values is None else values[:keep]
+
+    if keep == 0:
+        return None
+    return RunCurves(curves.epochs[:keep], curves.loss[:keep], cut(curves.wer), curves.steps[:keep],
+                     cut(curves.minutes), {name: values[:keep] for name, values in curves.metrics.items()})
+
+
 def first_reached(values: list[float], target: float) -> int | None:
     """Index of the first value at most ``target`` (NaN never is), or None."""
     return next((i for i, v in enumerate(values) if v <= target), None)
@@ -189,7 +207,8 @@ def measure(curves: RunCurves, targets: Targets) -> Convergence:
     """The convergence measures of one run (see the module docstring)."""
     finite = [(v, e) for v, e in zip(curves.loss, curves.epochs) if math.isfinite(v)]
     best_loss, best_epoch = min(finite, key=lambda ve: (ve[0], ve[1])) if finite else (math.nan, 0)
-    auc = area_under([s / 1000 for s in curves.steps], curves.loss) if curves.steps else None
+    # One validation has no area: None, not 0, so that it does not read as the best possible curve.
+    auc = area_under([s / 1000 for s in curves.steps], curves.loss) if curves.steps and len(curves.steps) > 1 else None
     return Convergence(
         epochs=curves.epochs[-1],
         steps=curves.steps[-1] if curves.steps else None,

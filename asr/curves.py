@@ -17,6 +17,7 @@ followed. ``python -m asr.compare`` (:mod:`asr.cli.compare`) is the command line
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,8 @@ def read_scalars(exp_dir: str | Path) -> dict[str, list[tuple[float, int, float]
     folders = sorted({p.parent for p in exp_dir.rglob(EVENT_GLOB) if p.is_file()})
     if not folders:
         raise CompareError(f"no TensorBoard event files ({EVENT_GLOB}) under {exp_dir}")
+    # Its directory watcher logs each event file it moves to at INFO, under a command's own INFO logging.
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)
     scalars: dict[str, list[tuple[float, int, float]]] = {}
     for folder in folders:
         # size_guidance 0 keeps every point; the default samples long curves down to 10,000.

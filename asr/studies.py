@@ -38,8 +38,9 @@ from asr.convergence import (
     metric_tag,
     read_run_curves,
     summarise_reached,
+    up_to_step,
 )
-from asr.curves import run_curves
+from asr.curves import EPOCH_AXIS, EVENT_GLOB, run_curves
 
 if TYPE_CHECKING:
     from asr.inference import DecodeSettings
@@ -552,6 +553,81 @@ def measure_runs(runs: list[Run], targets: Targets, metrics: list[str] = ()) -> 
             run.finals[name] = curve.values[-1] if curve is not None and curve.values else None
 
 
+@dataclass(frozen=True)
+class RunState:
+    """Where one run of a study stands, read from its folder without changing it (``asr.study --progress``):
+    ``measured_at`` is the optimizer step of the validation its tables use (None: left out of them), and
+    ``state`` says what it is doing in words."""
+
+    state: str
+    latest_step: int | None
+    measured_at: int | None
+
+
+def _last_finite(values: list[float]) -> float | None:
+    return next((v for v in reversed(values) if math.isfinite(v)), None)
+
+
+def measure_progress(runs: list[Run], targets: Targets, metrics: list[str] = (),
+                     at_step: int | None = None) -> list[RunState]:
+    """What :func:`measure_runs` does for a finished study, for one that is still training or was stopped:
+    every run's :attr:`Run.convergence` and :attr:`Run.finals` from the validations its TensorBoard events hold
+    now, or with ``at_step`` from those at or before that optimizer step, so that runs stopped at different
+    points are compared at one budget. A run with no validation yet, or one that has not yet trained to
+    ``at_step``, keeps ``convergence`` None and stays out of the tables; a run that finished before
+    ``at_step`` is measured where it ended. Nothing is trained, evaluated or written; returns each run's
+    :class:`RunState`."""
+    from asr.training.runlock import LOCK_NAME, is_stale, read_lock
+
+    named = tuple(dict.fromkeys([*(t.name for t in targets.metrics), *metrics]))
+    states = []
+    for run in runs:
+        finished = (run.exp_dir / "study_time.json").exists()
+        logged = run.exp_dir.is_dir() and any(p.is_file() for p in run.exp_dir.rglob(EVENT_GLOB))
+        curves = run_curves(run.exp_dir, run.name) if logged else {}
+        stepped = [c.steps[-1] for c in curves.values() if c.steps and c.axis != EPOCH_AXIS]
+        latest = max(stepped) if stepped else None
+        holder = read_lock(run.exp_dir / LOCK_NAME)
+        live = holder is not None and not is_stale(holder)  # a lock from another host counts as live
+        if finished:
+            state = "finished"
+        elif latest is None:
+            state = "training, nothing logged yet" if live else "not started"
+        else:
+            state = f"{'training' if live else 'stopped'} at step {latest}"
+        run.convergence, run.finals = None, {}
+        run.results["train_seconds"] = training_seconds(run.exp_dir) if finished else None
+        validations = None
+        if "valid/loss" not in curves:
+            state += ", no validation yet" if latest is not None else ""
+        elif at_step is not None and not finished and (latest is None or latest < at_step):
+            state += f", short of step {at_step}"
+        else:
+            validations = read_run_curves(run.exp_dir, run.name, curves, named)
+            if at_step is not None:
+                validations = up_to_step(validations, at_step, run.name)
+                state += "" if validations is not None else f", no validation by step {at_step}"
+        if validations is None:
+            states.append(RunState(state, latest, None))
+            continue
+        run.convergence = measure(validations, targets)
+        run.finals = {name: _last_finite(validations.metrics[name]) for name in metrics}
+        states.append(RunState(state, latest, run.convergence.steps))
+    return states
+
+
+def state_table(runs: list[Run], grid: dict[str, list[str]], states: list[RunState]) -> str:
+    """One row per run: its grid values, what it is doing, its last logged step and the step of the
+    validation the tables use."""
+    keys = list(grid)
+    header = [short_key(k) for k in keys] + ["state", "last logged step", "measured at step"]
+    rows = [[run.values[k] for k in keys]
+            + [s.state, "n/a" if s.latest_step is None else str(s.latest_step),
+               "left out" if s.measured_at is None else str(s.measured_at)]
+            for run, s in zip(runs, states)]
+    return markdown_table(header, len(keys), rows)
+
+
 def _reached_text(reached: Reached | None) -> str:
     """One run's way to a target: ``"1200 (epoch 4, 3.1 min)"``, or ``"not reached"``."""
     if reached is None:
@@ -621,7 +697,7 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
     rows = []
     for values, group in group_runs(runs, grid, seed_key):
         measured = [r.convergence for r in group if r.convergence is not None]
-        cells = list(values.values()) + [str(len(group))]
+        cells = list(values.values()) + [_count(len(measured), len(group))]
         reached = [_targets_reached(c, targets) for c in measured]
         for field_name in ("step", "minutes"):
             for index in range(len(_target_headers(targets, ""))):
@@ -638,6 +714,11 @@ def seed_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str, targe
         cells.append(format_mean_std([r.results.get("train_seconds") for r in group], 3, 1 / 60))
         rows.append(cells)
     return markdown_table(header, len(others), rows)
+
+
+def _count(measured: int, planned: int) -> str:
+    """How many of a setting's runs its row covers: ``"3"``, or ``"2 of 3"`` while a study is in progress."""
+    return str(planned) if measured == planned else f"{measured} of {planned}"
 
 
 def welch(a: list[float | None], b: list[float | None]) -> tuple[float, float] | None:
@@ -702,7 +783,9 @@ def comparison_table(runs: list[Run], grid: dict[str, list[str]], seed_key: str,
         reference = [r for r in matching if r.values[compare_key] == base]
         for value in rest:
             group = [r for r in matching if r.values[compare_key] == value]
-            cells = list(combination) + [f"{value} - {base}", f"{len(group)} - {len(reference)}"]
+            counts = [_count(sum(r.convergence is not None for r in members), len(members))
+                      for members in (group, reference)]
+            cells = list(combination) + [f"{value} - {base}", " - ".join(counts)]
             cells += [_difference_text(welch([measure(r) for r in group], [measure(r) for r in reference]), 3, scale)
                       for _, measure, scale in measures]
             rows.append(cells)

@@ -25,6 +25,7 @@ from asr.convergence import (
     measure,
     read_run_curves,
     summarise_reached,
+    up_to_step,
 )
 from asr.curves import CompareError, band, plot_bands
 from asr.studies import Run, Scoring, convergence_table, seed_table
@@ -75,6 +76,21 @@ def test_measure_gives_steps_minutes_and_epochs_to_each_target():
     old = measure(RunCurves(epochs=[1, 2], loss=[2.0, 1.0]), Targets(loss=1.0))
     assert old.loss_target == Reached(epoch=2) and old.auc is None and old.best_wer_percent is None
     assert old.late_fall is None
+    # One validation has no area under it: None, not the 0 that would look like the best curve.
+    assert measure(RunCurves(epochs=[1], loss=[2.0], steps=[100]), Targets()).auc is None
+
+
+def test_curves_cut_at_a_step_are_the_run_as_it_stood_then():
+    with_gap = RunCurves(**{**CURVES.__dict__, "metrics": {"valid_batchnorm_gap": [0.3, math.nan, 0.1]}})
+    cut = up_to_step(with_gap, 250, "run")
+    # (math.nan is one object, so the lists compare equal by identity where both hold it)
+    first_two = RunCurves([1, 2], [3.0, 2.0], [90.0, 50.0], [100, 200], [2.0, 4.0])
+    assert cut == RunCurves(**{**first_two.__dict__, "metrics": {"valid_batchnorm_gap": [0.3, math.nan]}})
+    assert measure(cut, Targets(loss=1.5)) == measure(first_two, Targets(loss=1.5))
+    assert up_to_step(CURVES, 300, "run") == CURVES and up_to_step(CURVES, 10**9, "run") == CURVES
+    assert up_to_step(CURVES, 99, "run") is None  # no validation that early
+    with pytest.raises(CompareError, match="run old logged its validations by epoch only"):
+        up_to_step(RunCurves(epochs=[1, 2], loss=[2.0, 1.0]), 100, "old")
 
 
 def test_a_metric_target_is_reached_in_the_direction_the_metric_improves_and_never_by_a_missing_value():

@@ -417,3 +417,92 @@ def test_every_shipped_variants_file_plans_with_the_study_its_header_shows(varia
         runs = study.plan_runs(RECIPE.parent.parent / args.recipe, args.overrides, grid, tmp_path, chosen)
         assert len(runs) == len(chosen) * len(grid.get("train.seed", [None]))
         assert [run.values[study.VARIANT] for run in runs[:: len(grid.get("train.seed", [None]))]] == list(chosen)
+
+
+def _log_run(exp_dir, losses, train_to):
+    """A run's TensorBoard events as the trainer writes them: a validation every 100 optimizer steps (loss,
+    WER in percent, minutes, epochs done, BatchNorm's gap) and the training loss every 50 steps to ``train_to``."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(exp_dir))
+    for step in range(50, train_to + 1, 50):
+        writer.add_scalar("train/loss", 5.0, step)
+    for k, loss in enumerate(losses, start=1):
+        for tag, value in (("valid/loss", loss), ("valid/wer", 10 * loss), ("valid/minutes", float(k)),
+                           ("epoch", float(k)), ("valid/batchnorm_gap", loss / 10)):
+            writer.add_scalar(tag, value, 100 * k)
+    writer.close()
+
+
+def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step(tmp_path, capsys, monkeypatch):
+    import os
+    import socket
+
+    from asr.convergence import format_mean_std
+    from asr.training.runlock import LOCK_NAME
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--progress trained or evaluated a run")
+
+    monkeypatch.setattr(study_cli, "train_run", refuse)
+    monkeypatch.setattr(study_cli, "evaluate_run", refuse)
+    argv = [str(RECIPE), "--grid", "model.layer_norm=none,both", "train.seed=0,1,2", "--out", str(tmp_path),
+            "--seeds", "train.seed", "--compare", "model.layer_norm", "--target-loss", "1.55",
+            "--metric", "valid_batchnorm_gap", "--progress"]
+    runs = {(r.values["model.layer_norm"], r.values["train.seed"]): r.exp_dir
+            for r in study_cli.plan(study_cli.build_parser(), argv).runs}
+    for seed in (0, 1):  # finished: three validations each
+        for norm, start in (("none", 3.0), ("both", 2.5)):
+            _log_run(runs[norm, str(seed)], [start + seed / 10, start - 1 + seed / 10, start - 1.5 + seed / 10], 300)
+            (runs[norm, str(seed)] / "study_time.json").write_text(json.dumps({"train_seconds": 60.0}))
+    # none, seed 2: still training (this process holds its lock), at step 250, two validations; both, seed 2:
+    # not started.
+    _log_run(runs["none", "2"], [3.2, 2.2], 250)
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now", "command": "python -m asr.train"}
+    (runs["none", "2"] / LOCK_NAME).write_text(json.dumps(holder))
+
+    def report(*extra):
+        assert study_cli.main([*argv, *extra]) == 0
+        printed = capsys.readouterr().out
+        assert printed.rstrip().endswith(f"wrote {tmp_path / 'progress.md'}")
+        text = (tmp_path / "progress.md").read_text()
+        tables = [block for block in text.split("\n\n") if block.startswith("|")]
+        return text, [{row[0] + (f",{row[1]}" if len(row) > 1 else ""): row for row in
+                       [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]}
+                      for table in tables]
+
+    # As it stands: each run at its last validation, the stopped and unstarted runs said so.
+    text, (states, per_run, seeds, compare) = report()
+    assert states["none,2"][2:] == ["training at step 250", "250", "200"]
+    assert states["both,2"][2:] == ["not started", "n/a", "left out"]
+    assert states["both,0"][2:] == ["finished", "300", "300"]
+    assert "measured at different steps" in text and "5 of 6 runs" in text
+    assert seeds["none,3"][0:2] == ["none", "3"] and seeds["both,2 of 3"][1] == "2 of 3"
+    final = seeds["none,3"][-5]  # final valid loss, WER, gap and train min follow
+    assert final == format_mean_std([1.5, 1.6, 2.2], 4) and seeds["none,3"][-2] == format_mean_std([0.15, 0.16, 0.22], 3)
+    assert seeds["both,2 of 3"][2] == "250 ± 71 (2/2)"  # steps to loss 1.55: seed 0's at 200 (1.5), seed 1's at 300
+    assert not (tmp_path / "results.md").exists() and not (tmp_path / "convergence.json").exists()
+
+    # At one budget: every run that has trained to step 200 is read there.
+    text, (states, per_run, seeds, compare) = report("--at-step", "200")
+    measured_at = [states[k][4] for k in ("none,0", "none,1", "none,2", "both,0", "both,2")]
+    assert measured_at == ["200", "200", "200", "200", "left out"]
+    assert "different steps" not in text
+    assert seeds["none,3"][-5] == format_mean_std([2.0, 2.1, 2.2], 4)
+    assert seeds["both,2 of 3"][-5] == format_mean_std([1.5, 1.6], 4)
+    assert seeds["none,3"][-2] == format_mean_std([0.2, 0.21, 0.22], 3)
+    row = next(iter(compare.values()))
+    assert row[1] == "2 of 3 - 3"
+    assert row[3] == study._difference_text(study.welch([1.5, 1.6], [2.0, 2.1, 2.2]))  # final valid loss
+
+    # A budget the training run has not reached leaves it out until it has; finished runs are read at their end.
+    text, (states, *_rest, seeds, _compare) = report("--at-step", "300")
+    assert states["none,2"][2:] == ["training at step 250, short of step 300", "250", "left out"]
+    assert seeds["none,2 of 3"][-5] == format_mean_std([1.5, 1.6], 4)
+    os.unlink(runs["none", "2"] / LOCK_NAME)  # the run was stopped
+    _text, (states, *_rest) = report("--at-step", "300")
+    assert states["none,2"][2] == "stopped at step 250, short of step 300"
+
+    with pytest.raises(SystemExit):
+        study_cli.main([*argv[:-1], "--at-step", "200"])
+    assert "--at-step needs --progress" in capsys.readouterr().err

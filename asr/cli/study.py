@@ -75,6 +75,16 @@ once (``python -m asr.synth_demo RECIPE [OVERRIDE ...]``): the runs only read
 it, and the study stops before anything trains with the commands to run when
 a corpus the runs read is missing.
 
+``--progress`` trains and evaluates nothing: it reads the runs' folders as
+they are now (a study still training, or stopped) and writes
+``progress.md`` in ``--out``: each run's state (finished, training or
+stopped at its last logged step, not started) and the convergence tables
+of the runs that have a validation (:func:`asr.studies.measure_progress`),
+without ``valid_mean.png``, ``convergence.json`` or any WER on dev or test.
+``--at-step N`` reads every run at its last validation at or before
+optimizer step N, so that runs stopped at different points are compared
+at one budget; a run that has not trained to N is left out.
+
 A study is resumable: a finished run (its folder holds ``study_time.json``)
 is not trained again, an interrupted one (``last.pt`` but no
 ``study_time.json``) is continued with ``--resume``, and an evaluation is
@@ -116,6 +126,7 @@ from asr.studies import (
     group_runs,
     has_split,
     length_table,
+    measure_progress,
     measure_runs,
     plan_ensembles,
     plan_runs,
@@ -124,6 +135,7 @@ from asr.studies import (
     scorings_for,
     seed_table,
     short_key,
+    state_table,
     study_grid,
     train_run,
     training_seconds,
@@ -203,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="report each run's last value of this validation metric (any name of asr.training.metrics, "
              "e.g. valid_batchnorm_gap), and with --seeds its mean ± std per setting; repeatable",
     )
+    parser.add_argument(
+        "--progress", action="store_true",
+        help="train and evaluate nothing: report the runs as their validations stand now (a study still "
+             "training, or stopped), in progress.md; the convergence tables only, no dev or test WER",
+    )
+    parser.add_argument(
+        "--at-step", type=int, metavar="N",
+        help="with --progress, compare the runs at one budget: each at its last validation at or before "
+             "optimizer step N; a run that has not trained to N is left out until it has",
+    )
     add_decode_arguments(parser)
     return parser
 
@@ -216,6 +238,10 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
         parser.error(f"--threads must be at least 1, got {args.threads}")
     if not args.recipe.is_file():
         parser.error(f"recipe not found: {args.recipe}")
+    if args.at_step is not None and not args.progress:
+        parser.error("--at-step needs --progress: a finished study's report is at each run's end")
+    if args.at_step is not None and args.at_step < 1:
+        parser.error(f"--at-step must be at least 1, got {args.at_step}")
     out = args.out or Path("exp") / f"study_{args.recipe.stem}"
     targets = check_targets(parser, args)
     for name in args.metrics:
@@ -239,7 +265,8 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
             if len(grid[args.compare]) < 2:
                 raise StudyError(f"--compare {args.compare!r}: the grid gives it one value; give two or more")
         runs = plan_runs(args.recipe, args.overrides, grid, out, variants)
-        check_demo_corpora(args.recipe, args.overrides, runs)
+        if not args.progress:  # --progress reads the runs' folders only
+            check_demo_corpora(args.recipe, args.overrides, runs)
         if args.average_last:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
     except StudyError as err:
@@ -287,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     study = plan(build_parser(), argv)
     args = study.args
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.progress:
+        return report_progress(study, argv)
     logger.info("%d runs: %s", len(study.runs), "; ".join(r.name for r in study.runs))
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -301,6 +330,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
     write_report(study, scorings, curves, ensembles, argv)
+    return 0
+
+
+def report_progress(study: Study, argv: list[str] | None) -> int:
+    """``--progress``: ``progress.md`` in ``--out`` and on stdout, from the runs' folders as they are now."""
+    args = study.args
+    try:
+        states = measure_progress(study.runs, study.targets, args.metrics, args.at_step)
+    except CompareError as err:
+        print(f"asr.study: {err}", file=sys.stderr)
+        return 1
+    measured = sum(s.measured_at is not None for s in states)
+    command = "python -m asr.study " + shlex.join(sys.argv[1:] if argv is None else argv)
+    budget = f" at or before optimizer step {args.at_step}" if args.at_step else ""
+    lines = [f"# Study in progress: {args.recipe}", "", f"    {command}", "",
+             f"Nothing was trained or evaluated: each run as its TensorBoard events stand now, at its last "
+             f"validation{budget}. {measured} of {len(study.runs)} runs are in the tables below; the rest are left out "
+             "until they have a validation" + (f" and have trained to step {args.at_step}" if args.at_step else "")
+             + ". Dev and test WER come with the study's own report, once every run has finished.", "",
+             state_table(study.runs, study.grid, states)]
+    if not args.at_step and len({s.measured_at for s in states if s.measured_at is not None}) > 1:
+        lines += ["The runs were measured at different steps: a mean or a difference over them mixes budgets. "
+                  "`--at-step N` compares them at one.", ""]
+    if measured:
+        lines += convergence_lines(study, [], write_files=False)
+    study.out.mkdir(parents=True, exist_ok=True)
+    (study.out / "progress.md").write_text("\n".join(lines))
+    sys.stdout.write("\n".join(lines[4:]))
+    print(f"wrote {study.out / 'progress.md'}")
     return 0
 
 
@@ -397,6 +455,12 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
 def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
     """The convergence tables (per run; with ``--seeds`` per setting, with ``valid_mean.png`` and
     ``convergence.json``) as lines of ``results.md``."""
+    return convergence_lines(study, scorings, write_files=True)
+
+
+def convergence_lines(study: Study, scorings: list[Scoring], write_files: bool) -> list[str]:
+    """The convergence tables of the runs that have a :attr:`Run.convergence`; with ``write_files``, also
+    ``valid_mean.png`` and ``convergence.json`` (a finished study's), else neither."""
     args, targets = study.args, study.targets
     wanted = []
     if targets.loss is not None:
@@ -419,8 +483,9 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
     lines += [f"### Mean ± sample std over {seeds}", "",
               "Steps and minutes to a target: over the seeds that reached it (how many, in brackets).", ""]
     lines.append(seed_table(study.runs, study.grid, args.seeds, targets, scorings, args.metrics))
-    image = band_plot(study)
-    lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
+    if write_files:
+        image = band_plot(study)
+        lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
     if args.compare:
         compare = short_key(args.compare)
         lines += [f"### {compare}: each value against {study.grid[args.compare][0]}", "",
@@ -428,6 +493,8 @@ def convergence_section(study: Study, scorings: list[Scoring]) -> list[str]:
                   "and the two-sided p of Welch's t-test (unequal variances); with few seeds only a large, steady "
                   "difference reaches a small p, and a large p is no evidence of no difference.", ""]
         lines.append(comparison_table(study.runs, study.grid, args.seeds, args.compare, targets, scorings, args.metrics))
+    if not write_files:
+        return lines
     settings = [{"values": values, "runs": [r.name for r in group],
                  "measures": aggregate([r.convergence for r in group if r.convergence])}
                 for values, group in group_runs(study.runs, study.grid, args.seeds)]
