@@ -556,8 +556,8 @@ def measure_runs(runs: list[Run], targets: Targets, metrics: list[str] = ()) -> 
 @dataclass(frozen=True)
 class RunState:
     """Where one run of a study stands, read from its folder without changing it (``asr.study --progress``):
-    ``measured_at`` is the optimizer step of the validation its tables use (None: left out of them), and
-    ``state`` says what it is doing in words."""
+    ``measured_at`` is the optimizer step of the validation its tables use (None: left out of them, or a run
+    that logged its validations by epoch only), and ``state`` says what it is doing in words."""
 
     state: str
     latest_step: int | None
@@ -589,22 +589,24 @@ def measure_progress(runs: list[Run], targets: Targets, metrics: list[str] = (),
         latest = max(stepped) if stepped else None
         holder = read_lock(run.exp_dir / LOCK_NAME)
         live = holder is not None and not is_stale(holder)  # a lock from another host counts as live
+        doing = "training" if live else "stopped"
         if finished:
             state = "finished"
-        elif latest is None:
-            state = "training, nothing logged yet" if live else "not started"
+        elif latest is not None:
+            state = f"{doing} at step {latest}"
+        elif curves:  # a run from before the optimizer steps were logged
+            state = f"{doing}, its steps not logged"
         else:
-            state = f"{'training' if live else 'stopped'} at step {latest}"
+            state = "training, nothing logged yet" if live else "not started"
         run.convergence, run.finals = None, {}
         run.results["train_seconds"] = training_seconds(run.exp_dir) if finished else None
-        validations = None
-        if "valid/loss" not in curves:
-            state += ", no validation yet" if latest is not None else ""
-        elif at_step is not None and not finished and (latest is None or latest < at_step):
-            state += f", short of step {at_step}"
-        else:
-            validations = read_run_curves(run.exp_dir, run.name, curves, named)
-            if at_step is not None:
+        validations = read_run_curves(run.exp_dir, run.name, curves, named) if "valid/loss" in curves else None
+        if validations is None:
+            state += ", no validation yet" if curves else ""
+        elif at_step is not None:
+            if validations.steps is not None and not finished and latest < at_step:
+                state, validations = f"{state}, short of step {at_step}", None
+            else:  # a run logged by epochs only cannot be cut at a step: CompareError, naming it
                 validations = up_to_step(validations, at_step, run.name)
                 state += "" if validations is not None else f", no validation by step {at_step}"
         if validations is None:
@@ -616,14 +618,20 @@ def measure_progress(runs: list[Run], targets: Targets, metrics: list[str] = (),
     return states
 
 
+def _measured_text(run: Run) -> str:
+    """Where the tables read a run: its validation's optimizer step (the epoch for a run that logged no
+    steps), or "left out"."""
+    c = run.convergence
+    return "left out" if c is None else str(c.steps) if c.steps is not None else f"epoch {c.epochs:g}"
+
+
 def state_table(runs: list[Run], grid: dict[str, list[str]], states: list[RunState]) -> str:
     """One row per run: its grid values, what it is doing, its last logged step and the step of the
     validation the tables use."""
     keys = list(grid)
     header = [short_key(k) for k in keys] + ["state", "last logged step", "measured at step"]
     rows = [[run.values[k] for k in keys]
-            + [s.state, "n/a" if s.latest_step is None else str(s.latest_step),
-               "left out" if s.measured_at is None else str(s.measured_at)]
+            + [s.state, "n/a" if s.latest_step is None else str(s.latest_step), _measured_text(run)]
             for run, s in zip(runs, states)]
     return markdown_table(header, len(keys), rows)
 

@@ -506,3 +506,21 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     with pytest.raises(SystemExit):
         study_cli.main([*argv[:-1], "--at-step", "200"])
     assert "--at-step needs --progress" in capsys.readouterr().err
+
+
+def test_progress_reads_a_run_logged_by_epochs_and_refuses_to_cut_it_at_a_step(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    argv = [str(RECIPE), "--grid", "train.seed=0,1", "--out", str(tmp_path), "--progress"]
+    runs = study_cli.plan(study_cli.build_parser(), argv).runs
+    writer = SummaryWriter(log_dir=str(runs[0].exp_dir))  # the oldest layout: valid/loss at x = the epoch
+    for epoch, loss in ((1, 3.0), (2, 2.0)):
+        writer.add_scalar("valid/loss", loss, epoch)
+    writer.close()
+    assert study_cli.main(argv) == 0
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in
+            (tmp_path / "progress.md").read_text().split("\n\n")[3].splitlines()[2:]]
+    assert rows == [["0", "stopped, its steps not logged", "n/a", "epoch 2"], ["1", "not started", "n/a", "left out"]]
+    capsys.readouterr()
+    assert study_cli.main([*argv, "--at-step", "100"]) == 1
+    assert "run seed=0 logged its validations by epoch only" in capsys.readouterr().err

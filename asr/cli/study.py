@@ -341,7 +341,7 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
     except CompareError as err:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
-    measured = sum(s.measured_at is not None for s in states)
+    measured = sum(r.convergence is not None for r in study.runs)
     command = "python -m asr.study " + shlex.join(sys.argv[1:] if argv is None else argv)
     budget = f" at or before optimizer step {args.at_step}" if args.at_step else ""
     lines = [f"# Study in progress: {args.recipe}", "", f"    {command}", "",
@@ -350,7 +350,7 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
              "until they have a validation" + (f" and have trained to step {args.at_step}" if args.at_step else "")
              + ". Dev and test WER come with the study's own report, once every run has finished.", "",
              state_table(study.runs, study.grid, states)]
-    if not args.at_step and len({s.measured_at for s in states if s.measured_at is not None}) > 1:
+    if not args.at_step and len({r.convergence.steps for r in study.runs if r.convergence is not None}) > 1:
         lines += ["The runs were measured at different steps: a mean or a difference over them mixes budgets. "
                   "`--at-step N` compares them at one.", ""]
     if measured:
