@@ -32,6 +32,7 @@ from asr.config import ConfigError
 from asr.convergence import (
     Convergence,
     Reached,
+    RunCurves,
     Targets,
     format_mean_std,
     measure,
@@ -562,6 +563,7 @@ class RunState:
     state: str
     latest_step: int | None
     measured_at: int | None
+    validations: RunCurves | None = None  # what the tables read: the run's validations (up to --at-step)
 
 
 def _last_finite(values: list[float]) -> float | None:
@@ -614,7 +616,7 @@ def measure_progress(runs: list[Run], targets: Targets, metrics: list[str] = (),
             continue
         run.convergence = measure(validations, targets)
         run.finals = {name: _last_finite(validations.metrics[name]) for name in metrics}
-        states.append(RunState(state, latest, run.convergence.steps))
+        states.append(RunState(state, latest, run.convergence.steps, validations))
     return states
 
 

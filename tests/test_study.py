@@ -6,7 +6,7 @@ import shlex
 import pytest
 import torch
 from helpers import LAS_RECIPE as RECIPE
-from helpers import TINY
+from helpers import TINY, read_png
 
 from asr import studies as study
 from asr.checkpointing import load_checkpoint
@@ -482,6 +482,8 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     assert final == format_mean_std([1.5, 1.6, 2.2], 4) and seeds["none,3"][-2] == format_mean_std([0.15, 0.16, 0.22], 3)
     assert seeds["both,2 of 3"][2] == "250 ± 71 (2/2)"  # steps to loss 1.55: seed 0's at 200 (1.5), seed 1's at 300
     assert not (tmp_path / "results.md").exists() and not (tmp_path / "convergence.json").exists()
+    assert not (tmp_path / "valid_mean.png").exists() and "(progress_mean.png)" in text
+    assert read_png(tmp_path / "progress_mean.png").shape[0] > 100
 
     # At one budget: every run that has trained to step 200 is read there.
     text, (states, per_run, seeds, compare) = report("--at-step", "200")

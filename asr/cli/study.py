@@ -80,7 +80,8 @@ they are now (a study still training, or stopped) and writes
 ``progress.md`` in ``--out``: each run's state (finished, training or
 stopped at its last logged step, not started) and the convergence tables
 of the runs that have a validation (:func:`asr.studies.measure_progress`),
-without ``valid_mean.png``, ``convergence.json`` or any WER on dev or test.
+with ``--seeds`` their mean curves so far in ``progress_mean.png``; no
+``valid_mean.png``, ``convergence.json`` or WER on dev or test.
 ``--at-step N`` reads every run at its last validation at or before
 optimizer step N, so that runs stopped at different points are compared
 at one budget; a run that has not trained to N is left out.
@@ -110,7 +111,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.convergence import MetricTarget, Targets, aggregate, measure, read_run_curves
+from asr.convergence import MetricTarget, RunCurves, Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.studies import (
     Run,
@@ -353,9 +354,15 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
     if not args.at_step and len({r.convergence.steps for r in study.runs if r.convergence is not None}) > 1:
         lines += ["The runs were measured at different steps: a mean or a difference over them mixes budgets. "
                   "`--at-step N` compares them at one.", ""]
+    study.out.mkdir(parents=True, exist_ok=True)
     if measured:
         lines += convergence_lines(study, [], write_files=False)
-    study.out.mkdir(parents=True, exist_ok=True)
+        if args.seeds:
+            seeds = f"{len(study.grid[args.seeds])} values of {short_key(args.seeds)}"
+            image = band_plot(study, {r.name: s.validations for r, s in zip(study.runs, states) if s.validations},
+                              "progress_mean.png")
+            lines += [f"![mean validation curves so far over {seeds}, each setting over the runs in the tables, "
+                      f"as far as all of them reach]({image.name})", ""]
     (study.out / "progress.md").write_text("\n".join(lines))
     sys.stdout.write("\n".join(lines[4:]))
     print(f"wrote {study.out / 'progress.md'}")
@@ -503,21 +510,26 @@ def convergence_lines(study: Study, scorings: list[Scoring], write_files: bool) 
     return lines
 
 
-def band_plot(study: Study) -> Path:
-    """``valid_mean.png``: per setting, the mean validation loss (and WER) over the seeds, with a band."""
-    measured = {r.name: read_run_curves(r.exp_dir, r.name) for r in study.runs}
+def band_plot(study: Study, measured: dict[str, RunCurves] | None = None, name: str = "valid_mean.png") -> Path:
+    """``valid_mean.png``: per setting, the mean validation loss (and WER) over the seeds, with a band; from
+    ``measured`` (run name -> its validations) where given, over the runs it holds, else from every run's
+    whole curves."""
+    if measured is None:
+        measured = {r.name: read_run_curves(r.exp_dir, r.name) for r in study.runs}
     by_steps = all(c.steps for c in measured.values())
     panels: dict[str, list[Band]] = {"valid/loss": []}
     if all(c.wer for c in measured.values()):
         panels["valid/wer"] = []
     for values, group in group_runs(study.runs, study.grid, study.args.seeds):
         label = ",".join(f"{short_key(k)}={v}" for k, v in values.items()) or "all"
-        curves = [measured[r.name] for r in group]
+        curves = [measured[r.name] for r in group if r.name in measured]
+        if not curves:
+            continue
         xs = [c.steps if by_steps else c.epochs for c in curves]
         for tag in panels:
             ys = [c.loss if tag == "valid/loss" else c.wer for c in curves]
             panels[tag].append(band(label, xs, ys, study.args.band))
-    image = study.out / "valid_mean.png"
+    image = study.out / name
     plot_bands(panels, image, "optimizer step" if by_steps else "epoch", study.args.band, zoom=True)
     return image
 
