@@ -508,6 +508,9 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     with pytest.raises(SystemExit):
         study_cli.main([*argv[:-1], "--at-step", "200"])
     assert "--at-step needs --progress" in capsys.readouterr().err
+    elsewhere = tmp_path / "no_such_study"
+    assert study_cli.main([*argv, "--out", str(elsewhere)]) == 1  # a mistyped --out: said, and nothing made
+    assert f"no study folder {elsewhere}" in capsys.readouterr().err and not elsewhere.exists()
 
 
 def test_progress_reads_a_run_logged_by_epochs_and_refuses_to_cut_it_at_a_step(tmp_path, capsys):

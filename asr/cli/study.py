@@ -337,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
 def report_progress(study: Study, argv: list[str] | None) -> int:
     """``--progress``: ``progress.md`` in ``--out`` and on stdout, from the runs' folders as they are now."""
     args = study.args
+    if not study.out.is_dir():
+        print(f"asr.study: no study folder {study.out}: --progress reads the runs of a study started with the same "
+              "command (--out, default exp/study_<recipe name>)", file=sys.stderr)
+        return 1
     try:
         states = measure_progress(study.runs, study.targets, args.metrics, args.at_step)
     except CompareError as err:
@@ -354,7 +358,6 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
     if not args.at_step and len({r.convergence.steps for r in study.runs if r.convergence is not None}) > 1:
         lines += ["The runs were measured at different steps: a mean or a difference over them mixes budgets. "
                   "`--at-step N` compares them at one.", ""]
-    study.out.mkdir(parents=True, exist_ok=True)
     if measured:
         lines += convergence_lines(study, [], write_files=False)
         if args.seeds:
