@@ -484,6 +484,8 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     assert not (tmp_path / "results.md").exists() and not (tmp_path / "convergence.json").exists()
     assert not (tmp_path / "valid_mean.png").exists() and "(progress_mean.png)" in text
     assert read_png(tmp_path / "progress_mean.png").shape[0] > 100
+    # The picture is checked once: drawing it takes most of each report's time.
+    monkeypatch.setattr(study_cli, "band_plot", lambda study, measured=None, name="": study.out / name)
 
     # At one budget: every run that has trained to step 200 is read there.
     text, (states, per_run, seeds, compare) = report("--at-step", "200")
