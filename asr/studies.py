@@ -557,13 +557,12 @@ def measure_runs(runs: list[Run], targets: Targets, metrics: list[str] = ()) -> 
 @dataclass(frozen=True)
 class RunState:
     """Where one run of a study stands, read from its folder without changing it (``asr.study --progress``):
-    ``measured_at`` is the optimizer step of the validation its tables use (None: left out of them, or a run
-    that logged its validations by epoch only), and ``state`` says what it is doing in words."""
+    what it is doing in words, the last optimizer step its events hold, and the validations the tables read
+    (up to ``--at-step``; None: the run is left out of them)."""
 
     state: str
     latest_step: int | None
-    measured_at: int | None
-    validations: RunCurves | None = None  # what the tables read: the run's validations (up to --at-step)
+    validations: RunCurves | None = None
 
 
 def _last_finite(values: list[float]) -> float | None:
@@ -612,11 +611,11 @@ def measure_progress(runs: list[Run], targets: Targets, metrics: list[str] = (),
                 validations = up_to_step(validations, at_step, run.name)
                 state += "" if validations is not None else f", no validation by step {at_step}"
         if validations is None:
-            states.append(RunState(state, latest, None))
+            states.append(RunState(state, latest))
             continue
         run.convergence = measure(validations, targets)
         run.finals = {name: _last_finite(validations.metrics[name]) for name in metrics}
-        states.append(RunState(state, latest, run.convergence.steps, validations))
+        states.append(RunState(state, latest, validations))
     return states
 
 
