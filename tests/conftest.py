@@ -10,12 +10,15 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 
-from helpers import SHARED_DATA, longest_modules_first, prepare_tiny_demo, require_shared_data
+# helpers (and torch with it) is imported by the hooks and fixtures that use it, not here: under xdist the
+# controlling process loads this file too, and runs no test, so that its 4 s of imports would only delay
+# the workers' start.
 
 
 def pytest_collection_modifyitems(config, items):
+    from helpers import longest_modules_first
+
     items[:] = longest_modules_first(items)  # docs/architecture.md, "Tests"
 
 
@@ -23,34 +26,40 @@ def pytest_collection_modifyitems(config, items):
 def tiny_demo_corpus() -> Path:
     """The tiny LAS's demo corpus in the default cache folder, prepared once per session: test modules
     that train it say ``pytestmark = pytest.mark.usefixtures("tiny_demo_corpus")``."""
+    from helpers import prepare_tiny_demo
+
     return prepare_tiny_demo()
 
 
-def _require(path: Path) -> Path:
-    return require_shared_data(path)  # skips without it (fails under CI)
+def _require(*parts: str) -> Path:
+    from helpers import SHARED_DATA, require_shared_data
+
+    return require_shared_data(SHARED_DATA.joinpath(*parts))  # skips without it (fails under CI)
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
+    from helpers import require_shared_data
+
     return require_shared_data()  # all of its folders
 
 
 @pytest.fixture(scope="session")
 def fsdd_recordings() -> Path:
     """Free Spoken Digit Dataset recordings: {digit}_{speaker}_{take}.wav, 8 kHz."""
-    return _require(SHARED_DATA / "fsdd" / "recordings")
+    return _require("fsdd", "recordings")
 
 
 @pytest.fixture(scope="session")
 def librivox_mini() -> Path:
     """Five LibriVox utterances in LibriSpeech layout (subset folder), 16 kHz FLAC."""
-    return _require(SHARED_DATA / "librivox_mini" / "LibriSpeech" / "test-mini")
+    return _require("librivox_mini", "LibriSpeech", "test-mini")
 
 
 @pytest.fixture(scope="session")
 def fsdd_dev() -> Path:
     """Connected-digit dev set in LibriSpeech layout (subset folder)."""
-    return _require(SHARED_DATA / "fsdd_connected" / "LibriSpeech" / "fsdd-dev")
+    return _require("fsdd_connected", "LibriSpeech", "fsdd-dev")
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
@@ -61,6 +70,8 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 def _shared_data_is_never_written():
     """No test may write into the shared data (whoever runs the suite: as root, its read-only
     modes stop nothing). Checked after the whole session: anything added, removed or changed fails."""
+    from helpers import SHARED_DATA
+
     before = _snapshot(SHARED_DATA)
     yield
     after = _snapshot(SHARED_DATA)
