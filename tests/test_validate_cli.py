@@ -92,7 +92,7 @@ def test_statistics_re_estimated_from_the_validation_batch_itself_leave_no_gap(c
     # the unbiased variance's count / (count - 1): the gap falls from its trained value to about nothing.
     import torch
 
-    from asr.cli.validate import evaluation_dataset
+    from asr.inference.batchnorm import evaluation_dataset
     from asr.data.batching import collate
     from asr.data.sources import read_source
     from asr.inference import load_recogniser
@@ -136,3 +136,33 @@ def test_recompute_batchnorm_re_estimates_from_the_training_split_and_leaves_the
     assert a["valid_loss"] != pytest.approx(b["valid_loss"], rel=1e-6)  # evaluation reads the new statistics
     assert a["valid_batchnorm_gap"] != pytest.approx(b["valid_batchnorm_gap"], rel=1e-6)
     assert checkpoint.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_an_average_with_recomputed_batchnorm_holds_what_asr_validate_re_estimates(conformer_run, tmp_path, capsys):
+    import torch
+
+    from asr.checkpointing import load_checkpoint
+    from asr.cli.average import main as average
+
+    plain, recomputed = tmp_path / "plain.pt", tmp_path / "recomputed.pt"
+    assert average([str(conformer_run), "--last", "1", "--out", str(plain)]) == 0
+    assert average([str(conformer_run), "--last", "1", "--out", str(recomputed), "--recompute-batchnorm", "2"]) == 0
+    assert "re-estimated from 2 batches" in capsys.readouterr().out
+    a, b = load_checkpoint(plain), load_checkpoint(recomputed)
+    statistics = [name for name in a["model"] if name.endswith((".running_mean", ".running_var"))]
+    assert statistics and all(not torch.equal(a["model"][n], b["model"][n]) for n in statistics)
+    assert all(torch.equal(a["model"][n], b["model"][n]) for n in a["model"]
+               if not n.endswith((".running_mean", ".running_var", ".num_batches_tracked")))
+    assert b["training"]["batchnorm_recomputed"]["batches"] == 2
+    # The written statistics are those asr.validate re-estimates in memory from the same batches: validating
+    # the file as it is gives what validating the plain average with --recompute-batchnorm 2 gives.
+    in_memory, written = tmp_path / "in_memory.json", tmp_path / "written.json"
+    assert validate(["--checkpoint", str(plain), "--decode", "0", "--recompute-batchnorm", "2",
+                     "--out", str(in_memory)]) == 0
+    assert validate(["--checkpoint", str(recomputed), "--decode", "0", "--out", str(written)]) == 0
+    x, y = (json.loads(f.read_text())["results"][0]["metrics"] for f in (in_memory, written))
+    assert x.keys() == y.keys() and all(x[k] == pytest.approx(y[k], rel=1e-6, abs=1e-9) for k in x)
+    members = tmp_path / "members.json"  # and not what the members' mean statistics give
+    assert validate(["--checkpoint", str(plain), "--decode", "0", "--out", str(members)]) == 0
+    assert json.loads(members.read_text())["results"][0]["metrics"]["valid_loss"] != pytest.approx(y["valid_loss"], rel=1e-6)

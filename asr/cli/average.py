@@ -2,8 +2,14 @@
 
     python -m asr.average exp/librispeech100_transformer --last 10
     python -m asr.average exp/librispeech100 --best 5 --out exp/librispeech100/avg_best5.pt
+    python -m asr.average exp/librispeech100_conformer --last 10 --recompute-batchnorm 100
 
-What is averaged, and how, is in :mod:`asr.averaging`.
+What is averaged, and how, is in :mod:`asr.averaging`. An average's BatchNorm running statistics are the
+average of its members', not the statistics of the averaged weights: ``--recompute-batchnorm N``
+re-estimates them from N batches of the recipe's training split without augmentation, with the averaged
+weights (:mod:`asr.inference.batchnorm`, as ``torch.optim.swa_utils.update_bn`` does after SWA), and writes
+those into the average; ``training.batchnorm_recomputed`` in the file records how many batches and
+utterances went in. ``--last 1`` gives a single checkpoint's weights with re-estimated statistics.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--last", type=int, metavar="N", help="average the N newest epoch{E}.pt")
     which.add_argument("--best", type=int, metavar="N", help="average the N best best_epoch{E}.pt by validation metric")
     parser.add_argument("--out", type=Path, metavar="FILE", help="default: EXP_DIR/avg_last{N}.pt or avg_best{N}.pt")
+    parser.add_argument("--recompute-batchnorm", type=int, default=0, metavar="N",
+                        help="re-estimate BatchNorm's running statistics of the average from N batches of the "
+                             "recipe's training split, without augmentation (default 0: the members' mean)")
+    parser.add_argument("--device", default="cpu", help="where --recompute-batchnorm runs the model (default cpu)")
     args = parser.parse_args(argv)
     # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
     from asr.averaging import average_checkpoints, select_checkpoints
@@ -29,11 +39,24 @@ def main(argv: list[str] | None = None) -> int:
     count = args.last if args.last is not None else args.best
     if count < 1:
         parser.error(f"the number of checkpoints must be at least 1, got {count}")
+    if args.recompute_batchnorm < 0:
+        parser.error(f"--recompute-batchnorm must be >= 0, got {args.recompute_batchnorm}")
     try:
         paths = select_checkpoints(args.exp_dir, args.last, args.best)
         payload = average_checkpoints(paths)
     except CheckpointError as err:
         parser.error(str(err))
+    if args.recompute_batchnorm:
+        from asr.data.report import DataError
+
+        try:
+            recomputed = recompute_batchnorm(payload, args.recompute_batchnorm, paths[-1].parent, args.device)
+        except (CheckpointError, DataError, ValueError) as err:
+            parser.error(str(err))
+        if not recomputed["batches"]:
+            parser.error("--recompute-batchnorm: the model has no BatchNorm; nothing was written")
+        print(f"BatchNorm's running statistics re-estimated from {recomputed['batches']} batches "
+              f"({recomputed['utterances']} utterances) of the training split, without augmentation")
     out = args.out or args.exp_dir / (f"avg_last{count}.pt" if args.last is not None else f"avg_best{count}.pt")
     try:
         save_checkpoint(out, payload)
@@ -42,6 +65,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
     return 0
+
+
+def recompute_batchnorm(payload: dict, batches: int, exp_dir: Path, device: str) -> dict:
+    """Replace the BatchNorm running statistics in ``payload`` (an average of ``exp_dir``'s checkpoints) by
+    those its weights give on ``batches`` training batches; returns what went in (0 batches: no BatchNorm,
+    and ``payload`` is unchanged), also recorded as ``payload["training"]["batchnorm_recomputed"]``."""
+    from asr.inference.batchnorm import recompute_from_training_batches
+    from asr.inference.recogniser import recogniser_from_payload
+    from asr.models.norms import MaskedBatchNorm1d
+
+    recogniser = recogniser_from_payload(payload, f"the average of {exp_dir}'s checkpoints", device)
+    recomputed = recompute_from_training_batches(recogniser, batches)
+    if not recomputed["batches"]:
+        return recomputed
+    state = recogniser.model.state_dict()
+    buffers = [f"{name}.{buffer}" for name, module in recogniser.model.named_modules()
+               if isinstance(module, MaskedBatchNorm1d) for buffer, _ in module.named_buffers(recurse=False)]
+    for name in buffers:
+        payload["model"][name] = state[name].detach().to("cpu", copy=True)
+    payload["training"]["batchnorm_recomputed"] = recomputed
+    return recomputed
 
 
 if __name__ == "__main__":

@@ -283,7 +283,13 @@ def _equal(a, b) -> bool:
 
 
 def _load_one(checkpoint: str | Path, device: str, prune: LayerPruning | None) -> Recogniser:
-    state = load_checkpoint(checkpoint)
+    return recogniser_from_payload(load_checkpoint(checkpoint), checkpoint, device, prune)
+
+
+def recogniser_from_payload(state: dict, checkpoint: str | Path, device: str = "cpu",
+                            prune: LayerPruning | None = None) -> Recogniser:
+    """A recogniser from a checkpoint's payload already in memory (an average not yet written, say);
+    ``checkpoint`` names it in errors."""
     try:
         config = experiment_config_from_dict(state["config"])
         tokenizer = tokenizer_from_state_dict(state["tokenizer"])
