@@ -531,3 +531,38 @@ def test_progress_reads_a_run_logged_by_epochs_and_refuses_to_cut_it_at_a_step(t
     capsys.readouterr()
     assert study_cli.main([*argv, "--at-step", "100"]) == 1
     assert "run seed=0 logged its validations by epoch only" in capsys.readouterr().err
+
+
+def test_progress_diagnose_draws_every_run_coloured_by_setting_and_cut_at_the_step(tmp_path, capsys, monkeypatch):
+    """--diagnose (asr.diagnosis) over a study's runs: the seeds of one setting share its label, and
+    --at-step cuts every curve there, so a run that aligned later is 'no' at the budget."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    drawn = {}
+    monkeypatch.setattr("asr.diagnosis.diagnosis_figure", lambda runs, out, title=None: drawn.update(runs=runs, out=out))
+    argv = [str(RECIPE), "--grid", "model.layer_norm=none,both", "train.seed=0,1", "--out", str(tmp_path),
+            "--seeds", "train.seed", "--progress", "--diagnose"]
+    runs = {(r.values["model.layer_norm"], r.values["train.seed"]): r.exp_dir
+            for r in study_cli.plan(study_cli.build_parser(), argv).runs}
+    aligned_from = {("none", "0"): 200, ("none", "1"): 300, ("both", "0"): None}  # both, seed 1: not started
+    for key, start in aligned_from.items():
+        writer = SummaryWriter(log_dir=str(runs[key]))
+        for step in (100, 200, 300):
+            ok = start is not None and step >= start
+            for tag, value in (("valid/loss", 2.0), ("epoch", step / 300), ("valid/attention_spearman", 0.95 if ok else 0.1),
+                               ("valid/attention_at_end", 2.0 if ok else 90.0)):
+                writer.add_scalar(tag, value, step)
+        writer.close()
+    assert study_cli.main(argv) == 0
+    text = (tmp_path / "progress.md").read_text()
+    assert "## Diagnosis" in text and "(diagnosis.png)" in text
+    assert sorted(r.setting for r in drawn["runs"]) == ["layer_norm=both", "layer_norm=none", "layer_norm=none"]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in text.split("## Diagnosis", 1)[1].splitlines() if line.startswith("| layer_norm")}
+    assert [rows[name][2:4] for name in sorted(rows)] == [["300", "no"], ["300", "200"], ["300", "300"]]
+    capsys.readouterr()
+    assert study_cli.main([*argv, "--at-step", "200"]) == 0
+    text = (tmp_path / "progress.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in text.split("## Diagnosis", 1)[1].splitlines() if line.startswith("| layer_norm")}
+    assert [rows[name][2:4] for name in sorted(rows)] == [["200", "no"], ["200", "200"], ["200", "no"]]

@@ -2,6 +2,7 @@
 
     python -m asr.compare exp/las_ln exp/las_noln --tag valid/loss --out ln_vs_noln.png
     python -m asr.compare exp/pre exp/post --tag valid/wer --tag train/loss --labels pre-norm post-norm
+    python -m asr.compare exp/las_ln exp/las_noln --diagnose --out why.png     # a LAS's convergence diagnostics
 
 Reads the TensorBoard event files the trainer writes (every
 ``events.out.tfevents.*`` under each experiment folder, at any depth), plots
@@ -18,6 +19,12 @@ every scalar on (``epoch`` is a tag of its own); runs of older versions, which
 logged validation per epoch, are put on it too (:mod:`asr.curves`). A run
 that was resumed logs some steps twice; for each step the value written last
 counts, so the curve is the one the resumed run actually followed.
+
+``--diagnose`` draws, instead of ``--tag`` panels, a LAS's convergence diagnostics
+(:mod:`asr.diagnosis`: the CTC head's CER, the attention's Spearman and share at the
+end, the speller's loss with and without its context, the gradient norms per stack)
+and prints a table of where each run aligned; ``--settings`` colours runs of one
+setting (e.g. seeds) alike.
 """
 
 from __future__ import annotations
@@ -40,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--labels", nargs="+", default=None, help="one legend label per EXP_DIR (default: folder names)")
     parser.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1) for the plotted lines only (default 0)")
     parser.add_argument("--zoom", action="store_true", help="fit the y axis to every curve's points after its first")
+    parser.add_argument(
+        "--diagnose", action="store_true",
+        help="draw a LAS's convergence diagnostics instead of --tag panels (asr.diagnosis; default --out diagnosis.png)",
+    )
+    parser.add_argument(
+        "--settings", nargs="+", default=None, metavar="NAME",
+        help="with --diagnose: one setting per EXP_DIR; runs of one setting (e.g. its seeds) share a colour",
+    )
     return parser
 
 
@@ -52,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.smooth < 1.0:
         parser.error(f"--smooth must be in [0, 1), got {args.smooth}")
     labels = args.labels or _default_labels(args.exp_dirs)
+    if args.settings is not None and (not args.diagnose or len(args.settings) != len(args.exp_dirs)):
+        parser.error(f"--settings: give one per experiment folder ({len(args.exp_dirs)}), with --diagnose")
+    if args.diagnose:
+        return diagnose(args.exp_dirs, labels, args.settings or labels, args.out or Path("diagnosis.png"))
     out = args.out or Path("compare_" + "_".join(t.replace("/", "_") for t in tags) + ".png")
     if out.suffix.lower() != ".png":
         parser.error(f"--out must name a .png file, got {out}")
@@ -72,6 +91,26 @@ def main(argv: list[str] | None = None) -> int:
     table_path.write_text(table)
     sys.stdout.write(table)
     print(f"wrote {out} and {table_path}")
+    return 0
+
+
+def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: Path) -> int:
+    """``--diagnose``: the diagnosis figure into ``out`` and its table beside it (``out`` as .md) and on stdout."""
+    from asr.diagnosis import diagnosis_figure, diagnosis_table, read_diagnosed
+
+    if out.suffix.lower() != ".png":
+        print(f"error: --out must name a .png file, got {out}", file=sys.stderr)
+        return 2
+    try:
+        runs = [read_diagnosed(d, label, setting) for d, label, setting in zip(exp_dirs, labels, settings)]
+    except CompareError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    diagnosis_figure(runs, out)
+    table = diagnosis_table(runs) + "\n"
+    out.with_suffix(".md").write_text(table)
+    sys.stdout.write(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 
 

@@ -68,7 +68,13 @@ in KEY are also decoded together as one ensemble, into
   and the two-sided p of Welch's t-test;
 - ``alignments.png``: each run's attention on the same dev utterance after
   its last epoch (the ``alignment_<utterance>.png`` the trainer writes), one
-  row per setting (with ``--seeds``, the seeds side by side).
+  row per setting (with ``--seeds``, the seeds side by side);
+- with ``--diagnose``, ``diagnosis.png``: a LAS's convergence diagnostics over
+  optimizer steps, every run a line coloured by its setting (the CTC head's
+  CER, the attention's Spearman and share at the end, the speller's loss with
+  and without its context, the gradient norms per stack; :mod:`asr.diagnosis`),
+  and a table of where each run aligned. ``--progress`` draws it too, from the
+  runs as they stand (up to ``--at-step``).
 
 A recipe that reads the demo corpus (``data.demo``) needs it prepared first,
 once (``python -m asr.synth_demo RECIPE [OVERRIDE ...]``): the runs only read
@@ -226,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --progress, compare the runs at one budget: each at its last validation at or before "
              "optimizer step N; a run that has not trained to N is left out until it has",
     )
+    parser.add_argument(
+        "--diagnose", action="store_true",
+        help="also draw diagnosis.png: a LAS's convergence diagnostics, every run coloured by its setting "
+             "(asr.diagnosis), with a table of where each run aligned",
+    )
     add_decode_arguments(parser)
     return parser
 
@@ -366,6 +377,8 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
                               "progress_mean.png")
             lines += [f"![mean validation curves so far over {seeds}, each setting over the runs in the tables, "
                       f"as far as all of them reach]({image.name})", ""]
+    if measured and args.diagnose:
+        lines += diagnosis_section(study, args.at_step)
     (study.out / "progress.md").write_text("\n".join(lines))
     sys.stdout.write("\n".join(lines[4:]))
     print(f"wrote {study.out / 'progress.md'}")
@@ -451,6 +464,8 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
             report += [pooled_table([e for e, _ in ensembles], ensemble_grid, args.pool, scorings)]
     report += convergence_section(study, scorings)
     report += alignment_section(study)
+    if args.diagnose:
+        report += diagnosis_section(study)
     (out / "results.md").write_text("\n".join(report))
     rows = [{"name": r.name, "values": r.values, **r.results,
              "convergence": dataclasses.asdict(r.convergence) if r.convergence else None,
@@ -535,6 +550,41 @@ def band_plot(study: Study, measured: dict[str, RunCurves] | None = None, name: 
     image = study.out / name
     plot_bands(panels, image, "optimizer step" if by_steps else "epoch", study.args.band, zoom=True)
     return image
+
+
+def diagnosis_section(study: Study, at_step: int | None = None) -> list[str]:
+    """``diagnosis.png`` and its table (:mod:`asr.diagnosis`), over the runs that have logged anything (each
+    cut at ``at_step`` where given), coloured by setting: the grid values other than ``--seeds``'."""
+    from asr.curves import Curve
+    from asr.diagnosis import Diagnosed, diagnosis_figure, diagnosis_table, read_diagnosed
+
+    runs = []
+    for run in study.runs:
+        if not any(run.exp_dir.rglob("events.out.tfevents.*")):
+            continue
+        values = {k: v for k, v in run.values.items() if k != study.args.seeds}
+        setting = ",".join(f"{short_key(k)}={v}" for k, v in values.items()) or "all"
+        diagnosed = read_diagnosed(run.exp_dir, run.name, setting)
+        if at_step is not None:
+            cut = {}
+            for tag, curve in diagnosed.curves.items():
+                kept = [(s, v) for s, v in zip(curve.steps, curve.values) if s <= at_step]
+                cut[tag] = Curve(curve.run, tag, [s for s, _ in kept], [v for _, v in kept], curve.axis)
+            diagnosed = Diagnosed(diagnosed.label, diagnosed.setting, cut)
+        runs.append(diagnosed)
+    if not runs:
+        return []
+    image = study.out / "diagnosis.png"
+    diagnosis_figure(runs, image)
+    cer_target = next((t.value for t in study.targets.metrics if t.name == "valid_ctc_cer"), None)
+    budget = f", up to optimizer step {at_step}" if at_step is not None else ""
+    return ["## Diagnosis: why a run converged or did not", "",
+            "Every run a line in its setting's colour (asr.diagnosis): the CTC head's dev CER, the attention's "
+            "Spearman and share of steps on the last frames, the speller's dev loss with and without its context, "
+            f"and the gradient norms per stack before clipping{budget}. Aligned: the first validation with Spearman "
+            ">= 0.9 and at most 10% of steps at the end. The gradient columns are means over the updates logged "
+            "at steps up to 300.", "",
+            f"![diagnosis]({image.name})", "", diagnosis_table(runs, cer_target), ""]
 
 
 def alignment_section(study: Study) -> list[str]:
