@@ -235,7 +235,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     keys = key.strip().split(".")
     if not all(keys):
         raise ConfigError(f"override '{text}' has an empty key part")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        # A tag such as !!python/object is refused here too, as in a recipe: nothing in an override runs.
+        raise ConfigError(f"override '{text}': the value of {key.strip()} is not valid YAML ({_yaml_problem(err)})") from None
     return keys, value
 
 
@@ -263,15 +267,55 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"recipe file not found: {path}")
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
+        data = load_yaml_strictly(path.read_text(encoding="utf-8-sig"), str(path))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}): not a recipe") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of config keys")
     return data
+
+
+def load_yaml_strictly(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a mapping that gives one key twice, at any depth.
+
+    PyYAML keeps the last of two equal keys without a word, so a recipe with ``model:`` twice would drop
+    the first block's settings. The document is composed into nodes first (no value is built, no tag
+    constructed), every mapping is checked, and only then is it loaded. The error names the key's dotted
+    path and both lines: ``recipe.yaml: key 'model' is given twice (lines 3 and 40)``."""
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is not None:
+        _check_unique_keys(node, "", source)
+    return yaml.safe_load(text)
+
+
+def _check_unique_keys(node: yaml.Node, path: str, source: str) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = _join(path, key_node.value)
+                line = key_node.start_mark.line + 1
+                if key_node.value in seen:
+                    raise ConfigError(f"{source}: key '{key}' is given twice (lines {seen[key_node.value]} and {line}); "
+                                      "the second would silently replace the first")
+                seen[key_node.value] = line
+                _check_unique_keys(value_node, key, source)
+            else:
+                _check_unique_keys(value_node, path, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_unique_keys(item, f"{path}[{index}]", source)
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's reason in one line (its message spans several, with a picture of the place)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"{context}: {problem}" if context else problem
 
 
 def check_range(name: str, value: list, minimum: float, maximum: float = math.inf) -> None:

@@ -8,6 +8,7 @@ the YAML before validation, so they are checked exactly like the file.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -20,6 +21,9 @@ from asr.schedulers import SchedulerConfig
 from asr.training.metrics import check_metric_name
 from asr.training.schedules import ScheduleConfig, check_schedule_target, check_schedule_values
 from features.config import FeatureConfig
+
+
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
 
 
 @dataclass
@@ -69,6 +73,11 @@ class TrainConfig:
     valid_max_utterances: int | None = None  # decode exactly N validation utterances for WER, spread over the lengths
 
     def __post_init__(self) -> None:
+        # The optimiser multiplies float32 tensors by the rate: one past float32's largest number is
+        # infinite there, and one that is NaN, zero or negative makes no sense; any of them would reach
+        # the weights before anything else noticed.
+        if not (math.isfinite(self.lr) and 0 < self.lr <= FLOAT32_MAX):
+            raise ConfigError(f"train.lr must be a finite positive number (at most {FLOAT32_MAX:.4g}), got {self.lr}")
         if self.curriculum_epochs < 0:
             raise ValueError(f"curriculum_epochs must be >= 0, got {self.curriculum_epochs}")
         if self.max_minutes is not None and not self.max_minutes > 0:

@@ -95,3 +95,46 @@ def test_show_config_lists_the_keys_and_trains_nothing(tmp_path, capsys):
     assert not exp.exists()  # nothing written, nothing trained
     assert main([str(recipe), "train.max_stepz=3", "--show-config"]) == 2
     assert "unknown config key 'train.max_stepz'" in capsys.readouterr().err
+
+
+def test_a_key_given_twice_at_any_depth_is_refused_naming_it_and_both_lines(tmp_path):
+    """PyYAML keeps the last of two equal keys; a recipe with model: twice lost the first block (issue 81)."""
+    from asr.config import read_yaml
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  type: las\ntrain:\n  lr: 0.1\n  max_epochs: 2\nmodel:\n  type: las\n")
+    with pytest.raises(ConfigError, match=r"key 'model' is given twice \(lines 1 and 6\)") as err:
+        read_yaml(recipe)
+    assert str(recipe) in str(err.value)
+    recipe.write_text("model:\n  type: las\n  listener:\n    hidden_size: 8\n    hidden_size: 16\n")
+    with pytest.raises(ConfigError, match=r"key 'model.listener.hidden_size' is given twice \(lines 4 and 5\)"):
+        read_yaml(recipe)
+    recipe.write_text("model:\n  type: las\n  listener:\n    hidden_size: 8\n  speller:\n    hidden_size: 16\n")
+    assert read_yaml(recipe)["model"]["speller"]["hidden_size"] == 16  # one name in two sections is no repeat
+
+
+@pytest.mark.parametrize("override", ["model.layer_norm=[both", "model.layer_norm=!!python/object/apply:os.system [x]"])
+def test_an_override_that_is_not_valid_yaml_is_one_error_naming_the_key(override):
+    with pytest.raises(ConfigError) as err:
+        parse_override(override)
+    message = str(err.value)
+    assert "model.layer_norm" in message and "not valid YAML" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("lr", [".inf", ".nan", "-1", "0", "1e39"])
+def test_a_learning_rate_that_is_not_a_finite_positive_number_is_refused_at_load(lr, tmp_path):
+    from asr.experiment import load_experiment_config
+
+    with pytest.raises(ConfigError, match=r"train\.lr must be a finite positive number"):
+        load_experiment_config(PROJECT_ROOT / "recipes" / "fsdd_las.yaml", [f"train.lr={lr}", f"exp_dir={tmp_path / 'x'}"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_train_command_refuses_a_bad_override_in_one_line_with_status_2(tmp_path, capsys):
+    from asr.cli.train import main
+
+    recipe = PROJECT_ROOT / "recipes" / "fsdd_las.yaml"
+    assert main([str(recipe), f"exp_dir={tmp_path / 'x'}", "model.layer_norm=[both"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "model.layer_norm" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()

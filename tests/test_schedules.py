@@ -43,6 +43,8 @@ def test_linear_points_interpolate_and_hold_outside_them():
     ([[10, 1.0], [5, 0.0]], "increasing"),
     ([[0, 1.0, 2.0]], "each point"),
     ([[-1, 1.0]], ">= 0"),
+    ([[0, 1.0], [float("nan"), 0.5]], "finite"),  # .nan passed the order check (issue 81)
+    ([[0, 1.0], [float("inf"), 0.5]], "finite"),
 ])
 def test_malformed_points_are_refused_naming_the_key(points, message):
     with pytest.raises(ConfigError, match=message) as err:

@@ -88,6 +88,9 @@ class ScheduleConfig:
         for point in self.points:
             if len(point) != 2:
                 raise ValueError(f"points: each point is [update, value], got {point!r}")
+            # .nan compares false with everything, so it would pass the order check below unseen
+            if not all(math.isfinite(number) for number in point):
+                raise ValueError(f"points: each update and value must be a finite number, got {point!r}")
         updates = [p[0] for p in self.points]
         if any(u < 0 for u in updates) or updates != sorted(updates):
             raise ValueError(f"points: the updates must be >= 0 and increasing, got {updates}")
