@@ -247,6 +247,22 @@ def test_resume_after_sigkill_ends_with_the_same_weights(tmp_path, reference):
     _assert_same_weights(expected, load_checkpoint(killed / "last.pt"))
 
 
+def test_the_same_command_at_two_threads_repeats_bit_for_bit(tmp_path):
+    """Two threads split the sums of a step in a fixed order, so the same command, seed and thread count
+    give the same weights (issue 78: runs that can be trusted to differ). A reduction whose order depended
+    on timing, or a draw from an unseeded generator, would fail here. docs/usage.md, "What a repeated run
+    varies with", says what does change the numbers: the thread count and the machine's instruction set."""
+    env = dict(subprocess_env(), OMP_NUM_THREADS="2", MKL_NUM_THREADS="2")
+    common = TINY + [f"data.dev=[{tiny_valid(tmp_path)}]", "train.max_steps=6", "model.listener.dropout=0.2"]
+    for name in ("first", "second"):
+        subprocess.run(_train_command(common + [f"exp_dir={tmp_path / name}"]), check=True, env=env, capture_output=True)
+    first, second = (load_checkpoint(tmp_path / name / "last.pt") for name in ("first", "second"))
+    assert first["training"]["progress"]["step"] > 1
+    _assert_same_weights(first, second)
+    losses = [re.findall(r"step \d+ loss \S+", (tmp_path / name / "train.log").read_text()) for name in ("first", "second")]
+    assert losses[0] and losses[0] == losses[1]
+
+
 def test_sigterm_mid_epoch_writes_a_checkpoint_and_resume_ends_with_the_same_weights(tmp_path, reference):
     """SIGTERM (a scheduler's preemption): the step in progress ends, last.pt is written, exit 75;
     --resume (given before the overrides) ends where the uninterrupted run ends."""
