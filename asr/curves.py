@@ -184,6 +184,7 @@ def run_settings(exp_dir: str | Path) -> dict | None:
         return None
     if not isinstance(config, dict):
         return None
+    config.pop("history", None)  # the run's resumes (a list): a record, not a setting
     return {key: value for key, value in flatten(config).items() if key != "exp_dir" and not key.startswith("runtime.")}
 
 

@@ -109,6 +109,7 @@ def experiment_config_from_dict(data: dict) -> ExperimentConfig:
     data = dict(data)
     # A run's config.yaml also records which code ran (asr.models.runtime): a record, not a setting.
     data.pop("runtime", None)
+    data.pop("history", None)  # and its resumes (asr.training.resume): a record too
     model_data = data.pop("model", None) or {}
     train = data.get("train")
     if isinstance(train, dict) and isinstance(train.get("schedules"), dict):

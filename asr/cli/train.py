@@ -62,6 +62,11 @@ def show_config(recipe: str, overrides: list[str]) -> str:
     for key, value, default in shown:
         mark = "*" if value != default else " "
         lines.append(f"{mark} {key.key:<{width}} = {value:<{value_width}}  [default {default}]  {key.meaning}".rstrip())
+    from asr.training.resume import may_change_on_resume
+
+    resumable = [k.key for k in keys if may_change_on_resume(k.key)]
+    lines.append(f"# may change on --resume (recorded in config.yaml's history; any other change is refused): "
+                 f"{', '.join(resumable)}")
     return "\n".join(lines) + "\n"
 
 

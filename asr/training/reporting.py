@@ -268,6 +268,40 @@ def hparam_value(value) -> str | int | float | bool:
     return json.dumps(value)
 
 
+class held_records:
+    """Hold what ``logger`` logs inside the ``with`` block until :meth:`release`, for messages written
+    before the file they belong in may be opened (a resumed run's, before its settings are checked).
+    Leaving the block with an error writes the warnings among them to stderr alone: the handlers there are
+    then may be an earlier run's, in the same process, and its train.log is not this run's."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger = logger
+        self.records: list[logging.LogRecord] = []
+        self._handler = logging.Handler()
+        self._handler.emit = self.records.append
+
+    def __enter__(self) -> "held_records":
+        self._propagate = self.logger.propagate
+        self.logger.propagate = False
+        self.logger.addHandler(self._handler)
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.logger.removeHandler(self._handler)
+        self.logger.propagate = self._propagate
+        if kind is not None:
+            for record in self.records:
+                if record.levelno >= logging.WARNING:
+                    sys.stderr.write(f"{record.levelname.lower()}: {record.getMessage()}\n")
+            self.records.clear()
+
+    def release(self) -> None:
+        """Log the held records now, in their order."""
+        records, self.records[:] = list(self.records), []
+        for record in records:
+            self.logger.handle(record)
+
+
 def setup_logging(log_file: Path | None) -> None:
     """Log INFO and up to stderr (and to ``log_file``), replacing the handlers an earlier Trainer set."""
     root = logging.getLogger()

@@ -24,7 +24,9 @@ pipeline, so any of them can be used for inference. ``asr.train`` holds ``train.
 fails loses no training: ``--resume`` validates that epoch again. A run that ``train.max_steps`` or
 ``train.max_minutes`` stops inside an epoch is validated there too, at its last step (logged, not ranked: the epoch is not done),
 so its curves end where it did. The run ends with a summary (:func:`asr.training.reporting.end_summary`).
-A run refused (:func:`refusal`) writes nothing into its folder. A stop signal ends the loop at the
+A run refused (:func:`refusal`) writes nothing into its folder, nor does a resume whose settings differ from
+its checkpoint's where they may not (:mod:`asr.training.resume`). A run started or resumed removes the
+temporary files of checkpoint writes that a killed run left, logging each. A stop signal ends the loop at the
 next step boundary with ``last.pt`` written (:mod:`asr.training.signals`); a batch that runs out of
 CUDA memory is skipped like a non-finite one, logged with its size and counted with the epoch's
 skipped utterances.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -55,7 +58,14 @@ from asr.training.distributed import all_agree, all_max, device_kind, init_distr
 from asr.training.epoch_end import EpochEnd
 from asr.training.metrics import higher_is_better
 from asr.training.plan import plan_epoch
-from asr.training.reporting import RunLog, end_summary, setup_logging, write_epoch_summaries  # noqa: F401 (re-exported)
+from asr.training.reporting import (  # noqa: F401 (write_epoch_summaries re-exported)
+    RunLog,
+    end_summary,
+    held_records,
+    setup_logging,
+    write_epoch_summaries,
+)
+from asr.training.resume import check_resume
 from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules, run_spent
 from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, restore_progress, rng_state, seed_everything, set_rng_state
@@ -88,23 +98,29 @@ class Trainer:
         refused = refusal(self.exp_dir, resume)
         if refused:  # before anything is written: a refused run leaves the folder as it found it
             raise TrainingError(refused)
-        self.exp_dir.mkdir(parents=True, exist_ok=True)
-        setup_logging(self.exp_dir / "train.log" if self.dist.is_main else None)
         self.command = command or "python -m asr.train (called from Python)"
-        logger.info("command line: %s", self.command)
-        logger.info("overrides: %s", " ".join(self.overrides) or "none")
         # resolved before config.yaml is written, so the run records where its features were computed
         chosen = config.features.compute_on
         config.features.compute_on = resolve_compute_on(chosen, self.device.type)
+        # A resumed run's checkpoint is read and its settings compared with these before anything is written:
+        # a refused resume leaves train.log and config.yaml as they were (its messages wait for train.log).
+        with held_records(logger) as held:
+            resume_state = self._resume_state(resume)
+            self._record = self._settings_record(resume_state)
+        self.exp_dir.mkdir(parents=True, exist_ok=True)
+        setup_logging(self.exp_dir / "train.log" if self.dist.is_main else None)
+        logger.info("command line: %s", self.command)
+        logger.info("overrides: %s", " ".join(self.overrides) or "none")
         logger.info("features computed on the %s (features.compute_on=%s, training on %s)",
                     config.features.compute_on, chosen, self.device)
+        held.release()
+        self._remove_stale_temporary_files()
         self.progress = Progress()
         self.last_metrics: dict[str, float] = {}  # of the latest validation, for the run's summary
         self._planned = 0  # batches planned for the epoch in progress
         self._ended_by: str | None = None  # the limit (train.max_steps or train.max_minutes) that ended the run
         self._seconds = 0.0  # the run's clock as of its latest update (train.max_minutes only)
         self.stop_signals = StopSignals()  # installed while fit() runs
-        resume_state = self._resume_state(resume)
         seed_everything(self.train_cfg.seed)
         self._write_config()
         self.data = build_training_data(config, resume_state, self.dist.world_size, self.dist.rank)
@@ -148,7 +164,7 @@ class Trainer:
         return self.log.writer
 
     def _resume_state(self, resume: bool) -> dict | None:
-        last = self.exp_dir / "last.pt"
+        last = self._resumed_from = self.exp_dir / "last.pt"
         if not resume:
             return None  # (a folder holding a run was refused before anything was written: refusal())
         if not last.is_file():
@@ -158,6 +174,34 @@ class Trainer:
             return load_checkpoint(last)
         except CheckpointError as err:
             return self._resume_fallback(last, f"it cannot be read ({err})")
+
+    def _settings_record(self, resume_state: dict | None) -> dict:
+        """The settings config.yaml records, with its ``history`` of resumes (:mod:`asr.training.resume`).
+
+        A new run records its resolved config. A resumed one is first compared with the checkpoint it
+        resumes (a change that shapes the model, features, tokenizer, data or optimiser raises ConfigError
+        naming each key); the settings it records stay those of its config.yaml (or, where that cannot be
+        read, its checkpoint's), and the resume, with what it changed, is added to their history."""
+        resolved = experiment_config_to_dict(self.config)
+        if resume_state is None:
+            return resolved
+        changes = check_resume(resume_state["config"], resolved, str(self._resumed_from))
+        for change in changes:
+            logger.info("resumed with %s (recorded in config.yaml's history)", change)
+        record = _read_record(self.exp_dir / "config.yaml")
+        if record is None:
+            record = dict(resume_state["config"])
+            logger.warning("--resume: %s cannot be read; its settings are recorded again from %s",
+                           self.exp_dir / "config.yaml", self._resumed_from)
+        history = [entry for entry in record.pop("history", None) or [] if isinstance(entry, dict)]
+        record.pop("runtime", None)  # written again once the model exists
+        progress = (resume_state.get("training") or {}).get("progress") or {}
+        history.append({
+            "resumed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "from": str(self._resumed_from), "at_step": progress.get("step"), "command": self.command,
+            "changed": {change.key: {"from": change.old, "to": change.new} for change in changes},
+        })
+        return {**record, "history": history}
 
     def _resume_fallback(self, last: Path, why: str) -> dict:
         """``last.pt`` is missing (a full disk before it was first written) or cannot be read (cut short
@@ -213,10 +257,28 @@ class Trainer:
         """config.yaml: the resolved recipe, and once the model exists a ``runtime:`` section (which code
         computes it: :func:`asr.models.runtime.describe`, then what ran); loading it as a recipe ignores that."""
         if self.dist.is_main:
-            record = experiment_config_to_dict(self.config)
+            record = dict(self._record)
+            history = record.pop("history", None)
             if getattr(self, "runtime", None) is not None:
                 record["runtime"] = self.runtime
+            if history:
+                record["history"] = history
             atomic_write(self.exp_dir / "config.yaml", yaml.safe_dump(record, sort_keys=False))
+
+    def _remove_stale_temporary_files(self) -> None:
+        """Remove the temporary files of checkpoint writes that a killed run left (``.last.pt.*.tmp``: a
+        write is a temporary file renamed over its target, asr.checkpointing), each logged. Only this run's
+        own checkpoint names: an asr.average writing into the folder at the same time keeps its file."""
+        if not self.dist.is_main:
+            return
+        for path in sorted(stale_checkpoint_writes(self.exp_dir)):
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            logger.warning("removed %s (%.1f MB), a checkpoint write that a stopped run left unfinished",
+                           path, size / 1e6)
 
     def _stop_if_asked(self) -> None:
         """At a step boundary: after a stop signal to any rank, write last.pt and raise TrainingStopped."""
@@ -498,6 +560,26 @@ def refusal(exp_dir: Path, resume: bool) -> str | None:
     if resume and not last.exists() and not _epoch_checkpoints(exp_dir):
         return f"--resume: no checkpoint to resume from at {last} (nor any epoch{{E}}.pt beside it)"
     return None
+
+
+def stale_checkpoint_writes(exp_dir: Path) -> list[Path]:
+    """The temporary files of the trainer's checkpoint writes in ``exp_dir`` (``.last.pt.<random>.tmp``,
+    ``.epoch3.pt.<random>.tmp``, ...): none is left while no run writes there, unless one was killed mid-write."""
+    found = []
+    for path in exp_dir.glob(".*.pt.*.tmp"):
+        target = Path(path.name[1:].split(".pt.", 1)[0] + ".pt")
+        if target.name == "last.pt" or any(epoch_of(target, prefix) is not None for prefix in ("epoch", "best_epoch")):
+            found.append(path)
+    return found
+
+
+def _read_record(path: Path) -> dict | None:
+    """A run's config.yaml as data, or None where it is missing or cannot be read."""
+    try:
+        record = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _epoch_checkpoints(exp_dir: Path) -> list[tuple[int, Path]]:
