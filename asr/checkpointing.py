@@ -68,11 +68,15 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     and leaves its previous version in place.
     ``payload`` may hold only tensors and plain data (see the module docstring);
     anything else raises :class:`CheckpointError` naming where it sits, before
-    anything is written.
+    anything is written. So does a weight or an optimizer state that is NaN or infinite: such a
+    file could only spread its damage to the runs that resume or average it (the training step
+    undoes an update that would make one, :mod:`asr.training.step`).
     """
     path = Path(path)
     payload = {"format_version": FORMAT_VERSION, **payload}
     _check_plain(payload, "checkpoint")
+    _check_finite(payload.get("model"), "model")
+    _check_finite((payload.get("training") or {}).get("optimizer"), "training.optimizer")
     with writing(path):  # no space, permission denied: one WriteError naming the file
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -245,3 +249,17 @@ def _check_plain(value: Any, where: str) -> None:
             f"cannot save {where}: a {type(value).__module__}.{type(value).__name__} is not a tensor or plain data, "
             "and a checkpoint holding it could not be loaded safely"
         )
+
+
+def _check_finite(value: Any, where: str) -> None:
+    """Raise :class:`CheckpointError` at the first floating-point tensor in ``value`` that holds NaN or inf."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_finite(item, f"{where}[{index}]")
+    elif isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        bad = int((~torch.isfinite(value)).sum())
+        raise CheckpointError(f"cannot save {where}: {bad} of its {value.numel()} values are NaN or infinite; "
+                              "a checkpoint never holds them")

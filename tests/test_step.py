@@ -185,3 +185,39 @@ def test_an_audio_batch_gets_its_features_inside_the_step_and_out_of_memory_ther
     step.pipeline = None
     with pytest.raises(ValueError, match="compute_on: device"):
         step.backward(audio)
+
+
+def test_an_update_that_would_make_a_weight_non_finite_is_undone_with_the_optimizer_state():
+    """A finite gradient times a huge rate overflows the weights (issue 81: lr=.inf saved 74 non-finite
+    tensors in last.pt); the step is skipped as a non-finite gradient is, and nothing of it remains."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e38, momentum=0.9)
+    step = TrainingStep(model, optimizer, grad_clip=0.0)  # a gradient norm of 500 times 1e38: past float32
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model(torch.full((2, 4), 10.0)).pow(2).sum().backward()
+    outcome = step.update()
+    assert outcome.skipped is not None and outcome.skipped.startswith("non-finite weights after the update")
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
+        assert p.grad is None and optimizer.state[p] == {}  # no momentum from the undone step
+    # the same step at a sane rate then goes through as it would have on a fresh optimizer
+    for group in optimizer.param_groups:
+        group["lr"] = 0.1
+    reference = torch.nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    fresh = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for net, opt in ((model, optimizer), (reference, fresh)):
+        net(torch.full((2, 4), 10.0)).pow(2).sum().backward()
+        TrainingStep(net, opt, grad_clip=0.0).update() if net is reference else step.update()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_a_checkpoint_with_a_non_finite_weight_is_not_written(tmp_path):
+    from asr.checkpointing import CheckpointError, save_checkpoint
+
+    weights = {"layer.weight": torch.tensor([1.0, math.inf]), "count": torch.tensor(3)}
+    with pytest.raises(CheckpointError, match=r"cannot save model.layer.weight: 1 of its 2 values are NaN or infinite"):
+        save_checkpoint(tmp_path / "last.pt", {"config": {}, "model": weights})
+    assert list(tmp_path.iterdir()) == []

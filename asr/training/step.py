@@ -9,7 +9,10 @@
 A step whose loss or gradient norm is not finite never reaches the weights:
 ``backward`` leaves the gradients untouched when the loss is not finite (the
 caller decides whether to drop what was accumulated), and ``update`` clears
-the gradients without stepping when their norm is not finite. A batch that runs
+the gradients without stepping when their norm is not finite. A finite gradient can still make a
+weight non-finite (a huge learning rate, an optimiser state that overflowed): ``update`` keeps the
+weights and the optimiser state as they were before it stepped, checks them after, and undoes a step
+that left any of them non-finite, so that no checkpoint ever holds one. A batch that runs
 CUDA out of memory in the forward or backward pass is skipped the same way, with
 its gradients dropped and the cache emptied (under DistributedDataParallel only in
 the forward pass, where the ranks still agree before any gradient is exchanged; in
@@ -105,6 +108,7 @@ class TrainingStep:
         self.distributed = distributed
         self.pipeline = pipeline
         self.groups = gradient_groups(model)
+        self._before = OptimizerSnapshot()
 
     def backward(self, batch, scale: float = 1.0) -> StepOutcome:
         """Loss of ``batch`` (a :class:`~asr.data.batching.Batch` on the model's device) and its gradients
@@ -168,7 +172,14 @@ class TrainingStep:
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return StepOutcome(skipped=f"non-finite gradient norm {norm.item()}")
+        self._before.keep(self.optimizer)
         self.optimizer.step()
+        spoilt = self._before.nonfinite(self.optimizer)
+        if spoilt is not None:
+            self._before.restore(self.optimizer)
+            self.optimizer.zero_grad(set_to_none=True)
+            return StepOutcome(skipped=f"non-finite {spoilt} after the update (gradient norm {float(norm):.4g}); "
+                                       "the update was undone")
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -189,3 +200,51 @@ class TrainingStep:
             if p.grad is not None and id(p) in clipped:
                 squares.setdefault(self.groups[name], []).append(torch.linalg.vector_norm(p.grad.float()) ** 2)
         return {group: float(torch.stack(values).sum().sqrt()) for group, values in squares.items()}
+
+
+class OptimizerSnapshot:
+    """The tensors an optimiser step changes (its parameters and their state), copied before the step so
+    that a step which made any of them non-finite can be undone.
+
+    The copies live in buffers made at the first step and refilled at every one after it, so a step costs
+    one copy of the parameters and the optimiser state (Adam: three times the parameters), and no
+    allocation; that is what it takes to undo an update that cannot be predicted from the gradient alone.
+    """
+
+    def __init__(self):
+        self._buffers: dict[tuple[int, str], torch.Tensor] = {}
+        self._kept: list[tuple[torch.Tensor, dict]] = []
+
+    def keep(self, optimizer: torch.optim.Optimizer) -> None:
+        self._kept = []
+        for index, param in enumerate(self._params(optimizer)):
+            state = {}
+            for key, value in optimizer.state.get(param, {}).items():
+                state[key] = self._copy((index, key), value) if isinstance(value, torch.Tensor) else value
+            self._kept.append((self._copy((index, ""), param.detach()), state))
+
+    def _copy(self, slot: tuple[int, str], tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(slot)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or buffer.device != tensor.device:
+            buffer = self._buffers[slot] = torch.empty_like(tensor)
+        return buffer.copy_(tensor)
+
+    def nonfinite(self, optimizer: torch.optim.Optimizer) -> str | None:
+        """What the step left non-finite ("weights", "optimizer state"), or None when all is finite."""
+        params = [p.detach() for p in self._params(optimizer)]
+        states = [v for p in self._params(optimizer) for v in optimizer.state.get(p, {}).values()
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        for what, tensors in (("weights", params), ("optimizer state", states)):
+            if tensors and not bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+                return what
+        return None
+
+    def restore(self, optimizer: torch.optim.Optimizer) -> None:
+        with torch.no_grad():
+            for param, (weights, state) in zip(self._params(optimizer), self._kept):
+                param.copy_(weights)
+                optimizer.state[param] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+    @staticmethod
+    def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
