@@ -17,7 +17,7 @@ the two paths alternating round by round so both see the same machine:
 * greedy decoding of the batch (no gradients), up to --decode-steps output steps.
 
 Prints the seconds and the ratio cpp / reference for each (below 1: the fused step is faster); the
-results go to docs/performance.md by hand, with the command, the CPU and the date.
+results go to docs/benchmarks.md by hand, with the command, the CPU and the date.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Then the attention kernels each case reaches (torch.autograd.profiler over one m
 the relative case's own autograd node on the CPU (``_RelativeAttention``, asr.models.relative_attention),
 since a position bias that needs a gradient would keep SDPA off its fused kernel.
 
-Results go to docs/performance.md by hand, with the command, machine and date.
+Results go to docs/benchmarks.md by hand, with the command, machine and date.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ warm-up compiles the Triton kernels and records the CUDA graphs):
 
 Then the estimated time of one train-clean-100 epoch: 100.6 h of audio in
 batches of this size (padding ignored) times the whole step. Results go to
-docs/performance.md by hand, with the command, GPU and date.
+docs/benchmarks.md by hand, with the command, GPU and date.
 """
 
 from __future__ import annotations

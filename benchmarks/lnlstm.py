@@ -14,7 +14,7 @@ alike: nn.LSTM synchronises its threads at every op of every time step and
 suffers more from a busy machine than the fused operator, which synchronises
 once per layer. So the load average is printed, and ``--threads 1 --clock cpu``
 (CPU time of this process, one thread) gives a load-robust comparison of the
-work done. Results go to docs/performance.md by hand.
+work done. Results go to docs/benchmarks.md by hand.
 """
 
 from __future__ import annotations

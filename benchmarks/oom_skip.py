@@ -8,7 +8,7 @@ then the process may use at most 8 GiB (torch.cuda.set_per_process_memory_fracti
 utterances of 20 s (then 256, if 64 fit) must come back skipped as "CUDA out of memory", with no
 gradient left and the weights unchanged, and the next small batch must train. It prints the memory
 allocated before and after the skip. tests/test_step.py simulates the same on CPU; this is the real
-allocator. Results: docs/performance.md ("An oversized batch on CUDA")."""
+allocator. Results: docs/benchmarks.md ("An oversized batch on CUDA")."""
 import sys
 import time
 from pathlib import Path

@@ -13,8 +13,8 @@ of each test utterance longer than ``--long`` seconds (8) is measured as the tra
 measures it (:func:`asr.training.metrics.monotonicity`): the Spearman correlation between output step
 and most attended frame, and the share of steps whose most attended frame lies in the last 5% of the
 audio. **The attention aligns** when, over those utterances, the mean Spearman is at least 0.9 and the
-mean share at the end at most 10%. The collapse of docs/performance.md ("CPU rehearsal": Spearman 0.10,
-98.4% at the end) fails both. Prints per-model rows, mean ± std per group, and a line per target of
+mean share at the end at most 10%. The collapse before the bootstraps (docs/studies/las_open_vocabulary.md:
+Spearman 0.10, 98.4% at the end) fails both. Prints per-model rows, mean ± std per group, and a line per target of
 the issue (met, or missed by how much); ``--json`` writes them.
 """
 

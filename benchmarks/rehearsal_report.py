@@ -12,7 +12,7 @@ utterance's output tokens, so a reader need not judge a picture alone: the Spear
 between token index and the most attended encoder frame (near 1 for a monotonic alignment; near 0
 for attention that ignores the audio's order), the share of steps that move that frame forward, and
 the share whose peak lies in the last 5% of the frames (attention collapsed onto the end).
-The results of a run are in docs/performance.md, "CPU rehearsal".
+The results of a run are in docs/studies/las_open_vocabulary.md, "Before the bootstraps".
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ with utterances of about one length, so the padded length and the batch size cha
 batch). ``benchmarks/las_step.py`` times one shape again and again, so any cost paid once per new shape
 (a kernel choice, a plan or a graph built and cached for that shape) never shows there. On an H200 the
 Transformer recipe's loop ran at 0.72-1.08 s an update with the GPU 5-8% busy and no loader wait, while
-that benchmark's step took about 0.1 s a batch (docs/performance.md).
+that benchmark's step took about 0.1 s a batch (docs/benchmarks.md).
 
 This script builds a recipe's model (``--recipe``, the Transformer's by default) and times whole training
 steps (loss, backward, clipping, Adam, under the recipe's autocast) on ``--steps`` batches whose padded
@@ -19,7 +19,7 @@ pass meets every shape for the first time, the second meets them again. It does 
 ``scaled_dot_product_attention`` left to choose its backend, then pinned to each backend in turn
 (``torch.nn.attention.sdpa_kernel``); a backend that cannot run the model's masked attention is reported
 as such. A second pass much faster than the first means a per-shape cost; ``--pad-multiple N`` pads every
-batch's frames to a multiple of N, so that fewer shapes are new. Results go to docs/performance.md by
+batch's frames to a multiple of N, so that fewer shapes are new. Results go to docs/benchmarks.md by
 hand, with the command, the machine and the date.
 """
 

@@ -175,7 +175,7 @@ class FeatureConfig:
     # and draw every random number of the utterance from its own (seed, epoch, index) generator;
     # fbank/MFCC, VTLP's warped filters, deltas, MVN and SpecAugment then run batched on the model's
     # device in the training process. Why: a GPU consumes speech several times faster than a few CPU
-    # cores can turn it into features (docs/performance.md, "Data loading"). Both are the same code
+    # cores can turn it into features (docs/benchmarks.md, "Data loading"). Both are the same code
     # (features.pipeline), so they give the same features within float rounding. "auto": "device"
     # when training on CUDA, "loader" otherwise; the run's config.yaml records what it resolved to.
     # Inference (asr.evaluate, asr.transcribe) always computes features per utterance on CPU.

@@ -147,8 +147,8 @@ def test_features_on_cuda_equal_the_loader_features(mini, tokenizer, name):
     batch = with_features(collate([device_set[i] for i in range(len(mini))]).to("cuda"), pipeline)
     assert batch.features.device.type == "cuda"
     # cuFFT sums in another order than the CPU's FFT: the power of a quiet bin differs in its last bits,
-    # and the log (fbank) magnifies that; the difference seen on a GPU is in docs/performance.md ("The GPU
-    # path again"), and this allows four times it
+    # and the log (fbank) magnifies that; the difference seen on a GPU is in docs/benchmarks.md ("On an H200
+    # again"), and this allows four times it
     assert_rows_equal_items(batch, items, atol=2e-4)
 
 

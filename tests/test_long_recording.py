@@ -6,7 +6,7 @@ digits decoded one recording at a time: WER at most 1.5 times theirs. A small LA
 takes 5-49 of the four speakers (connected digits of 1-4 takes), and the recording of 400 takes is built
 from takes 0-4 (FSDD's own test split) as :func:`asr.data.fsdd.build_digit_recording` builds it for the
 benchmark (``benchmarks/long_recording.py``, which also sorts the errors by kind of piece). Both are decoded
-with beam 4 and CTC weight 0.5, as the benchmark's last row in docs/results.md ("Long recordings"), where
+with beam 4 and CTC weight 0.5, as the benchmark's last row in docs/studies/long_recordings.md, where
 the spread of this ratio over seeds is given.
 """
 

@@ -1,6 +1,6 @@
 """Long recordings in pieces (asr.inference.segmentation): where the cuts fall, on made-up loudness and on a long
 recording of real FSDD digits whose boundaries are known (that a recogniser decodes a long recording as its
-pieces: tests/test_inference_cli.py; how accurately: benchmarks/long_recording.py, docs/results.md)."""
+pieces: tests/test_inference_cli.py; how accurately: benchmarks/long_recording.py, docs/studies/long_recordings.md)."""
 
 import pytest
 import soundfile

@@ -9,7 +9,7 @@ recipe's ``data.root`` at ``OUT``. The text is public domain (the King James
 Bible and Shakespeare's plays), spoken by eSpeak NG, SVOX Pico and Piper
 voices. The same ``--hours`` and ``--seed`` give the same bytes whatever
 ``--jobs``; a stopped run is finished by running the same command again. What
-it makes and costs: docs/performance.md, "Synthetic LibriSpeech-shaped corpus".
+it makes and costs: docs/benchmarks.md, "Synthetic LibriSpeech-shaped corpus".
 Needs ``pip install -e ".[synth]"``.
 """
 

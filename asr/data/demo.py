@@ -361,7 +361,7 @@ def prepare_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]
     synthesised first when they are not there yet (``python -m asr.synth_demo`` calls this).
 
     Generated under ``<cache_dir>/demo/<key>/`` on the first call (the demo recipe's
-    cost is in docs/results.md, "The demo") and reused afterwards. Generation builds
+    cost is in docs/studies/demo_recipe.md) and reused afterwards. Generation builds
     into a hidden temporary folder beside the target and renames it into place
     when complete, so an interrupted run never leaves a half corpus that a
     later run would take for a finished one. An unknown voice raises

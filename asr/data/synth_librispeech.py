@@ -609,7 +609,7 @@ def generate(out: Path, options: Options, jobs: int | None = None, progress: boo
         bar.close()
     shutil.rmtree(partial_root, ignore_errors=True)
     _write_readme(root, corpus)
-    if made:  # the real-time factors of docs/performance.md: audio seconds per CPU second, per synthesiser
+    if made:  # the real-time factors of docs/benchmarks.md: audio seconds per CPU second, per synthesiser
         logger.info("made %d chapters in %.1f s", len(todo), time.perf_counter() - started)
         for name, used in sorted(made.items()):
             logger.info(

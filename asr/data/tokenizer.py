@@ -260,7 +260,7 @@ def bpe_cache_key(texts: Sequence[str], vocab_size: int) -> dict:
     ``fingerprint`` is a SHA-256 over every transcript in order (sentencepiece's
     result may depend on the order), the vocabulary size, :data:`BPE_OPTIONS`
     and the sentencepiece version: all that decides the model. Hashing the
-    transcripts costs a few milliseconds per thousand (docs/performance.md, "Preparation").
+    transcripts costs a few milliseconds per thousand (docs/benchmarks.md, "Preparation").
     The vocabulary size and the version are in the key in plain words too, so
     that a refused entry says what it was made for.
     """

@@ -27,7 +27,7 @@ from the decoder's transcript.
 Self-training can amplify a confusion instead of fixing it: when the first
 pass writes THREE for many of a speaker's EIGHTs, fine-tuning on those
 transcripts teaches it further. ``asr.evaluate`` records the WER after every
-round in ``wer.json`` to show when that happens; docs/results.md has the
+round in ``wer.json`` to show when that happens; docs/studies/fsdd_loso.md has the
 measurements behind the defaults.
 
 Every speaker starts from the unadapted models, so the result for one

@@ -10,7 +10,7 @@ ADAPTABLE = ("all", "norms")
 
 @dataclass(frozen=True)
 class AdaptationSettings:
-    """How each speaker is adapted (the defaults are those measured best in docs/results.md)."""
+    """How each speaker is adapted (the defaults are those measured best in docs/studies/fsdd_loso.md)."""
 
     rounds: int = 3
     epochs: int = 4        # passes over the speaker's utterances per round

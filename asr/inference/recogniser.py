@@ -70,7 +70,7 @@ class Recogniser:
     pruned: tuple[PrunedModel, ...] = ()  # per member, what LayerDrop pruning kept; empty: not pruned
     # The longest and the mean utterance (seconds) the model was trained on (the shortest such among an
     # ensemble's members): longer recordings are decoded by default in pieces of at most the mean, as
-    # many words as the decoder has emitted in most of its training (docs/results.md, "Long recordings").
+    # many words as the decoder has emitted in most of its training (docs/studies/long_recordings.md).
     # None: not known (longest: decoded whole; mean: pieces of the longest).
     trained_seconds: float | None = None
     typical_seconds: float | None = None
@@ -184,7 +184,7 @@ class Recogniser:
             logger.warning(
                 "the checkpoint does not record its training utterances' lengths (written before 2026-11-24): "
                 "pieces of up to data.max_duration may hold more words than the decoder learnt to emit; "
-                "--segment-seconds with the mean training utterance is more accurate (docs/results.md, Long recordings)"
+                "--segment-seconds with the mean training utterance is more accurate (docs/studies/long_recordings.md)"
             )
         return " ".join(text for text in texts if text), total if score else None
 

@@ -1,7 +1,7 @@
 """Long recordings decoded in pieces cut at pauses: find the speech, pack it into pieces, read each piece alone.
 
 An attention decoder trained on short utterances skips words on longer ones:
-its state has never counted that far (docs/results.md, "Long utterances").
+its state has never counted that far (docs/studies/long_utterances.md).
 Long-form recognisers avoid the problem by never showing the decoder more than
 it was trained on: Whisper decodes 30-second windows, and ESPnet and icefall
 cut long recordings into segments first, WhisperX packs voice-activity
@@ -26,7 +26,7 @@ is, loudness, read from the audio itself:
    was each training utterance's) and decodes the pieces ``batch_size`` at a
    time (:meth:`asr.inference.recogniser.Recogniser.transcribe`).
 
-Why this shape (measured in docs/results.md, "Long recordings"): with the
+Why this shape (measured in docs/studies/long_recordings.md): with the
 cutter this module had before (fixed windows cut at their quietest frame),
 a quarter of the insertions came from pieces that held no speech, and most of
 the rest from long pauses inside pieces: a decoder trained on gaps of at most
@@ -38,7 +38,7 @@ A piece that begins or ends with a tenth of a second of the pause's floor
 looks like no training utterance (those begin and end with the recording's own
 margin): a small LAS trained on FSDD takes wrote words into it, and trimming
 the floor at the edges took its long-recording WER from 34% to 19%, and cost
-the recipe's model 1 point (6.75% to 7.75%; docs/results.md, "Long recordings"). Between a piece's stretches the
+the recipe's model 1 point (6.75% to 7.75%; docs/studies/long_recordings.md). Between a piece's stretches the
 padding stays: it is the gap between words that training utterances have.
 """
 

@@ -64,7 +64,7 @@ class AttentionConfig:
     # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
     # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
     # restrict it to keep attention from jumping ahead; [] attends everywhere. On utterances longer than
-    # any trained on it did not stop the speller from skipping words (docs/results.md, "Long utterances").
+    # any trained on it did not stop the speller from skipping words (docs/studies/long_utterances.md).
     window: list[int] = field(default_factory=list)
     # type "mocha" only (asr/models/mocha.py, Chiu & Raffel 2018): the softmax's chunk in encoder
     # frames, the initial bias r of the stop energy, and the std of the noise added to it in training

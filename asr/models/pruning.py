@@ -178,7 +178,7 @@ def prune_model(model: nn.Module, pruning: LayerPruning, name: str) -> PrunedMod
             logger.warning(
                 "pruning the %s of %s, which was trained without LayerDrop (model.%s.layerdrop=0): "
                 "nothing taught it to work with layers missing, so accuracy may fall sharply "
-                "(docs/results.md measures it: a pre-norm encoder lost little, a decoder everything)",
+                "(docs/studies/transformer_norms.md measures it: a pre-norm encoder lost little, a decoder everything)",
                 stack, name, stack,
             )
     model.keep_layers(keep)

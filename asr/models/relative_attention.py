@@ -7,7 +7,7 @@ term, its scaled and masked copies) and walks them back one by one. :func:`relat
 the same function in one autograd node: it keeps the attention probabilities (and the dropout mask)
 only, reads the distance-to-key shift as a strided view instead of a gather (Transformer-XL's trick),
 computes the position term in blocks of queries, each over only the distances its rows reach, and its
-backward pass is the softmax's and the matrix products', with nothing in between. docs/performance.md
+backward pass is the softmax's and the matrix products', with nothing in between. docs/benchmarks.md
 ("The Conformer's training step against torchaudio's") has what each of these saves.
 
 The score of query ``i`` for key ``j`` is ``s (q_u[i] . k[j] + q_v[i] . e[i - j])``, ``s`` the scale,

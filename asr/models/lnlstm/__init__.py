@@ -34,7 +34,7 @@ The package (docs/architecture.md draws it):
 * :mod:`.parameters`: one layer's per-direction tensors, gathered once for the fused backends;
 * :mod:`.backends`: one contract, three backends: the reference path; a fused C++ operator
   for CPU float32/float64 (``backends/csrc/lnlstm.cpp``, JIT-compiled for this CPU on first
-  use and cached; its speed against torch.nn.LSTM is in docs/performance.md); fused Triton
+  use and cached; its speed against torch.nn.LSTM is in docs/benchmarks.md); fused Triton
   kernels for CUDA and float32 parameters (autocast included), one kernel per time step, a
   hand-written backward and the time loop replayed as a CUDA graph; with
   ``TRITON_INTERPRET=1`` they also run CPU tensors (slowly: that is for testing). The

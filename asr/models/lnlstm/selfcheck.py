@@ -6,7 +6,7 @@ call (2 utterances of 5 and 3 frames, 4 units, bidirectional for a layer; 2 rows
 forward and backward through the backend and through the reference path, on that device, from the same
 random weights, inside the caller's autocast region. The outputs, the final states and every gradient
 must agree within the tolerance of the dtype the call computes in (autocast's, under autocast). This
-costs milliseconds (docs/performance.md; compiling the backend, which the first real call would do
+costs milliseconds (docs/benchmarks.md; compiling the backend, which the first real call would do
 anyway, aside) and catches a backend that raises on this device or computes something else:
 a kernel broken by a driver, a changed compiler, code nobody could run on a GPU.
 

@@ -120,7 +120,7 @@ void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const double* a, in
 // ---- products with a weight matrix: packed once, register-blocked -------
 // The per-step products (W_h h_{t-1} forward, dG W_h backward) have only B
 // rows. A BLAS call repacks its weight operand on every call, and MKL runs its
-// AVX2 code on AMD CPUs (docs/performance.md has the profile). The weights do
+// AVX2 code on AMD CPUs (docs/benchmarks.md has the profile). The weights do
 // not change during a layer call, so each direction packs them once, in
 // panels of kPanelVectors vectors of columns, and a small kernel keeps a block
 // of rows x one panel of outputs in registers while it walks the inner
@@ -639,7 +639,7 @@ void for_each_direction(int64_t D, const F& fn) {
 // Training saves some 150 MB per layer and step (at the benchmark's sizes) and
 // frees it after backward. Fresh memory every step costs page faults and
 // zeroing, and in a virtual machine at times the host's faults as well
-// (docs/performance.md has the system times measured). So freed
+// (docs/benchmarks.md has the system times measured). So freed
 // buffers are kept for the next step: a later forward takes the smallest
 // cached buffer that fits (up to twice its size). The cache never makes the
 // process hold more than the most this operator had in use at once: buffers
