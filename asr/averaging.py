@@ -14,7 +14,10 @@ carries the config, tokenizer and feature pipeline of the newest checkpoint
 and no optimizer state (it is for inference, not for ``--resume``); it is
 written atomically, by default as ``avg_last{N}.pt`` / ``avg_best{N}.pt`` in
 the run folder. All inputs must come from the same model config with the
-same parameter names and shapes; anything else is an error naming the file.
+same parameter names and shapes, and the same tokenizer, feature front end and
+normalisation statistics (two runs of one model size whose checkpoints share a folder have the same
+shapes, but a token id or a feature dimension means something else in each); anything else is an
+error naming the files and what differs.
 """
 
 from __future__ import annotations
@@ -74,6 +77,44 @@ def select_checkpoints(exp_dir: str | Path, last: int | None = None, best: int |
     return [path for *_, path in sorted(chosen, key=lambda r: r[2])]
 
 
+# Feature options that act in training alone (augmentation) or say where features are computed: weights
+# trained with other values of these still read the same features at inference.
+TRAINING_ONLY_FEATURES = ("dither", "speed_perturb", "vtlp", "spec_augment", "augment", "compute_on")
+
+
+def front_end_difference(one: dict, other: dict) -> str | None:
+    """What makes two checkpoints' weights mean different things although their models have the same
+    shapes, in words, or None: their tokenizers (token ids that name other pieces), their feature
+    front ends (other features in the same dimensions) or their global MVN statistics."""
+    tokenizers = one.get("tokenizer"), other.get("tokenizer")
+    if tokenizers[0] != tokenizers[1]:
+        kinds = [t.get("type") if isinstance(t, dict) else None for t in tokenizers]
+        if kinds[0] != kinds[1]:
+            return f"their tokenizers differ ({kinds[0]} against {kinds[1]})"
+        return f"their tokenizers differ (two {kinds[0]} tokenizers with other pieces: a token id means another piece in each)"
+    features = [(f.get("config") or {}, f.get("stats")) if isinstance(f, dict) else ({}, None)
+                for f in (one.get("features"), other.get("features"))]
+    configs = [{k: v for k, v in config.items() if k not in TRAINING_ONLY_FEATURES} for config, _ in features]
+    keys = [k for k in dict.fromkeys([*configs[0], *configs[1]]) if configs[0].get(k) != configs[1].get(k)]
+    if keys:
+        listed = ", ".join(f"features.{k}: {configs[0].get(k)} against {configs[1].get(k)}" for k in keys)
+        return f"their feature front ends differ ({listed})"
+    if not _same(features[0][1], features[1][1]):
+        return "their global MVN statistics differ (features normalised with other means and variances)"
+    return None
+
+
+def _same(a, b) -> bool:
+    """Plain data with tensors, compared exactly."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def average_checkpoints(paths: list[str | Path]) -> dict:
     """A checkpoint payload: the newest (last) of ``paths`` with its model's floating-point tensors
     replaced by the element-wise mean over all of ``paths``."""
@@ -86,6 +127,9 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     for path, state in zip(paths, states):
         if state["config"].get("model") != newest["config"].get("model"):
             raise CheckpointError(f"{path} has another model config than {newest_path}: their weights cannot be averaged")
+        differs = front_end_difference(state, newest)
+        if differs:
+            raise CheckpointError(f"{path} and {newest_path} cannot be averaged: {differs}")
         names = set(state["model"])
         if names != set(reference):
             diff = sorted(names ^ set(reference))

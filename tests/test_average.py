@@ -22,13 +22,15 @@ def _model_state(seed: int, batches_seen: int) -> dict:
 
 
 def _write(path, epoch: int, metric: float | None = None, model: dict | None = None, hidden: int = 4,
-           higher_is_better: bool | None = None):
-    """A checkpoint in the trainer's layout; the tokenizer names the epoch so we can tell whose it is."""
+           higher_is_better: bool | None = None, tokenizer: dict | None = None, features: FeatureConfig | None = None):
+    """A checkpoint in the trainer's layout; its config names the epoch so we can tell whose it is (the
+    tokenizer and the features are one run's: the same in every epoch unless given)."""
     payload = {
-        "config": {"exp_dir": str(path.parent), "model": {"type": "las", "speller": {"hidden_size": hidden}}},
+        "config": {"exp_dir": str(path.parent), "model": {"type": "las", "speller": {"hidden_size": hidden}},
+                   "written_at": f"epoch{epoch}"},
         "model": model if model is not None else _model_state(epoch, batches_seen=100 * (epoch + 1)),
-        "tokenizer": {"type": "char", "symbols": [f"epoch{epoch}"]},
-        "features": FeaturePipeline(FeatureConfig(num_mel_bins=10 + epoch)).state_dict(),
+        "tokenizer": tokenizer or {"type": "char", "symbols": list("abc ")},
+        "features": FeaturePipeline(features or FeatureConfig(num_mel_bins=10)).state_dict(),
         "training": {"metric": metric, "metric_name": "valid_loss", "epoch": epoch, "optimizer": {"state": "big"}},
     }
     if higher_is_better is not None:  # older checkpoints do not say; their metric was lower-is-better
@@ -88,7 +90,7 @@ def test_best_n_ranks_by_the_stored_metric_not_the_epoch(tmp_path):
     averaged = load_checkpoint(out)
     expected = (written[1]["model"]["0.bias"] + written[2]["model"]["0.bias"]) / 2
     torch.testing.assert_close(averaged["model"]["0.bias"], expected)
-    assert averaged["tokenizer"] == written[2]["tokenizer"]  # the newer of the two chosen
+    assert averaged["config"] == written[2]["config"]  # the newer of the two chosen
     assert averaged["model"]["1.num_batches_tracked"].item() == 300
 
 
@@ -139,6 +141,40 @@ def test_checkpoints_of_different_models_are_not_averaged(tmp_path, capsys):
         main([str(tmp_path), "--last", "2"])
     err = capsys.readouterr().err
     assert "0.weight has shape (5, 3)" in err and str(tmp_path / "epoch0.pt") in err
+
+
+@pytest.mark.parametrize("newest, message", [
+    ({"tokenizer": {"type": "char", "symbols": list("abd ")}}, "their tokenizers differ (two char tokenizers with other pieces"),
+    ({"tokenizer": {"type": "bpe", "model": b"x"}}, "their tokenizers differ (char against bpe)"),
+    ({"features": FeatureConfig(kind="mfcc", num_mel_bins=10, num_ceps=10)}, "features.kind: fbank against mfcc"),
+])
+def test_checkpoints_whose_tokenizer_or_front_end_differ_are_not_averaged(tmp_path, capsys, newest, message):
+    """Same shapes, other meanings: issue 81 averaged two runs' epochs where 13 of 48 token ids agreed."""
+    _write(tmp_path / "epoch1.pt", 1)
+    _write(tmp_path / "epoch2.pt", 2, **newest)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--last", "2"])
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'epoch1.pt'} and {tmp_path / 'epoch2.pt'} cannot be averaged: " in err and message in err
+    assert not (tmp_path / "avg_last2.pt").exists()
+
+
+def test_other_global_statistics_are_refused_and_other_augmentation_is_not(tmp_path):
+    from dataclasses import replace
+
+    from asr.averaging import front_end_difference
+    from features.mvn import GlobalStats
+
+    one, other = (FeaturePipeline(FeatureConfig(num_mel_bins=4, mvn="global")) for _ in range(2))
+    for pipeline, shift in ((one, 0.0), (other, 1.0)):
+        pipeline.stats = GlobalStats(4)
+        pipeline.stats.update(torch.arange(12.0).reshape(3, 4) + shift)
+    state = {"tokenizer": {"type": "char", "symbols": ["a"]}}
+    assert front_end_difference({**state, "features": one.state_dict()}, {**state, "features": other.state_dict()}) \
+        == "their global MVN statistics differ (features normalised with other means and variances)"
+    augmented = FeaturePipeline(replace(one.config, speed_perturb=[1.0], dither=0.0))
+    augmented.stats = one.stats
+    assert front_end_difference({**state, "features": one.state_dict()}, {**state, "features": augmented.state_dict()}) is None
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated"])
