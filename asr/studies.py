@@ -7,6 +7,15 @@ adapted). Each run's convergence (steps to a target validation loss or WER,
 area under the loss curve: :mod:`asr.convergence`) is tabulated per run and,
 over a seed key, as mean ± std per setting. The command line, with the whole
 story, is :mod:`asr.cli.study`.
+
+A study that trains holds ``--out/study.lock`` (:func:`study_in_progress`): a second ``asr.study`` on the
+same folder is refused at once, naming the first. Its ``asr.train``, ``asr.evaluate`` and ``asr.average``
+processes run in sessions of their own, so that a stop signal (SIGTERM, SIGINT, SIGUSR1) reaches them
+once, through the study, which forwards it: each run writes ``last.pt`` and stops, the study stops
+(:class:`StudyStopped`), and the same command resumes them. A run whose ``train.lock`` another process
+holds is reported as held, not failed, and its log is left to that process. The study's own files are
+written whole or not at all (:func:`asr.writing.atomic_write`); a ``study_time.json`` found damaged is
+named and rebuilt from the run's ``last.pt``.
 """
 
 from __future__ import annotations
@@ -18,10 +27,13 @@ import logging
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +54,7 @@ from asr.convergence import (
     up_to_step,
 )
 from asr.curves import EPOCH_AXIS, EVENT_GLOB, run_curves
+from asr.writing import atomic_write
 
 if TYPE_CHECKING:
     from asr.inference import DecodeSettings
@@ -54,6 +67,103 @@ logger = logging.getLogger("asr.study")
 
 class StudyError(ValueError):
     """A grid that cannot be run; the message names the grid entry or the run."""
+
+
+class RunHeld(StudyError):
+    """A run's folder is held by another process (its ``train.lock``): it is not trained here."""
+
+
+class StudyStopped(StudyError):
+    """A stop signal reached the study: the runs in progress wrote ``last.pt`` and stopped."""
+
+    exit_code = 75  # as asr.train's (asr.training.signals.EXIT_STOPPED): the same command goes on
+
+
+STUDY_LOCK = "study.lock"
+
+
+class _Processes:
+    """The processes a study has running, and the stop signals that reached it, forwarded to each of them.
+
+    The processes run in sessions of their own: a terminal's Ctrl-C reaches the study alone, which forwards
+    it once. asr.train takes a second signal for "stop at once", so each process gets every signal exactly
+    once, whether it came before or after the process started."""
+
+    def __init__(self):
+        self._lock = threading.RLock()  # an RLock: the handler may run in a thread that holds it
+        self._running: dict[subprocess.Popen, int] = {}  # process -> how many signals it was sent
+        self.signals: list[int] = []
+
+    @property
+    def stopped_by(self) -> str | None:
+        return signal.Signals(self.signals[0]).name if self.signals else None
+
+    def forward(self, signum: int, frame=None) -> None:
+        if signum == signal.SIGHUP:  # the terminal closed: the runs save and stop as on SIGTERM
+            signum = signal.SIGTERM
+        with self._lock:
+            self.signals.append(signum)
+            for process in list(self._running):
+                self._catch_up(process)
+
+    def _catch_up(self, process: subprocess.Popen) -> None:
+        for signum in self.signals[self._running[process]:]:
+            try:
+                process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+        self._running[process] = len(self.signals)
+
+    def run(self, command: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+        """``subprocess.run(command, **kwargs)`` in a session of its own, signalled as the study is;
+        :class:`StudyStopped` instead of starting ``what`` once the study was told to stop."""
+        with self._lock:
+            if self.signals:
+                raise StudyStopped(f"stopped by {self.stopped_by} before {what} started")
+            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            self._running[process] = 0
+            self._catch_up(process)
+        try:
+            out, err = process.communicate()
+        finally:
+            with self._lock:
+                self._running.pop(process, None)
+        return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+_processes = _Processes()
+
+
+@contextmanager
+def study_in_progress(out: Path):
+    """Hold ``out/study.lock`` while a study trains and evaluates into ``out`` (a second asr.study there is
+    refused at once: :class:`StudyError` naming the first), and forward the stop signals to its processes."""
+    from asr.training.runlock import RunLock, RunLockError
+    from asr.training.signals import STOP_SIGNALS
+
+    out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out, STUDY_LOCK, holder="asr.study", option="--out")
+    try:
+        lock.acquire()
+    except RunLockError as err:
+        raise StudyError(str(err)) from None
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, _processes.forward) for signum in (*STOP_SIGNALS, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _processes.signals.clear()
+        lock.release()
+
+
+def _stopped_or(error: StudyError) -> StudyError:
+    """The error to raise for a process that failed: :class:`StudyStopped` when the study was told to stop."""
+    if _processes.signals:
+        return StudyStopped(f"stopped by {_processes.stopped_by}; the same command goes on from where it stopped")
+    return error
 
 
 @dataclass
@@ -98,8 +208,12 @@ def read_variants(path: Path) -> dict[str, list[str]]:
 
     from asr.config import ConfigError, parse_override
 
+    from asr.config import load_yaml_strictly
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_strictly(path.read_text(), f"--variants {path}")  # a variant named twice is refused
+    except ConfigError as err:
+        raise StudyError(str(err)) from None
     except OSError as err:
         raise StudyError(f"--variants {path}: cannot be read ({err.strerror or err})") from None
     except yaml.YAMLError as err:
@@ -282,12 +396,14 @@ def train_run(run: Run, recipe: Path, overrides: list[str], threads: int) -> Non
     """Train (or resume) one run in a subprocess; its output goes to ``exp_dir/study_train.out``.
 
     ``exp_dir/study_time.json`` is written when training has finished, with
-    its wall-clock seconds; a run that has it is not started again.
+    its wall-clock seconds; a run that has it is not started again. A run whose folder another
+    process holds (its ``train.lock``) raises :class:`RunHeld`, its log untouched.
     """
     timing = run.exp_dir / "study_time.json"
     if timing.exists():
         logger.info("%s has finished training already (%s)", run.name, timing)
         return
+    _check_not_held(run)
     run.exp_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "asr.train", str(recipe), *overrides, *run.overrides(), f"exp_dir={run.exp_dir}"]
     if (run.exp_dir / "last.pt").exists():
@@ -296,17 +412,52 @@ def train_run(run: Run, recipe: Path, overrides: list[str], threads: int) -> Non
     log_path = run.exp_dir / "study_train.out"
     logger.info("training %s -> %s", run.name, run.exp_dir)
     start = time.time()
-    with open(log_path, "a") as log:
-        status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
+    with open(log_path, "a") as log:  # appended: an earlier attempt's output stays
+        status = _processes.run(command, f"run {run.name}", stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     seconds = time.time() - start
     if status != 0:
-        raise StudyError(f"run {run.name} failed (exit {status}); its output is in {log_path}")
+        _check_not_held(run)  # another process took the folder between the check and the start
+        raise _stopped_or(StudyError(f"run {run.name} failed (exit {status}); its output is in {log_path}"))
     # attempt_seconds: the attempt that finished it; train_seconds: the trainer's own clock, every attempt
     # of an interrupted and resumed run (training and validation, the pauses between attempts not counted).
     clock = trainer_clock(run.exp_dir)
-    timing.write_text(json.dumps({"train_seconds": seconds if clock is None else clock, "attempt_seconds": seconds,
-                                  "resumed": "--resume" in command}) + "\n")
+    atomic_write(timing, json.dumps({"train_seconds": seconds if clock is None else clock, "attempt_seconds": seconds,
+                                     "resumed": "--resume" in command}) + "\n")
     logger.info("finished %s in %.1f min", run.name, seconds / 60)
+
+
+def train_runs(runs: list[Run], recipe: Path, overrides: list[str], threads: int, jobs: int) -> None:
+    """Train every run (:func:`train_run`), ``jobs`` at a time. A run held by another process, or one that
+    failed, does not stop the others; once all are done, one error names every run that did not finish, each
+    as held or failed, or :class:`StudyStopped` when a stop signal ended them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    errors: list[StudyError] = []
+
+    def train(run: Run) -> None:
+        try:
+            train_run(run, recipe, overrides, threads)
+        except StudyError as err:
+            errors.append(err)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(train, runs))
+    if _processes.signals:
+        raise StudyStopped(f"stopped by {_processes.stopped_by}: the runs in progress wrote last.pt and stopped; "
+                           "the same command resumes them and trains the rest")
+    if errors:
+        raise StudyError("; ".join(map(str, errors)))
+
+
+def _check_not_held(run: Run) -> None:
+    """Raise :class:`RunHeld` when a live process holds ``run``'s folder (an asr.train started by hand, or
+    by a study that was killed)."""
+    from asr.training.runlock import LOCK_NAME, describe, is_stale, read_lock
+
+    holder = read_lock(run.exp_dir / LOCK_NAME)
+    if holder is not None and not is_stale(holder):
+        raise RunHeld(f"run {run.name} is held by another process ({describe(holder)}); it is not trained here, "
+                      f"and its output is that process's. Run the study again once it has ended")
 
 
 def trainer_clock(exp_dir: Path) -> float | None:
@@ -327,15 +478,35 @@ def training_seconds(exp_dir: Path) -> float | None:
 
     Files written before ``attempt_seconds`` existed timed only the attempt that finished a resumed run;
     for those the trainer's clock in ``last.pt`` is read instead."""
-    timing = exp_dir / "study_time.json"
-    if not timing.exists():
+    saved = read_timing(exp_dir)
+    if saved is None:
         return None
-    saved = json.loads(timing.read_text())
     if saved.get("resumed") and "attempt_seconds" not in saved:
         clock = trainer_clock(exp_dir)
         if clock is not None:
             return clock
     return saved["train_seconds"]
+
+
+def read_timing(exp_dir: Path) -> dict | None:
+    """A finished run's ``study_time.json``, or None when it has none. One that cannot be read (a study
+    killed while it wrote it, before it was written whole) is named in a warning and rebuilt from the run:
+    it is written only after training ended, so the run is finished, and its trainer's clock is in last.pt."""
+    timing = exp_dir / "study_time.json"
+    try:
+        saved = json.loads(timing.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        saved, why = None, str(err) or type(err).__name__
+    else:
+        why = None if isinstance(saved, dict) and "train_seconds" in saved else "not a timing record"
+    if why is not None:
+        saved = {"train_seconds": trainer_clock(exp_dir), "rebuilt_from": "last.pt"}
+        logger.warning("%s is damaged (%s); rebuilt from %s (training minutes: %s)", timing, why,
+                       exp_dir / "last.pt", "unknown" if saved["train_seconds"] is None else f"{saved['train_seconds'] / 60:.1f}")
+        atomic_write(timing, json.dumps(saved) + "\n")
+    return saved
 
 
 def average_run(run: Run, last: int) -> Path:
@@ -344,9 +515,9 @@ def average_run(run: Run, last: int) -> Path:
     if averaged.exists() and averaged.stat().st_mtime >= (run.exp_dir / "last.pt").stat().st_mtime:
         return averaged
     command = [sys.executable, "-m", "asr.average", str(run.exp_dir), "--last", str(last), "--out", str(averaged)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = _processes.run(command, f"averaging run {run.name}", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        raise StudyError(f"averaging the last {last} checkpoints of run {run.name} failed:\n{done.stderr[-2000:]}")
+        raise _stopped_or(StudyError(f"averaging the last {last} checkpoints of run {run.name} failed:\n{done.stderr[-2000:]}"))
     return averaged
 
 
@@ -408,20 +579,24 @@ def evaluate_run(name: str, checkpoints: list[Path], folder: Path, scoring: Scor
     result = out / "wer.json"
     wanted = scoring.settings.to_dict()
     if result.exists() and all(result.stat().st_mtime >= c.stat().st_mtime for c in checkpoints):
-        previous = json.loads(result.read_text())
-        if previous.get("settings") == wanted and "wer_percent" in previous:
+        try:
+            previous = json.loads(result.read_text())
+        except (OSError, ValueError) as err:  # damaged: made again
+            logger.warning("%s cannot be read (%s); evaluating again", result, err)
+            previous = {}
+        if isinstance(previous, dict) and previous.get("settings") == wanted and "wer_percent" in previous:
             return previous
     out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.yaml").write_text(yaml.safe_dump(wanted, sort_keys=False))
+    atomic_write(out / "decode.yaml", yaml.safe_dump(wanted, sort_keys=False))
     command = [
         sys.executable, "-m", "asr.evaluate", "--checkpoint", *map(str, checkpoints),
         "--split", scoring.split, "--decode-config", str(out / "decode.yaml"), "--out", str(out),
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     logger.info("evaluating %s on %s", name, scoring.name)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    done = _processes.run(command, f"evaluating {name}", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if done.returncode != 0:
-        raise StudyError(f"evaluating {name} on {scoring.name} failed:\n{done.stderr[-2000:]}")
+        raise _stopped_or(StudyError(f"evaluating {name} on {scoring.name} failed:\n{done.stderr[-2000:]}"))
     return json.loads(result.read_text())
 
 

@@ -566,3 +566,106 @@ def test_progress_diagnose_draws_every_run_coloured_by_setting_and_cut_at_the_st
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in text.split("## Diagnosis", 1)[1].splitlines() if line.startswith("| layer_norm")}
     assert [rows[name][2:4] for name in sorted(rows)] == [["200", "no"], ["200", "200"], ["200", "no"]]
+
+
+# issue 81: studies that share a folder, are stopped, or find their files damaged
+
+def _quick_study(tmp_path, *extra: str) -> list[str]:
+    """A study of one run that needs no demo corpus (nothing here trains)."""
+    return [str(RECIPE), *TINY, "data.demo.enabled=false", *extra, "--grid", "train.seed=0", "--out", str(tmp_path / "s")]
+
+
+def test_a_second_study_on_a_folder_in_use_is_refused_at_once_naming_the_first(tmp_path, capsys):
+    import os
+
+    from asr.training.runlock import RunLock
+
+    (tmp_path / "s").mkdir()
+    first = RunLock(tmp_path / "s", study.STUDY_LOCK, holder="asr.study", option="--out")
+    first.acquire()  # this process plays the first study
+    try:
+        assert study_cli.main(_quick_study(tmp_path)) == 1
+    finally:
+        first.release()
+    err = capsys.readouterr().err
+    assert f"is in use by another asr.study: PID {os.getpid()}" in err and "choose another --out" in err
+    assert not (tmp_path / "s" / "runs").exists()  # nothing trained, nothing reported failed
+    assert "failed" not in err
+
+
+def test_a_run_held_by_another_process_is_reported_held_not_failed_and_its_log_left_alone(tmp_path):
+    import os
+
+    from asr.training.runlock import RunLock
+
+    (run,) = study.plan_runs(RECIPE, [*TINY, "data.demo.enabled=false"], parse_grid(["train.seed=0"]), tmp_path)
+    run.exp_dir.mkdir(parents=True)
+    log = run.exp_dir / "study_train.out"
+    log.write_text("the other process's output\n")
+    holder = RunLock(run.exp_dir)
+    holder.acquire()  # an asr.train started by hand (or left by a killed study)
+    try:
+        with pytest.raises(StudyError) as err:
+            study.train_runs([run], RECIPE, [*TINY, "data.demo.enabled=false"], threads=1, jobs=1)
+    finally:
+        holder.release()
+    assert f"run seed=0 is held by another process (PID {os.getpid()}" in str(err.value)
+    assert "failed" not in str(err.value) and not isinstance(err.value, study.StudyStopped)
+    assert log.read_text() == "the other process's output\n"
+
+
+@pytest.mark.parametrize("damage", ["", "{\"train_sec", "[1, 2]"])
+def test_a_damaged_study_time_json_is_named_and_rebuilt_from_the_run(tmp_path, caplog, damage):
+    from asr.checkpointing import save_checkpoint
+
+    save_checkpoint(tmp_path / "last.pt", {"config": {}, "model": {}, "training": {"progress": {"seconds": 720.0}}})
+    timing = tmp_path / "study_time.json"
+    timing.write_text(damage)  # a study killed while it wrote it, before writes were atomic
+    assert study.training_seconds(tmp_path) == 720.0
+    assert f"{timing} is damaged" in caplog.text and "rebuilt from" in caplog.text
+    assert json.loads(timing.read_text())["train_seconds"] == 720.0
+    caplog.clear()
+    assert study.training_seconds(tmp_path) == 720.0 and "damaged" not in caplog.text  # rebuilt once
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_study_stops_its_run_with_last_pt_and_the_same_command_resumes_it(tiny_demo_corpus, tmp_path):
+    """issue 81: SIGTERM to asr.study left its asr.train training, orphaned, holding the run's lock."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import subprocess_env, tiny_valid
+
+    out = tmp_path / "s"
+    command = [sys.executable, "-m", "asr.study", str(RECIPE), *TINY, f"data.dev=[{tiny_valid(tmp_path)}]",
+               "data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=2",
+               "--grid", "train.seed=0", "--out", str(out)]
+    run = out / "runs" / "seed-0"
+    process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ((run / "train.log").is_file() and " step 1 loss " in (run / "train.log").read_text()):
+        assert process.poll() is None and time.time() < deadline, "the study ended before its run trained a step"
+        time.sleep(0.05)
+    trainer = json.loads((run / "train.lock").read_text())["pid"]
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 75, err
+    assert "stopped by SIGTERM" in err and "the same command resumes" in err and "failed" not in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(trainer, 0)  # the run stopped with the study, not orphaned
+    assert not (run / "train.lock").exists() and not (out / study.STUDY_LOCK).exists()
+    first_attempt = (run / "study_train.out").read_text()
+    assert "SIGTERM received" in first_attempt and "continue with --resume" in first_attempt
+    stopped_at = load_checkpoint(run / "last.pt")["training"]["progress"]["step"]
+    assert not (run / "study_time.json").exists()
+
+    done = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (run / "study_train.out").read_text()
+    assert log.startswith(first_attempt)  # appended to, never truncated
+    assert f"resumed in epoch" in (run / "train.log").read_text()
+    assert load_checkpoint(run / "last.pt")["training"]["progress"]["epoch"] == 2 > 0 < stopped_at
+    assert json.loads((run / "study_time.json").read_text())["resumed"] is True

@@ -123,6 +123,7 @@ from asr.studies import (
     Run,
     Scoring,
     StudyError,
+    StudyStopped,
     average_run,
     check_average,
     check_demo_corpora,
@@ -144,9 +145,11 @@ from asr.studies import (
     short_key,
     state_table,
     study_grid,
-    train_run,
+    study_in_progress,
+    train_runs,
     training_seconds,
 )
+from asr.writing import atomic_write
 
 if TYPE_CHECKING:
     from asr.inference import DecodeSettings
@@ -330,18 +333,22 @@ def main(argv: list[str] | None = None) -> int:
         return report_progress(study, argv)
     logger.info("%d runs: %s", len(study.runs), "; ".join(r.name for r in study.runs))
     try:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            list(pool.map(lambda r: train_run(r, args.recipe, args.overrides, study.threads), study.runs))
-        splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *study.runs[0].overrides()], "test") else [])
-        scorings = scorings_for(splits, study.settings)
-        curves = load_curves([r.exp_dir for r in study.runs], [r.name for r in study.runs], args.tags or ["valid/loss"])
-        models = score_runs(study, scorings)
-        ensembles = score_ensembles(study, scorings, models)
-        measure_runs(study.runs, study.targets, args.metrics)
+        # one study at a time in --out; a stop signal reaches the runs, which save and stop (asr.studies)
+        with study_in_progress(study.out):
+            train_runs(study.runs, args.recipe, args.overrides, study.threads, args.jobs)
+            splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *study.runs[0].overrides()], "test") else [])
+            scorings = scorings_for(splits, study.settings)
+            curves = load_curves([r.exp_dir for r in study.runs], [r.name for r in study.runs], args.tags or ["valid/loss"])
+            models = score_runs(study, scorings)
+            ensembles = score_ensembles(study, scorings, models)
+            measure_runs(study.runs, study.targets, args.metrics)
+            write_report(study, scorings, curves, ensembles, argv)
+    except StudyStopped as stopped:
+        print(f"asr.study: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     except (CompareError, StudyError) as err:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
-    write_report(study, scorings, curves, ensembles, argv)
     return 0
 
 
@@ -379,7 +386,7 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
                       f"as far as all of them reach]({image.name})", ""]
     if measured and args.diagnose:
         lines += diagnosis_section(study, args.at_step)
-    (study.out / "progress.md").write_text("\n".join(lines))
+    atomic_write(study.out / "progress.md", "\n".join(lines))
     sys.stdout.write("\n".join(lines[4:]))
     print(f"wrote {study.out / 'progress.md'}")
     return 0
@@ -417,7 +424,7 @@ def score_ensembles(study: Study, scorings: list[Scoring], models: dict[str, Pat
     ensembles = plan_ensembles(study.runs, study.grid, study.args.ensemble, study.out)
     for ensemble, members in ensembles:
         ensemble.exp_dir.mkdir(parents=True, exist_ok=True)
-        (ensemble.exp_dir / "members.txt").write_text("".join(f"{models[m.name]}\n" for m in members))
+        atomic_write(ensemble.exp_dir / "members.txt", "".join(f"{models[m.name]}\n" for m in members))
 
     def score(task) -> None:
         ensemble, members, scoring = task
@@ -466,13 +473,13 @@ def write_report(study: Study, scorings: list[Scoring], curves, ensembles, argv:
     report += alignment_section(study)
     if args.diagnose:
         report += diagnosis_section(study)
-    (out / "results.md").write_text("\n".join(report))
+    atomic_write(out / "results.md", "\n".join(report))
     rows = [{"name": r.name, "values": r.values, **r.results,
              "convergence": dataclasses.asdict(r.convergence) if r.convergence else None,
              **({"final_metrics": r.finals} if r.finals else {})} for r in runs]
     rows += [{"name": f"ensemble {e.name}", "values": e.values, "ensemble": [m.name for m in members], **e.results}
              for e, members in ensembles]
-    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+    atomic_write(out / "results.json", json.dumps(rows, indent=2) + "\n")
     sys.stdout.write("\n".join(report[6:]))
     print(f"wrote {image}, {out / 'results.md'} and {out / 'results.json'}")
 
@@ -524,7 +531,7 @@ def convergence_lines(study: Study, scorings: list[Scoring], write_files: bool) 
                  "measures": aggregate([r.convergence for r in group if r.convergence])}
                 for values, group in group_runs(study.runs, study.grid, args.seeds)]
     report = {"seeds": args.seeds, "targets": dataclasses.asdict(targets), "settings": settings}
-    (study.out / "convergence.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write(study.out / "convergence.json", json.dumps(report, indent=2) + "\n")
     return lines
 
 

@@ -45,12 +45,17 @@ class RunLockError(RuntimeError):
 
 
 class RunLock:
-    """The lock on one ``exp_dir``; :meth:`acquire` it, :meth:`release` it (idempotent)."""
+    """The lock on one ``exp_dir``; :meth:`acquire` it, :meth:`release` it (idempotent).
 
-    def __init__(self, exp_dir: str | Path):
-        self.path = Path(exp_dir) / LOCK_NAME
+    ``name``, ``holder`` and ``option`` let another folder be held the same way (a study's ``--out`` holds
+    ``study.lock``: :mod:`asr.studies`): the lock file's name, what holds it and the option that chooses
+    another folder, for the error."""
+
+    def __init__(self, exp_dir: str | Path, name: str = LOCK_NAME, holder: str = "run", option: str = "exp_dir"):
+        self.path = Path(exp_dir) / name
         self.held = False
         self._mine: dict | None = None
+        self._holder, self._option = holder, option
 
     def acquire(self) -> None:
         info = {
@@ -75,11 +80,12 @@ class RunLock:
                 if holder is None:
                     raise RunLockError(
                         f"{self.path.parent} is in use: {self.path} exists but cannot be read; "
-                        f"if no asr.train runs in this folder, remove {self.path}"
+                        f"if no {self._holder} uses this folder, remove {self.path}"
                     ) from None
                 raise RunLockError(
-                    f"{self.path.parent} is in use by another run: {describe(holder)}. "
-                    f"Wait for it to end or choose another exp_dir; if that run is over, remove {self.path}"
+                    f"{self.path.parent} is in use by another {self._holder}: {describe(holder)}. "
+                    f"Wait for it to end or choose another {self._option}; if that {self._holder} is over, "
+                    f"remove {self.path}"
                 ) from None
             except OSError as err:
                 raise WriteError(self.path, err) from None
