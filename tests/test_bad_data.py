@@ -335,7 +335,9 @@ def test_the_checker_finds_before_training_what_training_would_skip(tiny_demo_co
     corpus = make_corpus(tmp_path, good=5, bad_line=True)
     out = tmp_path / "folder.json"
     assert check.main([str(corpus), "--jobs", "1", "--out", str(out)]) == 1
-    report = json.loads(out.read_text())[str(corpus)]
+    written = json.loads(out.read_text())
+    assert written["checked"] == {"sources": [str(corpus)]}  # what was checked, so another check is not replaced
+    report = written["reports"][str(corpus)]
     assert report["by_reason"] == {
         reasons.MALFORMED_TRANSCRIPT: 1, reasons.MISSING_TRANSCRIPT: 1,
         reasons.NONFINITE_AUDIO: 1, reasons.UNDECODABLE_AUDIO: 1,
@@ -351,7 +353,7 @@ def test_the_checker_finds_before_training_what_training_would_skip(tiny_demo_co
     args = [str(RECIPE), *TINY, f"data.train=[{corpus}]", f"data.dev=[{tiny_valid(tmp_path)}]",
             f"exp_dir={tmp_path / 'exp'}", "data.max_duration=3.0", "--jobs", "0", "--out", str(recipe_out)]
     assert check.main(args) == 1
-    by_split = json.loads(recipe_out.read_text())
+    by_split = json.loads(recipe_out.read_text())["reports"]
     train = by_split["train"]["by_reason"]
     assert train[reasons.NONFINITE_AUDIO] == 1 and train[reasons.UNDECODABLE_AUDIO] == 1
     assert train[reasons.TOO_LONG] >= 1  # data.max_duration applies to the training split only
@@ -360,3 +362,40 @@ def test_the_checker_finds_before_training_what_training_would_skip(tiny_demo_co
     clean = make_corpus(tmp_path / "clean", good=3, bad=False)
     assert check.main([str(clean), "--jobs", "0", "--out", str(tmp_path / "clean.json")]) == 0
     assert check.main([str(tmp_path / "no-such-folder")]) == 2
+
+
+def test_a_truncated_wav_is_skipped_in_training_and_decoded_with_a_warning_elsewhere(tmp_path, caplog):
+    """issue 81: a WAV whose header promises more samples than the file holds was decoded without a word."""
+    import logging
+
+    from asr.data.dataset import utterance_features
+    from asr.data.utterance import Utterance
+    from features.audio import TruncatedAudioError
+
+    source = require_shared_data(SHARED_DATA / "fsdd" / "recordings") / "0_george_0.wav"
+    whole = soundfile.read(str(source), dtype="float32")[0]
+    data = source.read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(data[: len(data) // 2])  # a copy that stopped half way
+    with pytest.raises(TruncatedAudioError, match=rf"{cut} is truncated: its header promises {len(whole)} samples, "
+                                                   rf"the file holds \d+") as caught:
+        load_audio(cut, truncated="refuse")
+    assert caught.value.reason == reasons.TRUNCATED_AUDIO
+    with caplog.at_level(logging.WARNING, logger="features.audio"):
+        waveform, _ = load_audio(cut)
+        load_audio(cut)
+    assert 0 < waveform.shape[1] < len(whole)
+    assert [r.getMessage() for r in caplog.records if str(cut) in r.getMessage()] == [
+        f"audio file {cut} is truncated: its header promises {len(whole)} samples, the file holds "
+        f"{waveform.shape[1]}; decoding what is there"]  # once per file, however often it is read
+    caplog.clear()
+    load_audio(source)
+    assert not caplog.records  # a whole file: not a word
+
+    utterance = Utterance("cut", cut, "ZERO", len(whole) / 8000, "george")
+    tokenizer = CharTokenizer.train(["ZERO"])
+    training = SpeechDataset([utterance], FeaturePipeline(FeatureConfig(sample_rate=8000)), tokenizer, train=True)
+    item = training[0]
+    assert item["skip"].reason == reasons.TRUNCATED_AUDIO and str(cut) in item["skip"].message
+    # transcription and evaluation read it through the same function, outside training: decoded
+    assert utterance_features(utterance, training.pipeline).shape[0] > 0

@@ -424,3 +424,18 @@ def test_features_package_does_not_import_asr():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_folder_a_symlink_loop_and_a_broken_link_are_each_named_as_such(tmp_path):
+    """issue 81: all three were "audio file not found"."""
+    (tmp_path / "x.flac").mkdir()
+    (tmp_path / "a.wav").symlink_to(tmp_path / "b.wav")
+    (tmp_path / "b.wav").symlink_to(tmp_path / "a.wav")
+    (tmp_path / "gone.wav").symlink_to(tmp_path / "nowhere.wav")
+    for name, message in [("x.flac", "is a folder, not an audio file"), ("a.wav", "is a loop of symbolic links"),
+                          ("gone.wav", f"is a symbolic link to {tmp_path / 'nowhere.wav'}, which does not exist"),
+                          ("missing.wav", None)]:
+        with pytest.raises(AudioError) as err:
+            load_audio(tmp_path / name)
+        expected = f"{tmp_path / name} {message}" if message else f"audio file not found: {tmp_path / name}"
+        assert str(err.value) == expected

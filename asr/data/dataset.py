@@ -191,14 +191,15 @@ class SpeechDataset(Dataset):
         return [num_frames(round(utt.duration * config.sample_rate), config) for utt in self.utterances]
 
 
-def load_utterance_audio(utt: Utterance) -> tuple[torch.Tensor, int]:
+def load_utterance_audio(utt: Utterance, truncated: str = "warn") -> tuple[torch.Tensor, int]:
     """``(waveform (C, N), sample_rate)`` of a file, segment or in-memory utterance (:func:`asr.data.utterance.read_audio`).
 
     Raises :class:`~features.audio.AudioError` (of the same kind as the cause)
-    whose message names the file and the utterance.
+    whose message names the file and the utterance. ``truncated``: what a WAV file cut short gets
+    (:func:`features.audio.load_audio`).
     """
     try:
-        return read_audio(utt.audio)
+        return read_audio(utt.audio, truncated)
     except AudioError as err:
         raise type(err)(_naming(utt, err)) from err
 
@@ -216,9 +217,12 @@ def utterance_features(
 
     Any :class:`~features.audio.AudioError` names the file and the utterance;
     features that come out NaN or infinite are a
-    :class:`~features.audio.NonFiniteAudioError`.
+    :class:`~features.audio.NonFiniteAudioError`. A WAV file cut short is a
+    :class:`~features.audio.TruncatedAudioError` in training and statistics (``train``, ``raw``): its
+    transcript would describe audio that is gone; elsewhere (validation, evaluation, transcription) it
+    is decoded from what is there, with a warning naming it.
     """
-    waveform, sample_rate = load_utterance_audio(utt)
+    waveform, sample_rate = load_utterance_audio(utt, "refuse" if train or raw else "warn")
     try:
         if raw:
             features = pipeline.raw_features(waveform, sample_rate)
@@ -246,7 +250,7 @@ def utterance_audio(
     Errors as in :func:`utterance_features`, except that features that would come out non-finite are
     not detected here (samples that are not finite are): the training step's finite-loss check skips them.
     """
-    waveform, sample_rate = load_utterance_audio(utt)
+    waveform, sample_rate = load_utterance_audio(utt, "refuse" if train else "warn")
     try:
         return pipeline.prepare(waveform, sample_rate, train=train, generator=generator, warp=warp,
                                 spec_augment=spec_augment)

@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from features.audio import AudioError, MissingAudioError, NonFiniteAudioError, ShortAudioError
+from features.audio import AudioError, MissingAudioError, NonFiniteAudioError, ShortAudioError, TruncatedAudioError
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ EMPTY_AUDIO = "empty audio"                   # zero-length file, or a header wi
 UNDECODABLE_AUDIO = AudioError.reason         # the header reads but the samples do not (a truncated FLAC)
 NONFINITE_AUDIO = NonFiniteAudioError.reason  # NaN or infinite samples
 SHORT_AUDIO = ShortAudioError.reason          # fewer samples than one analysis window
+TRUNCATED_AUDIO = TruncatedAudioError.reason  # a WAV header promises more samples than the file holds (training)
 MISSING_AUDIO = "transcript without audio"    # a trans.txt line whose audio file does not exist
 MISSING_TRANSCRIPT = "audio without transcript"
 MALFORMED_TRANSCRIPT = "malformed transcript line"  # e.g. a line that is not valid UTF-8

@@ -88,18 +88,19 @@ class Utterance:
         return str(self.audio)
 
 
-def read_audio(audio: Path | AudioSegment | InMemoryAudio) -> tuple[torch.Tensor, int]:
+def read_audio(audio: Path | AudioSegment | InMemoryAudio, truncated: str = "warn") -> tuple[torch.Tensor, int]:
     """``(waveform (C, N) float32, sample_rate)`` of an utterance's audio, as stored (no downmix, no resampling).
 
     The one place an utterance's samples are read: a segment reads its span
     alone (and its channel, when it names one). Raises
-    :class:`~features.audio.AudioError` naming the file.
+    :class:`~features.audio.AudioError` naming the file; a WAV file cut short is decoded with a warning,
+    or refused (``truncated="refuse"``, :func:`features.audio.load_audio`).
     """
     if isinstance(audio, InMemoryAudio):
         return audio.waveform, audio.sample_rate
     if not isinstance(audio, AudioSegment):
-        return load_audio(audio)
-    waveform, sample_rate = load_audio(audio.path, audio.start, audio.end)
+        return load_audio(audio, truncated=truncated)
+    waveform, sample_rate = load_audio(audio.path, audio.start, audio.end, truncated=truncated)
     if audio.channel is None:
         return waveform, sample_rate
     if not 0 <= audio.channel < waveform.shape[0]:
