@@ -144,6 +144,17 @@ def test_an_undecodable_transcript_line_loses_that_line_alone(mini_copy):
         read_subset(mini_copy, SkipReport(strict=True))
 
 
+def test_a_transcript_that_starts_with_a_byte_order_mark_keeps_its_first_utterance(mini_copy):
+    """issue 81: the mark became part of the first id, reported both as a transcript without audio and as
+    audio without a transcript, with ids that print identically."""
+    trans = mini_copy / TRANS
+    expected = sorted(u.id for u in read_subset(mini_copy))
+    trans.write_bytes(b"\xef\xbb\xbf" + trans.read_bytes())
+    report = SkipReport()
+    assert sorted(u.id for u in read_subset(mini_copy, report)) == expected
+    assert report.counts() == {}
+
+
 def parse_transcripts_ids(lines: list[bytes]) -> list[str]:
     return [line.split()[0].decode() for line in lines if line.strip()]
 

@@ -48,6 +48,21 @@ def test_normalize_text():
     assert normalize_text(text) == text  # LibriSpeech transcripts are already normalised
 
 
+def test_one_unicode_form_before_tokenising_in_training_and_scoring_alike():
+    """issue 81: ONE + a combining accent lost the accent, the precomposed ONÉ was skipped as unknown
+    characters, and fullwidth ＯＮＥ stayed as it was. NFKC makes each spelling one text."""
+    from asr.metrics import error_rates
+
+    assert normalize_text("ONE\u0301") == normalize_text("ON\u00c9") == "ON\u00c9"
+    assert normalize_text("\uff2f\uff2e\uff25 \ufb01ve\u00a0two") == "ONE FIVE TWO"
+    assert normalize_text("e\u0301cole \u01f0ab") == "\u00c9COLE J\u030cAB"  # a mark with no composed form stays on its word
+    tokenizer = CharTokenizer.train([normalize_text("ON\u00c9 TWO")])
+    assert not tokenizer.unknown_characters(normalize_text("one\u0301 \uff34\uff37\uff2f"))
+    # the scorer normalises reference and hypothesis with the same function
+    rates = error_rates(["ONE\u0301 \uff34\uff37\uff2f"], ["on\u00e9 two"])
+    assert rates["wer"] == rates["cer"] == 0.0 and rates["ref_chars"] == 7
+
+
 def test_special_ids_are_shared(transcripts, bpe):
     char = CharTokenizer.train(transcripts)
     for tok in (char, bpe):

@@ -44,7 +44,7 @@ import soundfile
 
 from asr.data import report as reasons
 from asr.data.report import DataError, SkipReport
-from asr.data.text import normalize_text
+from asr.data.text import normalize_text, text_lines
 from asr.data.utterance import AudioSegment, Utterance
 
 WAV_SCP, TEXT, SEGMENTS, UTT2SPK = "wav.scp", "text", "segments", "utt2spk"
@@ -294,7 +294,7 @@ def _read_table(path: Path, report: SkipReport) -> dict[str, tuple[str, str]]:
     alone; a repeated id is reported and the first line kept.
     """
     try:
-        raw_lines = path.read_bytes().splitlines()
+        raw_lines = text_lines(path.read_bytes())
     except OSError as err:
         raise DataError(f"cannot read {path}: {err}") from err
     table: dict[str, tuple[str, str]] = {}

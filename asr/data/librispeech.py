@@ -43,7 +43,7 @@ from asr.data.cache import Entry, cache_folder, load_entry, write_entry
 from asr.data.cache import default_cache_dir  # noqa: F401  (imported from here by asr.data.corpus)
 from asr.data.parallel import map_chunks, processes_used
 from asr.data.report import DataError, SkipReport
-from asr.data.text import normalize_text
+from asr.data.text import normalize_text, text_lines
 from asr.data.utterance import Utterance
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ def _read_transcript(path: Path, report: SkipReport) -> list[tuple[int, str, str
     line alone: it is reported with its file and line number, the others are kept.
     """
     try:
-        raw_lines = path.read_bytes().splitlines()
+        raw_lines = text_lines(path.read_bytes())
     except OSError as err:
         report.skip(reasons.MALFORMED_TRANSCRIPT, f"{path}: cannot read transcript file: {err}")
         return []

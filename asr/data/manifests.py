@@ -45,7 +45,7 @@ from lhotse.serialization import deserialize_item
 from asr.data import report as reasons
 from asr.data.kaldi import MAX_OVERSHOOT
 from asr.data.report import DataError, SkipReport
-from asr.data.text import normalize_text
+from asr.data.text import normalize_text, text_lines
 from asr.data.utterance import AudioSegment, Utterance
 
 MANIFEST_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -104,7 +104,7 @@ def _read_items(path: Path, report: SkipReport) -> list[tuple[str, object]]:
         report.skip(reasons.MALFORMED_LINE, f"{path}: cannot read it as a gzip-compressed lhotse manifest: {err}")
         return []
     items = []
-    for line_no, raw in enumerate(data.splitlines(), start=1):
+    for line_no, raw in enumerate(text_lines(data), start=1):
         where = f"{path}:{line_no}"
         if not raw.strip():
             continue

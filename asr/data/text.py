@@ -4,24 +4,48 @@ Readers apply :func:`normalize_text` to every transcript they load, the
 tokenisers are trained on its output, and WER scoring applies it to both the
 reference and the hypothesis, so the text a model learns and the text it is
 scored against are normalised the same way.
+
+**One Unicode form: NFKC.** The same word can be written with different code
+points: ``É`` precomposed or as ``E`` and a combining accent, ``ＯＮＥ`` in
+fullwidth letters, ``ﬁ`` as a ligature, a no-break space between words. A
+tokenizer sees different characters in each, so one spelling would be learnt
+and the other skipped as unknown, or scored as an error. NFKC composes accents
+onto their letters (as NFC does) and also folds these compatibility forms into
+the plain characters, which is what a transcript means by them; the
+distinctions it drops (width, ligatures, superscripts) are typography, not
+speech. NFC alone would keep fullwidth and ligature forms apart.
+
+Transcript files are read as bytes and decoded line by line (:func:`text_lines`), so that one line that
+is not UTF-8 costs that line alone; a byte-order mark at the start of a file is dropped (an editor's, not
+part of the first utterance's id).
 """
 
 from __future__ import annotations
 
+import codecs
 import re
+import unicodedata
 
-# Anything that is not a word character or an apostrophe, plus the underscore
-# that ``\w`` lets through. ``\w`` is Unicode-aware, so accented letters (and
-# digits of any script) are kept rather than silently deleted.
-_NOT_KEPT = re.compile(r"[^\w']|_")
+# Anything that is not a word character, an apostrophe or a combining mark, plus the underscore that
+# ``\w`` lets through. ``\w`` is Unicode-aware, so accented letters (and digits of any script) are kept
+# rather than silently deleted; a combining mark that NFKC could not compose onto its letter stays with
+# it (``\w`` does not match marks: without the ranges a word would be split at its accent).
+_NOT_KEPT = re.compile(r"[^\w'\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]|_")
 _SPACES = re.compile(r"\s+")
+UNICODE_FORM = "NFKC"
 
 # The words digits are transcribed as (FSDD's connected digits, the demo corpus), in normalize_text's form.
 DIGIT_WORDS = ("ZERO", "ONE", "TWO", "THREE", "FOUR", "FIVE", "SIX", "SEVEN", "EIGHT", "NINE")
 
 
+def text_lines(data: bytes) -> list[bytes]:
+    """The lines of a transcript file's bytes, without a UTF-8 byte-order mark at its start."""
+    return (data[len(codecs.BOM_UTF8):] if data.startswith(codecs.BOM_UTF8) else data).splitlines()
+
+
 def normalize_text(text: str) -> str:
-    """Upper-case; keep letters, digits, apostrophes and spaces; collapse spaces.
+    """NFKC (the module docstring says why); upper-case; keep letters, digits, apostrophes and spaces;
+    collapse spaces.
 
     Every other character (punctuation, hyphens, symbols, tabs, newlines)
     becomes a space, so ``"well-known"`` turns into ``"WELL KNOWN"`` rather
@@ -32,4 +56,6 @@ def normalize_text(text: str) -> str:
     (``"ß"`` -> ``"SS"``). LibriSpeech transcripts are already in this form,
     so for them this is the identity.
     """
-    return _SPACES.sub(" ", _NOT_KEPT.sub(" ", text.upper())).strip()
+    # NFKC again after upper-casing: a capital may have no precomposed form of its own (ǰ -> J + caron)
+    upper = unicodedata.normalize(UNICODE_FORM, unicodedata.normalize(UNICODE_FORM, text).upper())
+    return _SPACES.sub(" ", _NOT_KEPT.sub(" ", upper)).strip()
