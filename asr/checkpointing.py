@@ -132,6 +132,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is a folder, not a checkpoint{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:  # torch's own error for it is empty too: "cannot read checkpoint e.pt: "
+        raise CheckpointError(f"{path} is empty (0 bytes): not a checkpoint; a copy or a write that never finished")
     what = not_a_checkpoint(path)
     if what is not None:
         raise CheckpointError(f"{path} is not a checkpoint: it is {what} (a checkpoint is a .pt file written by "

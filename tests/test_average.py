@@ -204,3 +204,10 @@ def test_a_file_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path, given
     _write(tmp_path / "last.pt", 1, metric=1.0)
     with pytest.raises(CheckpointError, match=f"{tmp_path} is a folder, not a checkpoint; its checkpoint is "):
         load_checkpoint(tmp_path)
+
+
+def test_an_empty_checkpoint_says_it_is_empty(tmp_path):
+    """issue 81: it gave 'cannot read checkpoint e.pt: ' with nothing after the colon."""
+    (tmp_path / "e.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"e\.pt is empty \(0 bytes\): not a checkpoint"):
+        load_checkpoint(tmp_path / "e.pt")
