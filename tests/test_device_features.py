@@ -17,6 +17,7 @@ from asr.config import ConfigError
 from asr.data.batching import collate, with_features
 from asr.data.dataset import SpeechDataset, compute_global_stats
 from asr.data.librispeech import read_subset
+from asr.data.padding import padded_frames
 from asr.data.tokenizer import CharTokenizer
 from asr.experiment import load_experiment_config
 from features.config import FeatureConfig, SpecAugmentConfig, resolve_compute_on
@@ -95,6 +96,25 @@ def test_device_features_equal_the_loader_features_item_by_item(mini, tokenizer,
     assert_rows_equal_items(featured, items)
     assert featured.ids == [item["id"] for item in items]
     assert torch.equal(featured.tokens, collate(items).tokens)
+
+
+@pytest.mark.parametrize("pad_to", [64, [300, 700, 1100]], ids=["multiple", "buckets"])
+def test_padded_batches_get_the_same_padded_features_on_either_path(mini, tokenizer, pad_to):
+    """data.pad_frames_to: the loader pads the features, the device path pads them once computed; both
+    to padded_frames(longest), zeros after every row's length."""
+    pipeline = pipeline_for(sorted(CONFIGS)[0], mini)
+    loader_set, device_set = datasets(mini, pipeline, tokenizer, train=True)
+    items = [loader_set[i] for i in range(len(mini))]
+    padded = collate(items, pad_frames_to=pad_to)
+    featured = with_features(collate([device_set[i] for i in range(len(mini))], pad_frames_to=pad_to), pipeline)
+    longest = max(item["features"].shape[0] for item in items)
+    assert padded.frames == featured.frames == padded_frames(longest, pad_to) > longest
+    assert padded.features.shape == featured.features.shape == (len(items), padded.frames, items[0]["features"].shape[1])
+    for row, item in enumerate(items):
+        length = item["features"].shape[0]
+        scale = item["features"].abs().max()
+        torch.testing.assert_close(featured.features[row, :length], padded.features[row, :length], rtol=1e-5, atol=2e-5 * scale)
+        assert not featured.features[row, length:].any() and not padded.features[row, length:].any()
 
 
 def test_the_draws_are_the_items_own_whatever_batch_it_is_in(mini, tokenizer):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from asr.config import check_range
+from asr.data.padding import check_pad_frames_to
 from asr.data.demo import DemoConfig
 from asr.data.utterance import SPLITS
 
@@ -82,7 +83,11 @@ class DataConfig:
     bpe_vocab_size: int = 256         # upper bound: sentencepiece stops early when the transcripts are too few
     max_duration: float = 20.0        # seconds; longer utterances are skipped (memory grows with T for attention)
     min_duration: float = 0.1         # seconds; shorter ones give fewer encoder frames than targets after subsampling
-    max_frames_per_batch: int = 20000  # padded feature frames per batch (batch size * longest utterance)
+    max_frames_per_batch: int = 20000  # padded feature frames per batch (batch size * longest utterance, padded)
+    # Each batch's frames padded up to a multiple of this (1 = to the longest utterance), or to the first of a
+    # list of increasing lengths (buckets) that holds the longest: fewer batch shapes an epoch, so what a GPU
+    # prepares per shape (CUDA graphs, attention plans) is prepared once. The budget above counts the padding.
+    pad_frames_to: int | list[int] = 1
     num_workers: int = 2              # DataLoader worker processes computing features
     strict: bool = False              # true: the first problem (unreadable file, unknown character, ...) is an error
     seed: int = 0                     # shuffling, dither and SpecAugment draws
@@ -103,6 +108,7 @@ class DataConfig:
             )
         if self.max_frames_per_batch <= 0:
             raise ValueError(f"max_frames_per_batch must be positive, got {self.max_frames_per_batch}")
+        check_pad_frames_to(self.pad_frames_to)
         if self.num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
         if self.prepare_jobs < 0:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-from asr.data.batching import BucketBatchSampler, collate
+from asr.data.batching import BucketBatchSampler, collate_padded
 from asr.data.corpus import build_tokenizer, load_split
 from asr.data.dataset import SpeechDataset, cached_global_stats, prepare_utterances
 from asr.data.report import DataError, SkipReport
@@ -73,8 +73,10 @@ def build_training_data(
     sampler = BucketBatchSampler(
         train_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=True, seed=data_cfg.seed,
         num_replicas=world_size, rank=rank, shortest_first_epochs=config.train.curriculum_epochs,
+        pad_frames_to=data_cfg.pad_frames_to,
     )
-    valid_batches = list(BucketBatchSampler(valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False))
+    valid_batches = list(BucketBatchSampler(valid_set.num_frames(), data_cfg.max_frames_per_batch, shuffle=False,
+                                            pad_frames_to=data_cfg.pad_frames_to))
     logger.info(
         "train: %d utterances, dev: %d utterances (data prepared in %.1f s)",
         len(train_utts), len(valid_utts), time.perf_counter() - start,
@@ -82,8 +84,9 @@ def build_training_data(
     return TrainingData(tokenizer, pipeline, train_set, valid_set, sampler, valid_batches)
 
 
-def make_loader(batches, dataset: SpeechDataset, workers: int, seed: int, pin_memory: bool) -> DataLoader:
-    """A DataLoader over fixed ``batches`` of ``dataset``.
+def make_loader(batches, dataset: SpeechDataset, workers: int, seed: int, pin_memory: bool,
+                pad_frames_to: int | list[int] = 1) -> DataLoader:
+    """A DataLoader over fixed ``batches`` of ``dataset``, their frames padded as ``data.pad_frames_to`` says.
 
     A private generator: creating the iterator must not draw from the global RNG,
     or a resumed run's dropout masks would differ from the uninterrupted run's.
@@ -91,7 +94,7 @@ def make_loader(batches, dataset: SpeechDataset, workers: int, seed: int, pin_me
     return DataLoader(
         dataset,
         batch_sampler=batches,
-        collate_fn=collate,
+        collate_fn=collate_padded(pad_frames_to),
         num_workers=workers,
         persistent_workers=False,
         generator=torch.Generator().manual_seed(seed),

@@ -321,7 +321,7 @@ class Trainer:
 
     def _loader(self, batches, dataset, epoch: int):
         return make_loader(batches, dataset, self.config.data.num_workers, self.config.data.seed + epoch,
-                           pin_memory=self.device.type == "cuda")
+                           pin_memory=self.device.type == "cuda", pad_frames_to=self.config.data.pad_frames_to)
 
     def _train_epoch(self) -> bool:
         """One epoch (or its remainder after a resume). Returns True when early stopping fired."""
