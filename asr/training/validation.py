@@ -37,31 +37,29 @@ class Validation:
     decoded: int = 0                          # of which decoded for WER and CER
 
 
-def decoded_counts(batch_sizes: list[int], max_utterances: int | None) -> list[int]:
-    """How many utterances of each batch to decode for WER: all of them when ``max_utterances`` is None
-    or covers every utterance, else ``max_utterances`` spread evenly over the list (the k-th of them at
-    position ``(k + 1/2) * total / max_utterances``).
+def decoded_positions(total: int, max_utterances: int | None) -> list[int]:
+    """Positions, in length order, of the utterances to decode for WER: all ``total`` when ``max_utterances``
+    is None or covers them, else ``max_utterances`` spread evenly (the k-th at ``(k + 1/2) * total / max``).
 
     Validation batches come shortest first, so the first N utterances would be the N shortest, and a
     speller that loses its alignment on long utterances would not show in the WER. Utterances, not
-    batches, are chosen, so the count is exact whatever the batches hold (a batch larger than the
-    whole budget still gives its share).
+    batches, are chosen, so the count is exact whatever the batches hold, and the same utterances are
+    decoded at every batch budget (``asr.validate --max-frames-per-batch A B C``).
     """
-    total = sum(batch_sizes)
     if max_utterances is None or max_utterances >= total:
-        return list(batch_sizes)
-    counts = [0] * len(batch_sizes)
-    starts, seen = [], 0
-    for size in batch_sizes:
-        starts.append(seen)
-        seen += size
-    batch = 0
-    for k in range(max_utterances):
-        position = int((k + 0.5) * total / max_utterances)
-        while starts[batch] + batch_sizes[batch] <= position:
-            batch += 1
-        counts[batch] += 1
-    return counts
+        return list(range(total))
+    return [int((k + 0.5) * total / max_utterances) for k in range(max_utterances)]
+
+
+def decoded_ids(dataset, max_utterances: int | None) -> set[str] | None:
+    """The ids of ``dataset``'s utterances to decode for WER (:func:`decoded_positions` over them in order of
+    length, ties in dataset order), or None for all of them: chosen from the utterances alone, never from
+    how they are batched."""
+    if max_utterances is None or max_utterances >= len(dataset):
+        return None
+    frames = dataset.num_frames()
+    order = sorted(range(len(frames)), key=frames.__getitem__)
+    return {dataset.utterances[order[p]].id for p in decoded_positions(len(order), max_utterances)}
 
 
 def spread_rows(size: int, count: int) -> list[int]:
@@ -83,18 +81,23 @@ def validation_options(train_cfg, model) -> DecodingOptions:
 def validate(model, loader, tokenizer, device: torch.device, options: DecodingOptions, max_utterances: int | None) -> Validation:
     """Every registered metric that applies to ``model`` (:mod:`asr.training.metrics`) over the batches
     of ``loader``: one teacher-forced pass per batch, and a decode of ``max_utterances`` utterances spread
-    over the lengths for WER and CER (see :func:`decoded_counts`; all: None). An unreadable utterance
-    meant to be decoded is replaced by the next batch's, so the count holds while enough can be read."""
+    over the lengths for WER and CER (see :func:`decoded_ids`; all: None), the same whatever the batches.
+    An unreadable utterance meant to be decoded is replaced by the next batch's, so the count holds while
+    enough can be read."""
     was_training = model.training
     model.eval()
     metrics = metrics_for(model)
     skipped = SkipReport()
-    counts = decoded_counts([len(b) for b in loader.batch_sampler], max_utterances)
+    chosen = decoded_ids(loader.dataset, max_utterances)
+    planned = [[loader.dataset.utterances[i].id for i in indices] for indices in loader.batch_sampler]
     owed, scored, decoded_total = 0, 0, 0
     for index, batch in enumerate(loader):
         for skip in batch.skipped:
             skipped.add(skip)
-        owed += counts[index]
+        if chosen is None:
+            owed += len(planned[index])
+        else:  # a chosen utterance that could not be read is owed, and taken from those read after it
+            owed += sum(utt_id in chosen for utt_id in planned[index]) - sum(utt_id in chosen for utt_id in batch.ids)
         if len(batch) == 0:
             continue
         batch = batch.to(device)
@@ -102,8 +105,15 @@ def validate(model, loader, tokenizer, device: torch.device, options: DecodingOp
             batch = with_features(batch, loader.dataset.pipeline)
         output = model(batch.features, batch.feature_lengths, batch.tokens, batch.token_lengths)
         references = [tokenizer.decode(t[:n].tolist()) for t, n in zip(batch.tokens, batch.token_lengths)]
-        rows = spread_rows(len(batch), owed)
-        owed -= len(rows)
+        if chosen is None:
+            rows = spread_rows(len(batch), owed)
+        else:
+            rows = [row for row, utt_id in enumerate(batch.ids) if utt_id in chosen]
+            others = [row for row in range(len(batch)) if row not in rows]
+            rows = sorted(rows + [others[r] for r in spread_rows(len(others), owed)])
+            owed -= len(rows) - sum(utt_id in chosen for utt_id in batch.ids)
+        if chosen is None:
+            owed -= len(rows)
         hypotheses = None
         if rows:
             hypotheses = _decode_rows(model, output, batch, rows, tokenizer, options)
