@@ -444,7 +444,7 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     def refuse(*args, **kwargs):
         raise AssertionError("--progress trained or evaluated a run")
 
-    monkeypatch.setattr(study_cli, "train_run", refuse)
+    monkeypatch.setattr(study_cli, "train_runs", refuse)
     monkeypatch.setattr(study_cli, "evaluate_run", refuse)
     argv = [str(RECIPE), "--grid", "model.layer_norm=none,both", "train.seed=0,1,2", "--out", str(tmp_path),
             "--seeds", "train.seed", "--compare", "model.layer_norm", "--target-loss", "1.55",
@@ -511,7 +511,9 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
         study_cli.main([*argv[:-1], "--at-step", "200"])
     assert "--at-step needs --progress" in capsys.readouterr().err
     elsewhere = tmp_path / "no_such_study"
-    assert study_cli.main([*argv, "--out", str(elsewhere)]) == 1  # a mistyped --out: said, and nothing made
+    with pytest.raises(SystemExit) as stop:  # a mistyped --out: said in one line, exit 2, and nothing made
+        study_cli.main([*argv, "--out", str(elsewhere)])
+    assert stop.value.code == 2
     assert f"no study folder {elsewhere}" in capsys.readouterr().err and not elsewhere.exists()
 
 
