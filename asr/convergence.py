@@ -285,3 +285,9 @@ def _aggregate_reached(reached: list[Reached | None]) -> dict:
         values = [getattr(h, name) for h in hits if getattr(h, name) is not None]
         entry[name] = dict(zip(("mean", "std"), mean_std(values))) if values else None
     return entry
+
+
+if __name__ == "__main__":  # a library module: say which command uses it rather than exit in silence
+    from asr.cli.errors import not_a_command
+
+    not_a_command("asr.convergence", "asr.study")

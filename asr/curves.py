@@ -204,9 +204,21 @@ def differing_settings(exp_dirs: list[Path], labels: list[str]) -> tuple[dict[st
     return differing, [label for label, found in settings.items() if found is None]
 
 
+# The longest value a settings line shows whole: a list of hundreds of voices would fill the screen and the
+# plot's title; its beginning and length tell the runs apart as well, and config.yaml has it all.
+LONGEST_VALUE = 60
+
+
+def short_value(value: object, limit: int = LONGEST_VALUE) -> str:
+    """``value`` as text, cut to ``limit`` characters with its length said when longer."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def settings_lines(differing: dict[str, dict[str, object]], unknown: list[str], runs: int) -> list[str]:
-    """The differing settings as lines for a title and a report: ``model.layer_norm: both (ln), none (no-ln)``."""
-    lines = [f"{key}: " + ", ".join(f"{value} ({label})" for label, value in values.items())
+    """The differing settings as lines for a title and a report: ``model.layer_norm: both (ln), none (no-ln)``;
+    a value longer than :data:`LONGEST_VALUE` characters is cut (:func:`short_value`)."""
+    lines = [f"{key}: " + ", ".join(f"{short_value(value)} ({label})" for label, value in values.items())
              for key, values in differing.items()]
     if not lines and runs - len(unknown) > 1:
         lines.append("the runs' configs are the same (apart from exp_dir)")
@@ -413,3 +425,9 @@ def _write(fig, out: Path) -> None:
     # "tight" grows the image to hold a legend placed below the panels.
     fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
+
+
+if __name__ == "__main__":  # a library module: say which command draws curves rather than exit in silence
+    from asr.cli.errors import not_a_command
+
+    not_a_command("asr.curves", "asr.compare")

@@ -186,3 +186,9 @@ def diagnosis_figure(runs: list[Diagnosed], out: Path, title: str | None = None)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100, bbox_inches="tight")
     plt.close(fig)
+
+
+if __name__ == "__main__":  # a library module: say which command uses it rather than exit in silence
+    from asr.cli.errors import not_a_command
+
+    not_a_command("asr.diagnosis", "asr.compare")

@@ -103,7 +103,7 @@ def main() -> int:
     recogniser = load_recogniser(args.checkpoint)
     options = DecodingOptions(beam_size=args.beam, ctc_weight=args.ctc_weight, segment_seconds=args.segment_seconds)
     takes = sorted(set(recording.takes), key=lambda t: t.path)
-    one_by_one = recogniser.transcribe(
+    one_by_one = recogniser.decode(
         [Utterance(t.path.stem, t.path, "", 0.0, t.speaker) for t in takes], options, batch_size=32
     ).texts
     found = dict(zip(takes, one_by_one))
@@ -127,9 +127,9 @@ def main() -> int:
     else:
         plan = plan_pieces(frame_levels(recording.waveform, rate), piece)
         bounds = [[(round(a * FRAME_SECONDS * rate), round(b * FRAME_SECONDS * rate)) for a, b in p.spans] for p in plan]
-        texts = [recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(audio, p)), "", 0.0, "x")],
+        texts = [recogniser.decode([Utterance("piece", InMemoryAudio(*read_piece(audio, p)), "", 0.0, "x")],
                                        options).texts[0] for p in plan]
-        whole = recogniser.transcribe([Utterance("long", audio, "", recording.seconds, "x")], options).texts[0]
+        whole = recogniser.decode([Utterance("long", audio, "", recording.seconds, "x")], options).texts[0]
         assert whole == " ".join(t for t in texts if t), "the recogniser decoded other pieces than planned"
         what = "the recording in pieces cut at pauses"
     long = error_rates([recording.text], [" ".join(t for t in texts if t)])

@@ -182,3 +182,17 @@ def test_the_title_and_table_name_the_keys_that_differ(two_runs, tmp_path, capsy
     _write_run(third, RUN_B)  # no config.yaml: its settings cannot be compared
     main([str(run_a), str(third), "--out", str(out)])
     assert "- settings unknown (no config.yaml): run_c" in out.with_suffix(".md").read_text()
+
+
+def test_a_long_value_is_cut_in_the_table_and_title(two_runs, tmp_path):
+    """Issue 80: a list of 440 voices (about 9,000 characters) named in full filled the screen."""
+    run_a, run_b = two_runs
+    voices = [f"en+voice{i}" for i in range(440)]
+    (run_a / "config.yaml").write_text(f"exp_dir: exp/a\ndata: {{demo: {{train_voices: {voices}}}}}\n")
+    (run_b / "config.yaml").write_text(f"exp_dir: exp/b\ndata: {{demo: {{train_voices: {voices[:2]}}}}}\n")
+    out = tmp_path / "voices.png"
+    assert main([str(run_a), str(run_b), "--out", str(out)]) == 0
+    line = next(line for line in out.with_suffix(".md").read_text().splitlines() if "train_voices" in line)
+    full = str(voices)
+    assert f"{full[:60]}... ({len(full):,} characters) (run_a)" in line and len(line) < 250
+    assert f"{voices[:2]} (run_b)" in line  # a short value stays whole

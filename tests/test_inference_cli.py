@@ -38,7 +38,7 @@ from asr.models.listener import ListenerConfig
 from asr.models.pruning import parse_pruning
 from asr.models.registry import build_model
 from asr.models.speller import SpellerConfig
-from features.audio import load_audio
+from features.audio import AudioError, load_audio
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
@@ -47,7 +47,7 @@ def decode_settings(argv: list[str]) -> DecodeSettings:
     """The settings the shared decoding options give (asr.cli.options), as asr.evaluate reads them."""
     parser = argparse.ArgumentParser()
     options.add_decode_arguments(parser)
-    return options.decode_settings(parser.parse_args(argv), parser)
+    return options.decode_settings(parser.parse_args(argv))
 
 
 def file_utterances(paths) -> list[Utterance]:
@@ -136,21 +136,21 @@ def test_a_long_recording_is_decoded_as_its_pieces_cut_at_pauses(untrained, libr
     options = DecodingOptions(segment_seconds=seconds)
 
     with caplog.at_level(logging.INFO, logger="asr.inference.recogniser"):
-        found = recogniser.transcribe([long, short], options, score=True, batch_size=1)  # pieces one at a time
+        found = recogniser.decode([long, short], options, score=True, batch_size=1)  # pieces one at a time
     assert f"{long.id}: {long.duration:.1f} s, longer than {seconds:.1f} s, decoded in {len(plan)} pieces of at most" in caplog.text
     each = [
-        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
+        recogniser.decode([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
                               DecodingOptions(segment_seconds=0), score=True)
         for piece in plan
     ]
     assert found.texts[0] == " ".join(piece.texts[0] for piece in each if piece.texts[0])
     assert found.scores[0] == pytest.approx(sum(piece.scores[0] for piece in each), rel=1e-5)
     # An utterance no longer than the pieces is decoded whole, as without segmenting.
-    whole = recogniser.transcribe([short], DecodingOptions(segment_seconds=0), score=True)
+    whole = recogniser.decode([short], DecodingOptions(segment_seconds=0), score=True)
     assert found.texts[1] == whole.texts[0]
     assert found.scores[1] == pytest.approx(whole.scores[0], rel=1e-5)
     # Pieces decoded together give what they give one at a time (up to float rounding).
-    batched = recogniser.transcribe([long], options, score=True, batch_size=16)
+    batched = recogniser.decode([long], options, score=True, batch_size=16)
     assert batched.scores[0] == pytest.approx(found.scores[0], rel=1e-4)
 
 
@@ -171,19 +171,19 @@ def test_by_default_recordings_longer_than_the_training_utterances_are_cut(untra
     assert recogniser.long_form(DecodingOptions(segment_seconds=3.0)) == (3.0, 3.0)
     assert recogniser.long_form(DecodingOptions(segment_seconds=0)) is None
     long = utterances[-1]
-    default = recogniser.transcribe([long], DecodingOptions(), score=True)
+    default = recogniser.decode([long], DecodingOptions(), score=True)
     pieces = [
-        recogniser.transcribe([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
+        recogniser.decode([Utterance("piece", InMemoryAudio(*read_piece(long.audio, piece)), "", 0.0, "x")],
                               DecodingOptions(segment_seconds=0), score=True)
         for piece in plan_pieces(recording_levels(long.audio)[0], mean)
     ]
     assert default.scores[0] == pytest.approx(sum(piece.scores[0] for piece in pieces), rel=1e-5)
-    off = recogniser.transcribe([long], DecodingOptions(segment_seconds=0), score=True)
+    off = recogniser.decode([long], DecodingOptions(segment_seconds=0), score=True)
     assert off.texts == recogniser.transcribe_features([recogniser.features(long)])
     assert off.scores != default.scores
     # The second longest is not longer than the longest training utterance: decoded whole.
-    second = recogniser.transcribe([utterances[-2]], DecodingOptions(), score=True)
-    assert second.scores == recogniser.transcribe([utterances[-2]], DecodingOptions(segment_seconds=0), score=True).scores
+    second = recogniser.decode([utterances[-2]], DecodingOptions(), score=True)
+    assert second.scores == recogniser.decode([utterances[-2]], DecodingOptions(segment_seconds=0), score=True).scores
 
 
 def test_transcribe_says_when_it_cuts_a_recording(untrained, librivox_mini, capsys, caplog):
@@ -206,7 +206,7 @@ def test_evaluate_cuts_long_recordings_says_so_and_scores_the_joined_pieces(untr
     utterances = read_subset(librivox_mini)
     long = [u for u in utterances if u.duration > 3]
     assert long and all(f"{u.id}: {u.duration:.1f} s, longer than 3.0 s, decoded in" in caplog.text for u in long)
-    expected = load_recogniser(untrained).transcribe(utterances, DecodingOptions(segment_seconds=3.0)).texts
+    expected = load_recogniser(untrained).decode(utterances, DecodingOptions(segment_seconds=3.0)).texts
     hyps = dict((line.split(" ", 1) + [""])[:2] for line in (out / "hyp.txt").read_text().splitlines())
     assert hyps == {u.id: text for u, text in zip(utterances, expected)}
     assert json.loads((out / "wer.json").read_text())["settings"]["decoding"]["segment_seconds"] == 3.0
@@ -330,9 +330,16 @@ def test_a_default_folder_holding_another_evaluation_is_refused_naming_it(untrai
     # --overwrite replaces them; --out writes where it is told, whatever is there.
     assert evaluate.main(["--checkpoint", str(last), "--data", str(other), "--overwrite"]) == 0
     assert json.loads((folder / "evaluation.json").read_text())["data"] == str(other)
-    chosen = tmp_path / "exp" / "eval_last_test-mini"  # the same folder, named: --out wins over the check
-    assert evaluate.main(["--checkpoint", str(last), "--data", str(librivox_mini), "--out", str(chosen), "--beam", "2"]) == 0
+    # --out follows the same rule: an earlier result folder of another evaluation is refused, unless --overwrite.
+    chosen = tmp_path / "exp" / "eval_last_test-mini"
+    kept = (chosen / "wer.json").read_text()
+    given = ["--checkpoint", str(last), "--data", str(librivox_mini), "--out", str(chosen), "--beam", "2"]
+    message = _one_line_error(capsys, lambda: evaluate.main(given))
+    assert f"{chosen} holds the results of another evaluation" in message and "--overwrite" in message
+    assert (chosen / "wer.json").read_text() == kept
+    assert evaluate.main(given + ["--overwrite"]) == 0
     assert json.loads((chosen / "wer.json").read_text())["beam"] == 2
+    assert evaluate.main(given) == 0  # the same evaluation again replaces its own
     assert evaluate.main(["--checkpoint", str(last), "--data", str(librivox_mini), "--out", str(tmp_path / "mine")]) == 0
     assert (tmp_path / "mine" / "wer.json").is_file()
 
@@ -343,6 +350,47 @@ def test_transcribe_prints_one_line_per_file_at_any_rate(untrained, fsdd_recordi
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("\t")[0] for line in lines] == list(map(str, files))
     assert all(line.count("\t") == 1 for line in lines)
+
+
+def test_the_python_api_transcribes_files_and_arrays_as_the_command_line_does(untrained, fsdd_recordings, librivox_mini,
+                                                                             capsys):
+    """Issue 80: Recogniser.load(path).transcribe(files) with the command line's options, the same code."""
+    from asr import Recogniser
+
+    files = [fsdd_recordings / "3_george_0.wav", librivox_mini / "9999" / "1" / "9999-1-0001.flac"]  # 8 kHz, 16 kHz
+    assert transcribe.main(["--checkpoint", str(untrained), *map(str, files), "--beam", "2", "--ctc-weight", "0.3"]) == 0
+    printed = [line.split("\t", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    recogniser = Recogniser.load(str(untrained))
+    texts = recogniser.transcribe([str(f) for f in files], beam=2, ctc_weight=0.3)
+    assert texts == printed and len(texts) == 2
+    # the options decide: greedy search finds what the library's greedy decoding finds
+    greedy = recogniser.decode(file_utterances(files), DecodingOptions()).texts
+    assert recogniser.transcribe(files) == greedy
+    # arrays: samples at the model's rate, or (samples, rate) at any; one recording gives a list of one
+    eight_khz, rate = load_audio(files[0])
+    sixteen_khz, model_rate = load_audio(files[1])
+    assert rate == 8000 and model_rate == recogniser.pipeline.config.sample_rate
+    assert recogniser.transcribe([(eight_khz.numpy(), rate), sixteen_khz[0].numpy()]) == greedy
+    assert recogniser.transcribe(str(files[1])) == greedy[1:]
+    # a bad option or file is named
+    with pytest.raises(ValueError, match="--beam: beam_size must be >= 1"):
+        recogniser.transcribe(files, beam=0)
+    with pytest.raises(ValueError, match="unknown decoding option 'beam_size'"):
+        recogniser.transcribe(files, beam_size=2)
+    with pytest.raises(AudioError, match="missing.wav"):
+        recogniser.transcribe([files[0], files[0].parent / "missing.wav"])
+
+
+def test_transcribe_takes_checkpoints_with_the_older_spellings_too(untrained, fsdd_recordings, capsys):
+    """--checkpoint A [B] is the spelling of every command; a first positional checkpoint and --with still work."""
+    wav = str(fsdd_recordings / "3_george_0.wav")
+    spellings = [["--checkpoint", str(untrained), str(untrained), wav], [wav, "--checkpoint", str(untrained), str(untrained)],
+                 [str(untrained), "--with", str(untrained), wav]]
+    printed = []
+    for argv in spellings:
+        assert transcribe.main(argv) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0].startswith(f"{wav}\t") and printed == [printed[0]] * 3
 
 
 def test_verbose_shows_which_code_computes_the_model(untrained, fsdd_recordings, capsys, monkeypatch):
@@ -375,12 +423,13 @@ def test_transcribe_names_unreadable_and_missing_files_and_goes_on(untrained, tm
 
 
 def _one_line_error(capsys, run) -> str:
+    """The error of a command given bad input: one line (no usage block), exit status 2."""
     with pytest.raises(SystemExit) as info:
         run()
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0].startswith("usage:")
-    return err[-1]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
 
 
 def test_evaluate_errors_are_one_line_and_exit_2(untrained, tmp_path, capsys, librivox_mini):
@@ -471,8 +520,8 @@ def test_transcribe_matches_the_recogniser_and_batching_does_not_change_results(
     assert transcribe.main([str(exp / "last.pt"), *map(str, files)]) == 0
     printed = [line.split("\t", 1)[1] for line in capsys.readouterr().out.splitlines()]
     recogniser = load_recogniser(exp / "last.pt")
-    assert recogniser.transcribe(file_utterances(files), batch_size=1).texts == printed
-    assert recogniser.transcribe(file_utterances(files), batch_size=3).texts == printed  # padded together, same words
+    assert recogniser.decode(file_utterances(files), batch_size=1).texts == printed
+    assert recogniser.decode(file_utterances(files), batch_size=3).texts == printed  # padded together, same words
 
 
 @pytest.mark.slow
@@ -502,7 +551,7 @@ def test_ensemble_of_two_checkpoints_evaluates_and_names_its_members(trained):
     alone = load_recogniser(exp / "last.pt")
     twice = load_recogniser([exp / "last.pt", exp / "last.pt"])
     utterances = read_subset(valid)
-    assert twice.transcribe(utterances).texts == alone.transcribe(utterances).texts
+    assert twice.decode(utterances).texts == alone.decode(utterances).texts
 
 
 @pytest.mark.slow
@@ -529,9 +578,9 @@ def test_test_time_vtln_keeps_each_speakers_best_scored_warp(trained):
         # Each speaker's choice is its own: the same without the other speaker, and the same as decoding
         # every utterance under the chosen warp.
         assert transcribe_speakers(recogniser, own, VTLNSearch(warps)).texts == texts_alone
-        assert recogniser.transcribe(own, warp=chosen).texts == texts_alone
+        assert recogniser.decode(own, warp=chosen).texts == texts_alone
     # A single candidate of 1.0 is plain decoding.
-    assert transcribe_speakers(recogniser, utterances, VTLNSearch((1.0,))).texts == recogniser.transcribe(utterances).texts
+    assert transcribe_speakers(recogniser, utterances, VTLNSearch((1.0,))).texts == recogniser.decode(utterances).texts
 
 
 @pytest.mark.slow
@@ -681,7 +730,7 @@ def test_transcribe_checks_what_it_was_given_before_loading_anything(tmp_path, l
         ([flac, str(run / "last.pt")], f"{flac} is a FLAC audio file, not a checkpoint: the checkpoint comes first"),
         ([str(run), flac], f"{run} is a run folder, not a checkpoint; did you mean {run / 'last.pt'}?"),
         ([str(run / "train.log"), flac], f"{run / 'train.log'} is not a checkpoint: it is a text file"),
-        ([str(run / "last.pt"), str(run / "last.pt")], "is a checkpoint, not audio: give one checkpoint first"),
+        ([str(run / "last.pt"), str(run / "last.pt")], "is a checkpoint, not audio: give the checkpoints first"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as exit_info:

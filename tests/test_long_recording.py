@@ -58,8 +58,8 @@ def test_a_long_recording_decodes_nearly_as_well_as_its_digits_one_at_a_time(tmp
 
     takes = sorted(set(recording.takes), key=lambda take: take.path)
     with torch.no_grad():
-        decoded = recogniser.transcribe([Utterance(t.path.stem, t.path, "", 0.0, t.speaker) for t in takes], options)
-        whole = recogniser.transcribe([Utterance("long", path, "", recording.seconds, "x")], options).texts[0]
+        decoded = recogniser.decode([Utterance(t.path.stem, t.path, "", 0.0, t.speaker) for t in takes], options)
+        whole = recogniser.decode([Utterance("long", path, "", recording.seconds, "x")], options).texts[0]
     one_at_a_time = dict(zip(takes, decoded.texts))
     single = error_rates([recording.text], [" ".join(one_at_a_time[t] for t in recording.takes)])
     long = error_rates([recording.text], [whole])

@@ -85,6 +85,23 @@ def test_a_missing_checkpoint_and_a_bad_budget_are_refused_by_name(tmp_path, cap
     assert "--max-frames-per-batch must be positive" in capsys.readouterr().err
 
 
+def test_an_out_file_of_another_validation_is_refused_unless_overwrite(tmp_path, capsys):
+    """The rule of asr.evaluate's folders: another validation's results are not replaced silently."""
+    (tmp_path / "x.pt").write_bytes(b"")
+    out = tmp_path / "dev.json"
+    earlier = json.dumps({"checkpoint": str(tmp_path / "other.pt"), "data": "the dev split of other.pt", "results": []})
+    out.write_text(earlier)
+    with pytest.raises(SystemExit) as stop:
+        validate(["--checkpoint", str(tmp_path / "x.pt"), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err
+    assert err.startswith(f"error: {out} holds the results of another validation (checkpoint") and "--overwrite" in err
+    assert out.read_text() == earlier
+    with pytest.raises(SystemExit):  # --overwrite passes that check: the empty file is then refused as a checkpoint
+        validate(["--checkpoint", str(tmp_path / "x.pt"), "--out", str(out), "--overwrite"])
+    assert "holds the results" not in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_statistics_re_estimated_from_the_validation_batch_itself_leave_no_gap(conformer_run):
     # Training-mode BatchNorm normalises each batch by its own statistics; running statistics estimated

@@ -18,6 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from asr.cli.errors import fail, what_file
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m asr.average", description=__doc__.split("\n\n")[0])
@@ -36,33 +38,35 @@ def main(argv: list[str] | None = None) -> int:
     from asr.checkpointing import CheckpointError, save_checkpoint
     from asr.writing import WriteError
 
+    if args.exp_dir.is_file():
+        fail(f"{args.exp_dir} is {what_file(args.exp_dir)}, not a run folder: give the exp_dir whose epoch checkpoints "
+             "to average")
     count = args.last if args.last is not None else args.best
     if count < 1:
-        parser.error(f"the number of checkpoints must be at least 1, got {count}")
+        fail(f"the number of checkpoints must be at least 1, got {count}")
     if args.recompute_batchnorm < 0:
-        parser.error(f"--recompute-batchnorm must be >= 0, got {args.recompute_batchnorm}")
+        fail(f"--recompute-batchnorm must be >= 0, got {args.recompute_batchnorm}")
     try:
         paths = select_checkpoints(args.exp_dir, args.last, args.best)
         payload = average_checkpoints(paths)
     except CheckpointError as err:
-        parser.error(str(err))
+        fail(err)
     if args.recompute_batchnorm:
         from asr.data.report import DataError
 
         try:
             recomputed = recompute_batchnorm(payload, args.recompute_batchnorm, paths[-1].parent, args.device)
         except (CheckpointError, DataError, ValueError) as err:
-            parser.error(str(err))
+            fail(err)
         if not recomputed["batches"]:
-            parser.error("--recompute-batchnorm: the model has no BatchNorm; nothing was written")
+            fail("--recompute-batchnorm: the model has no BatchNorm; nothing was written")
         print(f"BatchNorm's running statistics re-estimated from {recomputed['batches']} batches "
               f"({recomputed['utterances']} utterances) of the training split, without augmentation")
     out = args.out or args.exp_dir / (f"avg_last{count}.pt" if args.last is not None else f"avg_best{count}.pt")
     try:
         save_checkpoint(out, payload)
     except WriteError as err:  # a full disk, a denied write: nothing partial is left at out
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        fail(err)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {out}")
     return 0
 

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from asr.cli.errors import fail, what_file
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -35,11 +37,13 @@ def main(argv: list[str] | None = None) -> int:
             f"converting {args.source} unpickles it in full, which runs any code inside it; "
             "pass --trust-this-file if (and only if) you trust where the file comes from"
         )
+    if args.source.is_file() and what_file(args.source) not in ("a checkpoint", "a file"):
+        fail(f"{args.source} is not a checkpoint: it is {what_file(args.source)}")
     try:
         convert_checkpoint(args.source, args.target, trust_source=True)
         load_checkpoint(args.target)  # the result must pass the safe reader
     except (CheckpointError, WriteError) as err:
-        parser.error(str(err))
+        fail(err)
     print(f"converted {args.source} into {args.target} (checkpoint format {FORMAT_VERSION})")
     return 0
 

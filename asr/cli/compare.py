@@ -33,6 +33,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from asr.cli.errors import fail, what_file
 from asr.curves import CompareError, differing_settings, gather_curves, markdown_table, plot, settings_lines
 
 
@@ -63,25 +64,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tags = args.tags or ["valid/loss"]
     if args.labels is not None and len(args.labels) != len(args.exp_dirs):
-        parser.error(f"--labels: got {len(args.labels)} labels for {len(args.exp_dirs)} experiment folders")
+        fail(f"--labels: got {len(args.labels)} labels for {len(args.exp_dirs)} experiment folders")
     if not 0.0 <= args.smooth < 1.0:
-        parser.error(f"--smooth must be in [0, 1), got {args.smooth}")
+        fail(f"--smooth must be in [0, 1), got {args.smooth}")
+    for folder in args.exp_dirs:
+        if folder.is_file():
+            fail(f"{folder} is {what_file(folder)}, not an experiment folder (asr.train's exp_dir)")
     labels = args.labels or _default_labels(args.exp_dirs)
     if args.settings is not None and (not args.diagnose or len(args.settings) != len(args.exp_dirs)):
-        parser.error(f"--settings: give one per experiment folder ({len(args.exp_dirs)}), with --diagnose")
+        fail(f"--settings: give one per experiment folder ({len(args.exp_dirs)}), with --diagnose")
     if args.diagnose:
         return diagnose(args.exp_dirs, labels, args.settings or labels, args.out or Path("diagnosis.png"))
     out = args.out or Path("compare_" + "_".join(t.replace("/", "_") for t in tags) + ".png")
     if out.suffix.lower() != ".png":
-        parser.error(f"--out must name a .png file, got {out}")
+        fail(f"--out must name a .png file, got {out}")
     try:
         curves, missing = gather_curves(args.exp_dirs, labels, tags)
     except CompareError as err:
-        parser.error(str(err))
+        fail(err)
     for line in missing:
         print(f"warning: {line}; left out of that panel", file=sys.stderr)
     if not curves:
-        parser.error(f"no run has any of the tags {', '.join(tags)}:\n" + "\n".join(missing))
+        fail(f"no run has any of the tags {', '.join(tags)}: " + "; ".join(missing))
     settings = settings_lines(*differing_settings(args.exp_dirs, labels), len(labels))
     table = markdown_table(curves, settings)
     if missing:
@@ -99,13 +103,11 @@ def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: 
     from asr.diagnosis import diagnosis_figure, diagnosis_table, read_diagnosed
 
     if out.suffix.lower() != ".png":
-        print(f"error: --out must name a .png file, got {out}", file=sys.stderr)
-        return 2
+        fail(f"--out must name a .png file, got {out}")
     try:
         runs = [read_diagnosed(d, label, setting) for d, label, setting in zip(exp_dirs, labels, settings)]
     except CompareError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        fail(err)
     diagnosis_figure(runs, out)
     table = diagnosis_table(runs) + "\n"
     out.with_suffix(".md").write_text(table)

@@ -28,7 +28,7 @@ ESPnet or Kaldi; a default folder that holds another evaluation's results
 (two data folders with one name, two ensembles of equally named checkpoints,
 results without a record) is refused before anything is decoded, with a
 message naming the folder and what differs: ``--out`` picks another folder,
-``--overwrite`` replaces them. ``--out`` is written as given, whatever it holds.
+``--overwrite`` replaces them. A folder given with ``--out`` follows the same rule.
 
 The files: ``evaluation.json``; ``hyp.txt`` and ``ref.txt`` (``<utterance id>
 <text>`` per line, sorted by id), ``alignment.txt`` (per-utterance word alignment with substitutions, deletions
@@ -75,6 +75,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asr.cli.errors import fail
 from asr.cli.options import add_decode_arguments, decode_settings
 
 if TYPE_CHECKING:
@@ -94,19 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--data", help="a LibriSpeech-layout subset folder, a Kaldi data directory or a lhotse manifest (asr.data.sources)"
+        "--data", help="a LibriSpeech-layout subset folder, a Kaldi data directory or a lhotse manifest "
+        "(asr.data.sources; to transcribe audio files: asr.transcribe)"
     )
     source.add_argument("--split", choices=["dev", "test"], help="a split of the recipe stored in the checkpoint")
     add_decode_arguments(parser)
     parser.add_argument(
         "--out",
-        help="output folder, written whatever it holds (default: beside the first checkpoint, "
+        help="output folder (default: beside the first checkpoint, "
         "eval_<checkpoint name>_<data folder name or split>[_<settings not at their default>], e.g. "
-        "eval_avg_last5_test_beam4_ctc0.3; eval_ensemble<N>_... for N checkpoints)",
+        "eval_avg_last5_test_beam4_ctc0.3; eval_ensemble<N>_... for N checkpoints); one holding another "
+        "evaluation's results is refused",
     )
     parser.add_argument(
         "--overwrite", action="store_true",
-        help="replace the results of another evaluation found in the default folder (otherwise refused)",
+        help="replace the results of another evaluation found in the output folder (otherwise refused)",
     )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument(
@@ -119,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    settings = decode_settings(args, parser)
+    settings = decode_settings(args)
     from tqdm import tqdm
 
     from asr.checkpointing import CheckpointError
@@ -134,23 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints = [Path(c) for c in args.checkpoint]
     for path in checkpoints:  # cheap checks first, so a typo fails before the model is loaded
         if not path.is_file():
-            parser.error(f"checkpoint not found: {path}")
+            fail(f"checkpoint not found: {path}")
     record = evaluation_record(checkpoints, args.data, args.split, settings, argv)
     out = Path(args.out) if args.out else default_out(checkpoints, args.data, args.split, settings)
-    if not args.out and not args.overwrite:
+    if not args.overwrite:  # the default folder and one given with --out alike
         clash = clash_with(out, record)
         if clash:
-            parser.error(f"{out} holds the results of another evaluation ({clash}); "
-                         "give --out FOLDER to write elsewhere, or --overwrite to replace them")
+            fail(f"{out} holds the results of another evaluation ({clash}); "
+                 f"give {'another ' if args.out else ''}--out FOLDER to write elsewhere, or --overwrite to replace them")
     report = SkipReport()
-    utterances, where = read_utterances(parser, args, checkpoints[0], report)
+    utterances, where = read_utterances(args, checkpoints[0], report)
     try:
         recogniser = load_recogniser(
             checkpoints if len(checkpoints) > 1 else checkpoints[0], args.device, prune=settings.prune_layers
         )
         settings.check_for(recogniser, str(checkpoints[0]))
     except (CheckpointError, ValueError) as err:
-        parser.error(str(err))
+        fail(err)
     if args.verbose:
         for line in runtime.lines(runtime.describe(recogniser.model, args.device)):
             print(line, file=sys.stderr)
@@ -268,7 +271,7 @@ def _flat(settings: dict, prefix: str = "") -> dict:
     return flat
 
 
-def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple[list[Utterance], str]:
+def read_utterances(args, checkpoint: Path, report: SkipReport) -> tuple[list[Utterance], str]:
     """The utterances to score (with a transcript) and a description of where they come from."""
     from asr.checkpointing import CheckpointError, load_checkpoint
     from asr.config import ConfigError
@@ -290,7 +293,7 @@ def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple
             check_demo_prepared(config.data, prepare_command(checkpoint), [args.split])
             utterances, _ = load_split(config.data, args.split, report)
     except (DataError, CheckpointError, ConfigError) as err:
-        parser.error(str(err))
+        fail(err)
     usable = []
     for u in utterances:
         if u.text:
@@ -300,7 +303,7 @@ def read_utterances(parser, args, checkpoint: Path, report: SkipReport) -> tuple
     report.log(where)
     if not usable:
         counts = ", ".join(f"{n} {reason}" for reason, n in report.counts().most_common())
-        parser.error(f"{where}: no usable utterances ({counts or 'it lists none'})")
+        fail(f"{where}: no usable utterances ({counts or 'it lists none'})")
     return usable, where
 
 

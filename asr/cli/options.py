@@ -12,36 +12,13 @@ on the command line override.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from typing import TYPE_CHECKING
 
+from asr.cli.errors import fail
 from asr.inference.config import ADAPTABLE, AdaptationSettings
 
 if TYPE_CHECKING:
     from asr.inference.settings import DecodeSettings
-
-# option -> field of DecodingOptions
-_SEARCH = {
-    "beam": "beam_size",
-    "ctc_weight": "ctc_weight",
-    "length_penalty": "length_penalty",
-    "length_normalization": "length_normalization",
-    "max_len_ratio": "max_len_ratio",
-    "coverage_weight": "coverage_weight",
-    "coverage_threshold": "coverage_threshold",
-    "eos_threshold": "eos_threshold",
-    "ctc_greedy": "ctc_greedy",
-    "segment_seconds": "segment_seconds",
-}
-# option -> field of AdaptationSettings
-_ADAPT = {
-    "adapt_rounds": "rounds",
-    "adapt_epochs": "epochs",
-    "adapt_lr": "lr",
-    "adapt_seed": "seed",
-    "adapt_parameters": "parameters",
-    "adapt_ctc_agreement": "ctc_agreement",
-}
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,56 +68,14 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def decode_settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> DecodeSettings:
-    """The settings the options describe (over the ``--decode-config`` file's); a bad one is a usage error."""
-    # here, not at the top: --help needs none of it (and it imports torch)
+def decode_settings(args: argparse.Namespace) -> DecodeSettings:
+    """The settings the options describe (over the ``--decode-config`` file's); a bad one is one error line
+    naming the option or the file's key (:func:`asr.cli.errors.fail`), exit status 2."""
+    # here, not at the top: --help needs none of it (it imports torch)
     from asr.config import ConfigError
-    from asr.inference.settings import DecodeSettings, load_settings, parse_warps
-    from asr.models.pruning import parse_pruning
+    from asr.inference.settings import OPTIONS, settings_from_options
 
     try:
-        base = load_settings(args.decode_config) if args.decode_config else DecodeSettings()
-        search = {field: getattr(args, option) for option, field in _SEARCH.items() if getattr(args, option) is not None}
-        try:
-            decoding = dataclasses.replace(base.decoding, **search)
-        except ValueError as err:
-            raise ValueError(_with_flags(str(err))) from None
-        try:
-            adaptation = _adaptation(args, base.adaptation)
-        except ValueError as err:
-            raise ValueError(f"--adapt-*: {err}") from None
-        changes = {"decoding": decoding, "adaptation": adaptation}
-        if args.vtln_warps is not None:
-            try:
-                changes["vtln_warps"] = parse_warps(args.vtln_warps)
-            except ValueError as err:
-                raise ValueError(f"--vtln-warps: {err}") from None
-        if args.batch_size is not None:
-            changes["batch_size"] = args.batch_size
-        if args.prune_layers is not None:
-            try:
-                changes["prune_layers"] = parse_pruning(args.prune_layers)
-            except ValueError as err:
-                raise ValueError(f"--prune-layers: {err}") from None
-        return dataclasses.replace(base, **changes)
+        return settings_from_options({name: getattr(args, name) for name in OPTIONS})
     except (ConfigError, ValueError) as err:
-        parser.error(str(err))
-
-
-def _with_flags(message: str) -> str:
-    """A DecodingOptions error in the options' own names (``beam_size must ...`` -> ``--beam: beam_size must ...``)."""
-    for option, field in _SEARCH.items():
-        if message.startswith(field):
-            return f"--{option.replace('_', '-')}: {message}"
-    return message
-
-
-def _adaptation(args: argparse.Namespace, base: AdaptationSettings | None) -> AdaptationSettings | None:
-    given = {field: getattr(args, option) for option, field in _ADAPT.items() if getattr(args, option) is not None}
-    if given.get("rounds") == 0:
-        return None
-    if base is None and given and "rounds" not in given:
-        raise ValueError(f"--{next(o for o, f in _ADAPT.items() if f in given).replace('_', '-')} needs --adapt-rounds")
-    if base is None and not given:
-        return None
-    return dataclasses.replace(base or AdaptationSettings(), **given)
+        fail(err)

@@ -116,6 +116,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from asr.cli.errors import fail
 from asr.cli.options import add_decode_arguments, decode_settings
 from asr.convergence import MetricTarget, RunCurves, Targets, aggregate, measure, read_run_curves
 from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
@@ -246,23 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
     args = parser.parse_args(argv)
-    settings = decode_settings(args, parser)
+    settings = decode_settings(args)
     if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+        fail(f"--jobs must be at least 1, got {args.jobs}")
     if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
+        fail(f"--threads must be at least 1, got {args.threads}")
     if not args.recipe.is_file():
-        parser.error(f"recipe not found: {args.recipe}")
+        fail(f"recipe not found: {args.recipe}")
     if args.at_step is not None and not args.progress:
-        parser.error("--at-step needs --progress: a finished study's report is at each run's end")
+        fail("--at-step needs --progress: a finished study's report is at each run's end")
     if args.at_step is not None and args.at_step < 1:
-        parser.error(f"--at-step must be at least 1, got {args.at_step}")
+        fail(f"--at-step must be at least 1, got {args.at_step}")
     out = args.out or Path("exp") / f"study_{args.recipe.stem}"
-    targets = check_targets(parser, args)
+    targets = check_targets(args)
     for name in args.metrics:
-        check_metric(parser, name)
+        check_metric(name)
     if not args.grid and args.variants is None:
-        parser.error("give --grid KEY=V1,V2 ..., --variants FILE, or both")
+        parser.error("give --grid KEY=V1,V2 ..., --variants FILE, or both")  # a command line without a study
     try:
         grid, variants = study_grid(args.grid, args.variants)
         for option, key in (("--pool", args.pool), ("--ensemble", args.ensemble), ("--seeds", args.seeds)):
@@ -285,42 +286,42 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
         if args.average_last:
             check_average(args.average_last, args.recipe, [*args.overrides, *runs[0].overrides()])
     except StudyError as err:
-        parser.error(str(err))
+        fail(err)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     return Study(args, grid, runs, out, settings, threads, targets)
 
 
-def check_metric(parser: argparse.ArgumentParser, name: str, option: str = "--metric") -> None:
+def check_metric(name: str, option: str = "--metric") -> None:
     from asr.config import ConfigError
     from asr.training.metrics import check_metric_name
 
     try:
         check_metric_name(name, option)
     except ConfigError as err:
-        parser.error(str(err))
+        fail(err)
 
 
-def check_targets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Targets:
+def check_targets(args: argparse.Namespace) -> Targets:
     from asr.training.metrics import higher_is_better
 
     if args.target_loss is not None and not args.target_loss > 0:
-        parser.error(f"--target-loss must be positive, got {args.target_loss}")
+        fail(f"--target-loss must be positive, got {args.target_loss}")
     if args.target_wer is not None and not 0 < args.target_wer <= 100:
-        parser.error(f"--target-wer is a percentage in (0, 100], got {args.target_wer}")
+        fail(f"--target-wer is a percentage in (0, 100], got {args.target_wer}")
     metrics = []
     for given in args.target_metrics:
         name, sep, text = given.partition("=")
         if not sep or not name or not text:
-            parser.error(f"--target-metric takes NAME=VALUE (e.g. valid_attention_spearman=0.9), got {given!r}")
-        check_metric(parser, name, "--target-metric")
+            fail(f"--target-metric takes NAME=VALUE (e.g. valid_attention_spearman=0.9), got {given!r}")
+        check_metric(name, "--target-metric")
         try:
             value = float(text)
         except ValueError:
-            parser.error(f"--target-metric {name}: {text!r} is not a number")
+            fail(f"--target-metric {name}: {text!r} is not a number")
         if not math.isfinite(value):
-            parser.error(f"--target-metric {name}: the value must be finite, got {text!r}")
+            fail(f"--target-metric {name}: the value must be finite, got {text!r}")
         if any(m.name == name for m in metrics):
-            parser.error(f"--target-metric {name} is given twice")
+            fail(f"--target-metric {name} is given twice")
         metrics.append(MetricTarget(name, value, higher_is_better(name)))
     return Targets(args.target_loss, args.target_wer, tuple(metrics))
 
@@ -356,9 +357,8 @@ def report_progress(study: Study, argv: list[str] | None) -> int:
     """``--progress``: ``progress.md`` in ``--out`` and on stdout, from the runs' folders as they are now."""
     args = study.args
     if not study.out.is_dir():
-        print(f"asr.study: no study folder {study.out}: --progress reads the runs of a study started with the same "
-              "command (--out, default exp/study_<recipe name>)", file=sys.stderr)
-        return 1
+        fail(f"no study folder {study.out}: --progress reads the runs of a study started with the same "
+             "command (--out, default exp/study_<recipe name>)")
     try:
         states = measure_progress(study.runs, study.targets, args.metrics, args.at_step)
     except CompareError as err:

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from asr.cli.errors import fail
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+        fail(f"--jobs must be at least 1, got {args.jobs}")
     # imported once the arguments are parsed: --help needs none of it (torch, the synthesisers)
     from asr.data.books import TextSourceError
     from asr.data.synth_librispeech import Options, SynthCorpusError, generate
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = Options(hours=args.hours, seed=args.seed)
     except ValueError as err:
-        parser.error(str(err))
+        fail(err)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         root = generate(args.out, options, jobs=args.jobs, progress=not args.quiet)

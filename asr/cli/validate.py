@@ -34,7 +34,9 @@ The checkpoint is never changed.
 Prints one line per budget (batches, utterances per batch, the metrics as ``train.log`` shows them)
 and, with ``--out``, writes them as JSON (shares in percent, as everywhere a person reads them) with
 the checkpoint, the data, the decoding and the utterances skipped (counted by reason, each message
-naming the file). Nothing is written beside the checkpoint.
+naming the file). An ``--out`` file that holds the results of another validation (another checkpoint or
+data) is refused before anything is computed, unless ``--overwrite``; the same validation again replaces
+its own, as in ``asr.evaluate``. Nothing is written beside the checkpoint.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ import json
 import logging
 import sys
 from pathlib import Path
+
+from asr.cli.errors import fail
 
 # The modules below import torch and the data readers: each function imports what it uses, so that
 # --help (and a usage error) answer at once.
@@ -67,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="first re-estimate BatchNorm's running statistics from N batches of the recipe's "
                              "training split, without augmentation, with the weights as they are (as "
                              "torch.optim.swa_utils.update_bn does); default 0: the checkpoint's own")
-    parser.add_argument("--out", type=Path, help="write the results to this JSON file")
+    parser.add_argument("--out", type=Path, help="write the results to this JSON file (one holding another "
+                                                  "validation's results is refused)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results of another validation found in --out (otherwise refused)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     return parser
 
@@ -76,14 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.checkpoint.is_file():
-        parser.error(f"checkpoint not found: {args.checkpoint}")
+        fail(f"checkpoint not found: {args.checkpoint}")
     for budget in args.max_frames_per_batch or ():
         if budget <= 0:
-            parser.error(f"--max-frames-per-batch must be positive, got {budget}")
+            fail(f"--max-frames-per-batch must be positive, got {budget}")
     if args.decode is not None and args.decode < 0:
-        parser.error(f"--decode must be >= 0, got {args.decode}")
+        fail(f"--decode must be >= 0, got {args.decode}")
     if args.recompute_batchnorm < 0:
-        parser.error(f"--recompute-batchnorm must be >= 0, got {args.recompute_batchnorm}")
+        fail(f"--recompute-batchnorm must be >= 0, got {args.recompute_batchnorm}")
+    if args.out and not args.overwrite:
+        clash = clash_with(args.out, args.checkpoint, args.data or f"the {args.split} split of {args.checkpoint}")
+        if clash:
+            fail(f"{args.out} holds the results of another validation ({clash}); "
+                 "give another --out FILE, or --overwrite to replace them")
 
     from asr.checkpointing import CheckpointError
     from asr.console import ProgressBarHandler
@@ -102,22 +114,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recogniser = load_recogniser(args.checkpoint, args.device)
     except (CheckpointError, ValueError) as err:
-        parser.error(str(err))
+        fail(err)
     config, model = recogniser.config, recogniser.model
     report = SkipReport()
     try:
         utterances, where = read_split(args, config, recogniser.tokenizer, report)
     except DataError as err:
-        parser.error(str(err))
+        fail(err)
     if not utterances:
-        parser.error(f"{where}: no usable utterances ({report.counts_text() if len(report) else 'it lists none'})")
+        fail(f"{where}: no usable utterances ({report.counts_text() if len(report) else 'it lists none'})")
     dataset = evaluation_dataset(recogniser, utterances)
     recomputed = None
     if args.recompute_batchnorm:
         try:
             recomputed = recompute_from_training_batches(recogniser, args.recompute_batchnorm)
         except DataError as err:
-            parser.error(str(err))
+            fail(err)
         print(f"BatchNorm's running statistics re-estimated from {recomputed['batches']} batches "
               f"({recomputed['utterances']} utterances) of the training split, without augmentation"
               if recomputed["batches"] else "the model has no BatchNorm: --recompute-batchnorm changed nothing")
@@ -159,6 +171,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
     return 0
+
+
+def clash_with(out: Path, checkpoint: Path, data: str) -> str | None:
+    """Why the file ``out`` holds the results of a validation other than one of ``checkpoint`` on ``data``
+    (another checkpoint or data, or not a validation's results at all), or None: it does not exist, or it
+    holds this one's, which a new run replaces."""
+    if not out.exists():
+        return None
+    try:
+        previous = json.loads(out.read_text())
+    except (OSError, ValueError) as err:
+        return f"it cannot be read as a validation's results: {err}"
+    if not isinstance(previous, dict) or "results" not in previous:
+        return "it is not a validation's results"
+    if previous.get("checkpoint") != str(checkpoint):
+        return f"checkpoint {json.dumps(previous.get('checkpoint'))}, here {json.dumps(str(checkpoint))}"
+    if previous.get("data") != data:
+        return f"data {json.dumps(previous.get('data'))}, here {json.dumps(data)}"
+    return None
 
 
 def read_split(args, config, tokenizer, report):

@@ -52,6 +52,8 @@ def read_source(
     """
     report = SkipReport() if report is None else report
     form = source_form(path)
+    if form == "librispeech" and Path(path).is_file():
+        raise DataError(not_a_corpus(path))
     skipped_before = len(report)
     if form == "kaldi":
         utterances = read_kaldi_dir(path, report)
@@ -62,6 +64,19 @@ def read_source(
     if not utterances and len(report) == skipped_before:
         raise DataError(f"{path}: {_FORM_NAMES[form]} lists no utterances (it is empty)")
     return utterances
+
+
+def not_a_corpus(path: str | Path) -> str:
+    """Why the file at ``path``, which is neither a lhotse manifest nor a folder, cannot be data: it says what
+    the file is (audio, text, ...), what data paths are, and for audio, the command that transcribes it."""
+    from asr.checkpointing import not_a_checkpoint
+
+    what = not_a_checkpoint(path) or ("a checkpoint" if Path(path).suffix == ".pt" else "a file")
+    message = (f"{path} is {what}, not a corpus: data is a LibriSpeech-layout folder, a Kaldi data directory "
+               "or a lhotse manifest (*.jsonl, *.jsonl.gz)")
+    if "audio" in what:
+        message += f"; to transcribe one file: python -m asr.transcribe --checkpoint CHECKPOINT {path}"
+    return message
 
 
 _FORM_NAMES = {"kaldi": "this Kaldi data directory", "lhotse": "this lhotse manifest",

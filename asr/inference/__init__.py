@@ -1,5 +1,9 @@
 """Inference: a recogniser rebuilt from checkpoints, test-time strategies, and the settings that pick them.
 
+    texts = Recogniser.load("exp/fsdd_las/avg_last5.pt").transcribe(["a.wav", "b.flac"], beam=4)
+
+or, a layer below, over a corpus's utterances:
+
     recogniser = load_recogniser("exp/fsdd_las/avg_last5.pt")
     settings = DecodeSettings(DecodingOptions(beam_size=4, ctc_weight=0.3), vtln_warps=(0.9, 1.0, 1.1))
     result = transcribe_speakers(recogniser, utterances, settings.strategy(), settings.decoding)
@@ -16,7 +20,8 @@ _WHERE = {
     "DecodeSettings": "settings", "load_settings": "settings", "parse_warps": "settings",
     "settings_from_dict": "settings", "settings_tag": "settings",
     "CorpusResult": "strategies", "PlainDecoding": "strategies", "SpeakerResult": "strategies",
-    "Strategy": "strategies", "VTLNSearch": "strategies", "transcribe_speakers": "strategies",
+    "Strategy": "strategies", "VTLNSearch": "strategies", "transcribe_audio": "strategies",
+    "transcribe_speakers": "strategies", "settings_from_options": "settings",
 }
 
 __all__ = sorted(_WHERE)

@@ -88,7 +88,7 @@ class SelfTraining:
                 seed = self.settings.seed + 1000 * round_index + member + zlib.crc32(speaker.encode())
                 counts["nonfinite_steps"] += fine_tune(model, targets, recogniser, warp, self.settings, seed)
             current = recogniser.with_models(models)
-            texts = current.transcribe(own, options, warp=warp, batch_size=batch_size).texts
+            texts = current.decode(own, options, warp=warp, batch_size=batch_size).texts
             rounds.append(texts)
             logger.info(
                 "speaker %s, round %d: %d model(s) fine-tuned on %d of %d utterances at warp %g, decoded again (%.0f s)",

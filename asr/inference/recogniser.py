@@ -13,15 +13,28 @@ feature pipeline (the same recipe trained with different seeds, say).
 With ``prune=``, each model is pruned to some of its layers as it is loaded
 (LayerDrop pruning, :mod:`asr.models.pruning`); the recogniser records what was
 kept in ``pruned``.
+
+What a researcher types, and ``python -m asr.transcribe`` runs (the same code,
+:func:`asr.inference.strategies.transcribe_audio`)::
+
+    from asr import Recogniser
+    recogniser = Recogniser.load("exp/fsdd_las/avg_last5.pt")
+    texts = recogniser.transcribe(["a.wav", "b.flac"], beam=4)
+
+:meth:`Recogniser.decode` is the layer below: utterances in, a :class:`Transcription`
+(with scores and skips) out, under one :class:`~asr.decoding.DecodingOptions`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Union
 
+import numpy as np
 import torch
 
 from asr.checkpointing import CheckpointError, load_checkpoint
@@ -30,7 +43,7 @@ from asr.data.batching import collate
 from asr.data.dataset import audio_skip, utterance_features
 from asr.data.report import Skip
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
-from asr.data.utterance import Utterance
+from asr.data.utterance import InMemoryAudio, Utterance
 from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, experiment_config_from_dict
 from asr.inference.segmentation import recording_pieces
@@ -56,6 +69,12 @@ class Transcription:
     texts: list[str | None]
     scores: list[float | None] | None = None
     skipped: dict[int, Skip] = field(default_factory=dict)
+
+
+# What Recogniser.transcribe takes for one recording: a file path; samples at the model's rate, (N,) or
+# (channels, N); a (samples, rate) pair at any rate; or an Utterance (a corpus's, say).
+AudioInput = Union[str, Path, np.ndarray, torch.Tensor, tuple, Utterance]
+SPEAKER = "files"  # what the recordings of one transcribe call are taken as, for VTLN and adaptation
 
 
 @dataclass(frozen=True)
@@ -102,12 +121,71 @@ class Recogniser:
             return None
         return self.trained_seconds, min(self.typical_seconds or self.trained_seconds, self.trained_seconds)
 
+    @classmethod
+    def load(cls, checkpoint: str | Path | Sequence[str | Path], device: str = "cpu",
+             prune: LayerPruning | str | Sequence[str] | None = None) -> Recogniser:
+        """The recogniser of ``checkpoint`` (several: one ensemble of them) on ``device``: :func:`load_recogniser`.
+        ``prune`` keeps some layers of a model trained with LayerDrop, as ``--prune-layers`` does
+        (``"every_other"``, ``"enc:0,2 dec:0"``, or a :class:`LayerPruning`)."""
+        if isinstance(prune, (str, list, tuple)):
+            from asr.models.pruning import parse_pruning
+
+            prune = parse_pruning(prune.split() if isinstance(prune, str) else list(prune))
+        paths = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
+        return load_recogniser(paths[0] if len(paths) == 1 else paths, device, prune)
+
+    def transcribe(self, audio: AudioInput | Sequence[AudioInput], **options) -> list[str]:
+        """The transcript of each recording in ``audio`` (one, or a list), in order.
+
+        ``options`` are ``asr.transcribe``'s decoding options, named as on its command line with
+        underscores: ``beam=4``, ``ctc_weight=0.3``, ``segment_seconds=2.5``, ``vtln_warps="0.8:1.2:0.05"``,
+        ``adapt_rounds=3``, ``batch_size=8``, ``decode_config="decode.yaml"`` ...
+        (:data:`asr.inference.settings.OPTIONS`); a bad one is a ValueError naming it. With VTLN or
+        adaptation the recordings are taken as one speaker's. A recording that cannot be used (missing,
+        damaged, NaN samples, too short) raises :class:`~features.audio.AudioError` naming it, after
+        the others were decoded."""
+        from asr.inference.settings import settings_from_options
+        from asr.inference.strategies import transcribe_audio
+
+        settings = settings_from_options(options)
+        if settings.prune_layers is not None:
+            raise ValueError("prune_layers: a model is pruned where it is loaded: Recogniser.load(checkpoint, prune=...)")
+        settings.check_for(self, "this model")
+        single = isinstance(audio, (str, Path, np.ndarray, torch.Tensor, tuple, Utterance))
+        result = transcribe_audio(self, [audio] if single else list(audio), settings)
+        if result.skipped:
+            first = result.skipped[0]
+            more = f" (and {len(result.skipped) - 1} more)" if len(result.skipped) > 1 else ""
+            raise AudioError(f"{first.message}{more}")
+        return result.texts
+
+    def utterances(self, audio: Sequence[AudioInput]) -> list[Utterance]:
+        """``audio`` (:data:`AudioInput` items) as the utterances of one speaker, :data:`SPEAKER`: a path
+        under its own name with the duration its header gives (0 where it cannot be read: decoding says
+        why); an array ``audio[i]`` at the model's sample rate, or a ``(samples, rate)`` pair."""
+        found = []
+        for index, item in enumerate(audio):
+            if isinstance(item, Utterance):
+                found.append(item)
+            elif isinstance(item, (str, Path)):
+                found.append(Utterance(str(item), Path(item), "", _duration(Path(item)), SPEAKER))
+            else:
+                samples, rate = item if isinstance(item, tuple) else (item, self.pipeline.config.sample_rate)
+                waveform = torch.as_tensor(np.asarray(samples, dtype=np.float32))
+                if waveform.dim() == 1:
+                    waveform = waveform.unsqueeze(0)  # (N,) -> (1, N): channels first, as load_audio gives
+                if waveform.dim() != 2:
+                    raise ValueError(f"audio[{index}]: samples must be (N,) or (channels, N), got {tuple(waveform.shape)}")
+                found.append(Utterance(f"audio[{index}]", InMemoryAudio(waveform, int(rate)), "",
+                                       waveform.shape[-1] / int(rate), SPEAKER))
+        return found
+
     def features(self, utterance: Utterance, warp: float | None = None) -> torch.Tensor:
         """``(T, D)`` features of one utterance as the model expects them (an :class:`AudioError` names the file)."""
         return utterance_features(utterance, self.pipeline, warp=warp)
 
     @torch.no_grad()
-    def transcribe(
+    def decode(
         self,
         utterances: list[Utterance],
         options: DecodingOptions = DecodingOptions(),
@@ -219,6 +297,17 @@ class Recogniser:
             [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
         ).to(self.device)
         return self.model.encode(batch.features, batch.feature_lengths)
+
+
+def _duration(path: Path) -> float:
+    """Seconds of audio from the file's header (0 when it cannot be read: decoding will say why)."""
+    import soundfile
+
+    try:
+        info = soundfile.info(str(path))
+        return info.frames / info.samplerate
+    except (RuntimeError, OSError, ValueError):
+        return 0.0
 
 
 def load_recogniser(

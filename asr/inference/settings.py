@@ -190,3 +190,88 @@ def settings_from_dict(data: dict, where: str = "decode config") -> DecodeSettin
 
 def load_settings(path: str | Path) -> DecodeSettings:
     return settings_from_dict(read_yaml(path), str(path))
+
+
+# The decoding options of the command line (asr.evaluate, asr.transcribe, asr.study: asr.cli.options) by
+# their names with underscores, which Recogniser.transcribe takes as keywords too: one set of names and
+# checks for both. Option -> field of DecodingOptions:
+SEARCH_OPTIONS = {
+    "beam": "beam_size",
+    "ctc_weight": "ctc_weight",
+    "length_penalty": "length_penalty",
+    "length_normalization": "length_normalization",
+    "max_len_ratio": "max_len_ratio",
+    "coverage_weight": "coverage_weight",
+    "coverage_threshold": "coverage_threshold",
+    "eos_threshold": "eos_threshold",
+    "ctc_greedy": "ctc_greedy",
+    "segment_seconds": "segment_seconds",
+}
+# option -> field of AdaptationSettings
+ADAPT_OPTIONS = {
+    "adapt_rounds": "rounds",
+    "adapt_epochs": "epochs",
+    "adapt_lr": "lr",
+    "adapt_seed": "seed",
+    "adapt_parameters": "parameters",
+    "adapt_ctc_agreement": "ctc_agreement",
+}
+OPTIONS = ("decode_config", *SEARCH_OPTIONS, "batch_size", "vtln_warps", *ADAPT_OPTIONS, "prune_layers")
+
+
+def settings_from_options(options: dict) -> DecodeSettings:
+    """The settings that decoding options (:data:`OPTIONS`; None or absent: not given) describe, over those of
+    the ``decode_config`` file when one is named. ``vtln_warps`` is a string (``0.9,1.0,1.1``,
+    ``LOW:HIGH:STEP``) or a list; ``prune_layers`` a list of words (``["enc:0,2", "dec:0"]``) or one string.
+    A ValueError (ConfigError for the file) names the option, as the command line spells it."""
+    from asr.models.pruning import parse_pruning
+
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown decoding option {unknown[0]!r} (known: {', '.join(OPTIONS)})")
+    given = {name: value for name, value in options.items() if value is not None}
+    base = load_settings(given["decode_config"]) if "decode_config" in given else DecodeSettings()
+    search = {field: given[option] for option, field in SEARCH_OPTIONS.items() if option in given}
+    try:
+        decoding = dataclasses.replace(base.decoding, **search)
+    except ValueError as err:
+        raise ValueError(_with_option(str(err))) from None
+    try:
+        adaptation = _adaptation(given, base.adaptation)
+    except ValueError as err:
+        raise ValueError(f"--adapt-*: {err}") from None
+    changes = {"decoding": decoding, "adaptation": adaptation}
+    if "vtln_warps" in given:
+        try:
+            changes["vtln_warps"] = parse_warps(given["vtln_warps"])
+        except ValueError as err:
+            raise ValueError(f"--vtln-warps: {err}") from None
+    if "batch_size" in given:
+        changes["batch_size"] = given["batch_size"]
+    if "prune_layers" in given:
+        words = given["prune_layers"]
+        try:
+            changes["prune_layers"] = parse_pruning(words.split() if isinstance(words, str) else list(words))
+        except ValueError as err:
+            raise ValueError(f"--prune-layers: {err}") from None
+    return dataclasses.replace(base, **changes)
+
+
+def _with_option(message: str) -> str:
+    """A DecodingOptions error in the options' own names (``beam_size must ...`` -> ``--beam: beam_size must ...``)."""
+    for option, field_name in SEARCH_OPTIONS.items():
+        if message.startswith(field_name):
+            return f"--{option.replace('_', '-')}: {message}"
+    return message
+
+
+def _adaptation(given: dict, base: AdaptationSettings | None) -> AdaptationSettings | None:
+    changes = {field_name: given[option] for option, field_name in ADAPT_OPTIONS.items() if option in given}
+    if changes.get("rounds") == 0:
+        return None
+    if base is None and changes and "rounds" not in changes:
+        first = next(option for option, field_name in ADAPT_OPTIONS.items() if field_name in changes)
+        raise ValueError(f"--{first.replace('_', '-')} needs --adapt-rounds")
+    if base is None and not changes:
+        return None
+    return dataclasses.replace(base or AdaptationSettings(), **changes)

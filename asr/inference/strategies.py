@@ -26,13 +26,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from asr.data.report import Skip
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions
-from asr.inference.recogniser import Recogniser
+from asr.inference.recogniser import AudioInput, Recogniser
 from features.filterbank import check_mel_filters
+
+if TYPE_CHECKING:
+    from asr.inference.settings import DecodeSettings
 
 
 @dataclass
@@ -69,7 +72,7 @@ class PlainDecoding:
     per_speaker = False
 
     def run(self, recogniser, utterances, options, batch_size) -> SpeakerResult:
-        found = recogniser.transcribe(utterances, options, batch_size=batch_size)
+        found = recogniser.decode(utterances, options, batch_size=batch_size)
         return SpeakerResult(found.texts, found.skipped)
 
 
@@ -85,7 +88,7 @@ class VTLNSearch:
         best, scores, skipped = None, {}, {}
         # Nearest to no warp first, so that a tie keeps the smaller change.
         for warp in sorted(set(self.warps), key=lambda w: (abs(w - 1.0), w)):
-            found = recogniser.transcribe(utterances, options, warp=warp, score=True, batch_size=batch_size)
+            found = recogniser.decode(utterances, options, warp=warp, score=True, batch_size=batch_size)
             skipped.update(found.skipped)
             read = [score for score in found.scores if score is not None]
             scores[warp] = sum(read) / len(read) if read else float("-inf")
@@ -151,3 +154,12 @@ def transcribe_speakers(
             progress(len(indices))
     result.skipped = [skipped[i] for i in sorted(skipped)]
     return result
+
+
+def transcribe_audio(recogniser: Recogniser, audio: list[AudioInput], settings: DecodeSettings,
+                     progress: Callable[[int], None] | None = None) -> CorpusResult:
+    """Recordings (files, arrays: :meth:`Recogniser.utterances`) transcribed as ``settings`` say, taken as
+    one speaker's for VTLN and adaptation: what ``python -m asr.transcribe`` and
+    :meth:`Recogniser.transcribe` both run."""
+    return transcribe_speakers(recogniser, recogniser.utterances(audio), settings.strategy(), settings.decoding,
+                               settings.batch_size, progress)
