@@ -123,7 +123,8 @@ def test_the_settings_go_beside_the_curves_and_the_run_is_named_after_its_folder
     exp.mkdir()
     log = RunLog(exp, log_every_steps=1, main=True)
     config = {"exp_dir": str(exp), "model": {"layer_norm": "both", "listener": {"num_layers": 3}},
-              "train": {"max_steps": 30, "schedules": {}, "betas": [0.9, 0.98], "max_epochs": None}}
+              "train": {"max_steps": 30, "schedules": {}, "betas": [0.9, 0.98], "max_epochs": None, "amp": False,
+                        "lr": 0.001}}
     log.settings(config, ["model.layer_norm=both", "train.max_steps=30"], "python -m asr.train r.yaml x=1")
     log.close()
     # The event file is in exp_dir itself: `tensorboard --logdir` above it calls the run "ln_both".
@@ -136,6 +137,11 @@ def test_the_settings_go_beside_the_curves_and_the_run_is_named_after_its_folder
     assert hparams["model.layer_norm"] == "both" and hparams["model.listener.num_layers"] == 3
     assert hparams["train.betas"] == "[0.9, 0.98]" and hparams["train.max_epochs"] == "null"
     assert "exp_dir" not in hparams  # the run's name says it
+    # Each keeps its type (issue 80): a boolean is TensorBoard's boolean, not the number 0.0; numbers are numbers.
+    assert start.hparams["train.amp"].WhichOneof("kind") == "bool_value" and start.hparams["train.amp"].bool_value is False
+    assert start.hparams["train.max_steps"].WhichOneof("kind") == "number_value"
+    assert start.hparams["train.max_steps"].number_value == 30 and start.hparams["train.lr"].number_value == 0.001
+    assert start.hparams["model.layer_norm"].WhichOneof("kind") == "string_value"
     # No experiment summary of its own: TensorBoard gathers every run's and lists the differing keys first.
     assert metadata.EXPERIMENT_TAG not in events.Tags()["tensors"]
     # and a chart of train/loss and valid/loss over each other (CUSTOM SCALARS)
@@ -173,7 +179,8 @@ def test_the_end_summary_names_the_best_checkpoint_the_files_and_the_next_comman
     (tmp_path / "mid").mkdir()
     lines = end_summary(tmp_path / "mid", Progress(step=30, batch_in_epoch=30), "train.max_steps=30", "valid_loss",
                         {"valid_loss": 2.0}, 0.25)
-    assert lines[0].startswith("training finished (train.max_steps=30) after 30 steps, 0.25 epochs")
+    # as the log numbers epochs (from 1), not "0.25 epochs"
+    assert lines[0].startswith("training finished (train.max_steps=30) after 30 steps, 25% into epoch 1, ")
     assert "best: no epoch ranked by valid_loss (train.best_metric) yet" in lines
     assert f"next: python -m asr.evaluate --checkpoint {tmp_path / 'mid' / 'last.pt'} --split dev" in "\n".join(lines)
 
@@ -186,3 +193,10 @@ def test_a_run_is_refused_before_it_writes_anything(tmp_path):
     (tmp_path / "last.pt").write_bytes(b"")
     assert "already holds a run (last.pt); pass --resume" in refusal(tmp_path, resume=False)
     assert refusal(tmp_path, resume=True) is None
+
+
+def test_epochs_are_told_as_the_log_numbers_them():
+    from asr.training.reporting import epochs_text
+
+    assert [epochs_text(e) for e in (1, 4.0, 0.377358, 2.999, 3.5)] == [
+        "1 epoch", "4 epochs", "37% into epoch 1", "99% into epoch 3", "50% into epoch 4"]

@@ -51,9 +51,12 @@ def test_a_run_fills_the_experiment_directory(tmp_path):
     # and which code computed its attention (the fused C++ step, where it builds)
     assert [name for names in recorded["attention_backends"].values() for name in names] == ["speller.attention"]
     assert set(recorded["attention_backends"]) <= set(recorded["attention_backends_ran"])
-    assert "runtime: lnlstm_backends:" in (exp / "train.log").read_text()
-    # the environment's overrides of the recipe (ASR_* variables), named so; none here
-    assert "runtime: environment_overrides: {}" in (exp / "train.log").read_text()
+    # train.log says it in one line, with where the rest is (issue 80); nothing of CUDA graphs on a CPU run
+    runtime_lines = [line for line in (exp / "train.log").read_text().splitlines() if "runtime:" in line]
+    assert len(runtime_lines) == 1 and "runtime: cpu; LN-LSTM " in runtime_lines[0], runtime_lines
+    assert f"(details: {exp / 'config.yaml'}, runtime; --verbose)" in runtime_lines[0]
+    assert "cuda_graphs" not in recorded and "cuda_graphs_recorded" not in recorded
+    assert recorded["environment_overrides"] == {}  # the environment's overrides of the recipe (ASR_* variables)
     assert load_experiment_config(exp / "config.yaml").model.lnlstm_backend == "auto"  # loads as a recipe
     assert list(exp.glob("events.out.tfevents.*"))  # in exp_dir itself: TensorBoard names the run "exp"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -127,8 +130,12 @@ def test_a_second_run_in_the_same_directory_needs_resume(tmp_path, capsys):
 def test_max_steps_inside_an_epoch_validates_there_logs_its_last_step_and_ends_with_a_summary(tmp_path):
     """The tiny run's first epoch has 5 updates: stopped after 3, logged every 2."""
     args = overrides(tmp_path, "train.max_steps=3", "train.log_every_steps=2")
-    assert main([str(RECIPE), *args]) == 0
+    assert main([str(RECIPE), *args, "--verbose"]) == 0
     exp = tmp_path / "exp"
+    # --verbose logs the whole runtime record, at the start and what ran at the end (still nothing of CUDA graphs)
+    log = (exp / "train.log").read_text()
+    assert "runtime: lnlstm_backends:" in log and "runtime: environment_overrides: {}" in log
+    assert "runtime: lnlstm_backends_ran:" in log and "cuda_graphs" not in log
     curves = run_curves(exp, "run")
     assert curves["train/loss"].steps == [1, 2, 3]  # the last step is logged, whatever log_every_steps says
     assert curves["valid/loss"].steps == [3]  # validated where it stopped, on the training's axis

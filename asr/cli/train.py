@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue the run in exp_dir from last.pt")
     parser.add_argument("--show-config", action="store_true",
                         help="list every config key with its value, default and meaning, and exit")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log every entry of the runtime record (which code computes the model: LN-LSTM and "
+                             "attention backends, C++ build flags, CUDA graphs), not only its one-line summary; "
+                             "the run's config.yaml holds them either way")
     return parser
 
 
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(config.exp_dir).mkdir(parents=True, exist_ok=True)
             lock.acquire()
         command = "python -m asr.train " + shlex.join(sys.argv[1:] if argv is None else argv)
-        Trainer(config, resume=args.resume, overrides=args.overrides, command=command).fit()
+        Trainer(config, resume=args.resume, overrides=args.overrides, command=command, verbose=args.verbose).fit()
         if dist.is_available() and dist.is_initialized():
             # rank 0 still writes checkpoints after the last collective: no rank takes its end of
             # the process group down while another is busy (not on the error path: a rank that

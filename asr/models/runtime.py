@@ -2,9 +2,10 @@
 
 Two runs of one recipe can run different code (a machine without a compiler falls back to the
 reference path; an override switches a path for a benchmark). The trainer writes
-:func:`describe` into ``train.log`` and under ``runtime:`` in the run's ``config.yaml``, and
-:func:`ran` after training; ``asr.evaluate`` and ``asr.transcribe`` print :func:`describe`
-with ``--verbose``.
+:func:`describe`, and :func:`ran` after training, under ``runtime:`` in the run's ``config.yaml``,
+and :func:`summary`, one line, into ``train.log`` (every entry with ``--verbose``); ``asr.evaluate``
+and ``asr.transcribe`` print :func:`describe` with ``--verbose``. CUDA graphs are left out of the
+records of a run off CUDA, where they cannot apply.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         "speller": [m.cuda_graphs for m in model.modules() if isinstance(m, Speller)],
     }
     env = overrides.active()
-    return {
+    record = {
         "device": str(device),
         "lnlstm_backend_requested": sorted(requested),
         "lnlstm_backend_override": selection.get_implementation(),
@@ -65,6 +66,9 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         },
         "environment_overrides": env,
     }
+    if device.type != "cuda":
+        del record["cuda_graphs"]
+    return record
 
 
 def snapshot() -> dict:
@@ -72,17 +76,44 @@ def snapshot() -> dict:
     return {"lnlstm_calls": selection.calls(), "cuda_graphs": cuda_graphs.report()}
 
 
-def ran(since: dict | None = None) -> dict:
+def ran(since: dict | None = None, device: torch.device | str = "cuda") -> dict:
     """What ran (after the ``since`` :func:`snapshot`, else in this process): LN-LSTM backends per
-    device type, the attention paths (in this process), and CUDA graphs recorded per kind with the
-    capture failure if any."""
+    device type, the attention paths (in this process), and, on a CUDA ``device``, CUDA graphs
+    recorded per kind with the capture failure if any."""
     graphs = cuda_graphs.report()
     if since is not None:
         for kind, entry in graphs.items():
             entry["recorded"] -= since["cuda_graphs"][kind]["recorded"]
     calls = since["lnlstm_calls"] if since is not None else None
-    return {"lnlstm_backends_ran": selection.ran(calls), "lnlstm_fallbacks": selfcheck.fallbacks(),
-            "attention_backends_ran": attention_fused.ran(), "cuda_graphs_recorded": graphs}
+    record = {"lnlstm_backends_ran": selection.ran(calls), "lnlstm_fallbacks": selfcheck.fallbacks(),
+              "attention_backends_ran": attention_fused.ran(), "cuda_graphs_recorded": graphs}
+    if torch.device(device).type != "cuda":
+        del record["cuda_graphs_recorded"]
+    return record
+
+
+def summary(record: dict, details: str) -> str:
+    """A :func:`describe` record as one line: the device, which backend runs how many LN-LSTMs and
+    attentions, the C++ build, and anything out of the ordinary (a fallback, an environment override);
+    ``details`` says where the whole record is."""
+    def grouped(backends: dict[str, list[str]]) -> str:
+        return ", ".join(f"{backend} ({len(names)})" for backend, names in backends.items()) or "none"
+
+    flags = record.get("cpp_build_flags") or ""
+    build = "native" if "-march=native" in flags else "portable" if flags else None
+    parts = [f"runtime: {record['device']}", f"LN-LSTM {grouped(record['lnlstm_backends'])}",
+             f"attention {grouped(record['attention_backends'])}"]
+    if build:
+        parts.append(f"C++ operator built {build}")
+    if record.get("lnlstm_backend_override"):
+        parts.append(f"backend forced to {record['lnlstm_backend_override']}")
+    fallbacks = record.get("lnlstm_fallbacks") or []
+    if fallbacks:  # each is warned about, with its reason, where it happens
+        names = sorted({f"{f.get('backend')} on {f.get('device')}" if isinstance(f, dict) else str(f) for f in fallbacks})
+        parts.append(f"fell back to the reference path from {', '.join(names)}")
+    if record.get("environment_overrides"):
+        parts.append(f"environment overrides {record['environment_overrides']}")
+    return "; ".join(parts) + f" (details: {details})"
 
 
 def lines(record: dict) -> list[str]:

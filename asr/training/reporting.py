@@ -43,6 +43,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -102,13 +103,14 @@ class RunLog:
         with ``overrides`` first, and as text with the ``command`` line."""
         if self.writer is None:
             return
-        from torch.utils.tensorboard.summary import hparams
+        from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 
         values = {"overrides": " ".join(overrides) or "(none)"}
         values.update({key: hparam_value(value) for key, value in flatten(config).items() if key != "exp_dir"})
         # The session's hparams only: without an experiment summary of its own, TensorBoard gathers
-        # the hparams of every run it shows, marks those that differ and lists them first.
-        _, session_start, _ = hparams(values, {})
+        # the hparams of every run it shows, marks those that differ and lists them first. TensorBoard's
+        # own writer, not torch's: torch's tests int before bool and logs every boolean as a number.
+        session_start = hparams_pb(values, trial_id=str(self.exp_dir))
         text = yaml.safe_dump(config, sort_keys=False)
         with writing(self.event_file()):
             self.writer.file_writer.add_summary(session_start)
@@ -214,7 +216,7 @@ def end_summary(exp_dir: Path, progress: Progress, why: str, best_metric: str, l
     (from ``progress.best``), the ``last_metrics`` validated (as computed: shares as fractions), the files
     in ``exp_dir``, and the next commands (average the last epochs, evaluate, compare)."""
     folder = shlex.quote(str(exp_dir))
-    epochs = f"{epochs_done:g} epoch" + ("" if epochs_done == 1 else "s")
+    epochs = epochs_text(epochs_done)
     lines = [f"training finished ({why}) after {progress.step} steps, {epochs}, {progress.seconds / 60:.1f} min"]
     kept = sorted(number for path in exp_dir.glob("epoch*.pt") if (number := epoch_of(path, "epoch")) is not None)
     best_files = {epoch_of(path, "best_epoch") for path in exp_dir.glob("best_epoch*.pt")}
@@ -245,6 +247,15 @@ def end_summary(exp_dir: Path, progress: Progress, why: str, best_metric: str, l
     return lines
 
 
+def epochs_text(epochs_done: float) -> str:
+    """Epochs done as the log names them, numbered from 1: ``4 epochs``, or inside one, ``37% into epoch 1``
+    (not ``0.377358 epochs``)."""
+    whole = math.floor(epochs_done)
+    if epochs_done == whole:
+        return f"{whole} epoch" + ("" if whole == 1 else "s")
+    return f"{math.floor(100 * (epochs_done - whole))}% into epoch {whole + 1}"
+
+
 # Charts of several tags each, for TensorBoard's CUSTOM SCALARS tab (every run writes the same layout).
 # The tags are regular expressions there: anchored, so valid/loss is not also valid/loss_without_context.
 OVERLAYS = {"train and valid": {
@@ -261,7 +272,8 @@ def event_folder(exp_dir: Path) -> Path:
 
 
 def hparam_value(value) -> str | int | float | bool:
-    """A config value as TensorBoard's hparams take it: numbers, strings and booleans as they are,
+    """A config value as TensorBoard's hparams take it: numbers, strings and booleans as they are (a
+    boolean as a boolean; an integer as TensorBoard's one kind of number, which has no integer type),
     anything else (None, lists, mappings) as its JSON text."""
     if isinstance(value, (bool, int, float, str)):
         return value

@@ -86,10 +86,12 @@ class Trainer:
     """Owns the model, the optimiser and the loops; one instance per process."""
 
     def __init__(self, config: ExperimentConfig, resume: bool = False, overrides: list[str] | None = None,
-                 command: str | None = None):
+                 command: str | None = None, verbose: bool = False):
         """``overrides`` (``key.sub=value``) and ``command`` are what the run was started with, recorded
-        in ``train.log`` and TensorBoard; ``config`` already has the overrides applied."""
+        in ``train.log`` and TensorBoard; ``config`` already has the overrides applied. ``verbose`` logs
+        every entry of the runtime record (which code computes the model), not only its one-line summary."""
         self.config = config
+        self.verbose = verbose
         self.overrides = list(overrides or [])
         self.train_cfg = config.train
         self.dist = init_distributed(device_kind(config.train.device))
@@ -129,7 +131,10 @@ class Trainer:
         # which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs): recorded with the run
         self.runtime = runtime.describe(self.raw_model, self.device)
         self._runtime_before = runtime.snapshot()  # "what ran" is this run's, not this process's
-        runtime.log(logger, self.runtime)
+        if verbose:
+            runtime.log(logger, self.runtime)
+        else:  # one line: the whole record is in config.yaml
+            logger.info("%s", runtime.summary(self.runtime, f"{self.exp_dir / 'config.yaml'}, runtime; --verbose"))
         self._write_config()
         self.model = self.raw_model
         if self.dist.enabled:
@@ -240,9 +245,10 @@ class Trainer:
             self.log.close()
         if self._ended_by is not None:
             why = self._ended_by
-        ran = runtime.ran(since=self._runtime_before)
+        ran = runtime.ran(since=self._runtime_before, device=self.device)
         self.runtime.update(ran)
-        runtime.log(logger, ran)
+        if self.verbose:
+            runtime.log(logger, ran)
         self._write_config()
         self.log.summary(end_summary(self.exp_dir, self.progress, why, self.train_cfg.best_metric, self.last_metrics,
                                      self._epochs_done()))

@@ -413,6 +413,34 @@ def test_portable_build_on_request(monkeypatch):
     assert "-march=native" not in lnlstm_ext.build_flags()
 
 
+def test_a_build_says_so_and_how_long_it_takes_and_a_cached_one_says_nothing(tmp_path, capsys):
+    """The first transcribe on a machine waited about a minute in silence while the operator built (issue 80)."""
+    import os
+
+    built = []
+
+    class Extension:  # torch.utils.cpp_extension, with its build done in no time
+        @staticmethod
+        def _get_build_directory(name, verbose):
+            return str(tmp_path / name)
+
+        @staticmethod
+        def load(name, **options):
+            (tmp_path / name / f"{name}.so").write_bytes(b"")
+            built.append(name)
+
+    lnlstm_ext._compile(Extension, "asr_lnlstm_test", ["-O3"])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"building the C++ LN-LSTM operator for this CPU, once ({lnlstm_ext.BUILD_TIME}) into {tmp_path / 'asr_lnlstm_test'}"
+    assert err[1].startswith("built the C++ LN-LSTM operator in ") and len(err) == 2
+    lnlstm_ext._compile(Extension, "asr_lnlstm_test", ["-O3"])  # cached: it only loads
+    assert capsys.readouterr().err == "" and len(built) == 2
+    library = tmp_path / "asr_lnlstm_test" / "asr_lnlstm_test.so"
+    os.utime(library, (0, 0))  # older than the sources: ninja rebuilds it, and that is said too
+    lnlstm_ext._compile(Extension, "asr_lnlstm_test", ["-O3"])
+    assert "building the C++ LN-LSTM operator" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu():
     torch.manual_seed(5)

@@ -1,0 +1,28 @@
+"""asr.models.runtime: the record of which code computes a model, and the one line train.log gives it (issue 80)."""
+
+from torch import nn
+
+from asr.models import runtime
+
+
+def test_a_run_off_cuda_records_nothing_of_cuda_graphs():
+    model = nn.Linear(2, 2)  # no LN-LSTM, no attention: nothing to choose, nothing to build
+    assert "cuda_graphs" not in runtime.describe(model, "cpu")
+    assert "cuda_graphs_recorded" not in runtime.ran(device="cpu")
+    assert runtime.describe(model, "cuda")["cuda_graphs"] == {"lnlstm": None, "speller": None}
+    assert "cuda_graphs_recorded" in runtime.ran(device="cuda")
+
+
+def test_the_summary_is_one_line_with_the_backends_and_what_is_out_of_the_ordinary():
+    record = {"device": "cpu", "lnlstm_backend_requested": ["auto"], "lnlstm_backend_override": None,
+              "lnlstm_backends": {"cpp": ["listener.layers.0", "listener.layers.1"], "reference": ["speller.cells.0"]},
+              "lnlstm_fallbacks": [], "attention_backends": {"cpp": ["speller.attention"]},
+              "cpp_build_flags": "-O3 -fopenmp -march=native", "environment_overrides": {}}
+    line = runtime.summary(record, "exp/config.yaml")
+    assert line == ("runtime: cpu; LN-LSTM cpp (2), reference (1); attention cpp (1); C++ operator built native "
+                    "(details: exp/config.yaml)")
+    record.update(lnlstm_fallbacks=[{"backend": "cpp", "device": "cpu", "call": "a layer", "reason": "RuntimeError"}],
+                  environment_overrides={"ASR_LNLSTM_BUILD": "portable"}, cpp_build_flags="-O3 -mavx2")
+    line = runtime.summary(record, "exp/config.yaml")
+    assert "C++ operator built portable" in line and "fell back to the reference path from cpp on cpu" in line
+    assert "environment overrides {'ASR_LNLSTM_BUILD': 'portable'}" in line and "\n" not in line
