@@ -33,7 +33,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.cli.errors import fail, what_file
+from asr.cli.errors import fail, one_line, what_file
 from asr.curves import CompareError, differing_settings, gather_curves, markdown_table, plot, settings_lines
 
 
@@ -103,11 +103,13 @@ def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: 
     from asr.diagnosis import diagnosis_figure, diagnosis_table, read_diagnosed
 
     if out.suffix.lower() != ".png":
-        fail(f"--out must name a .png file, got {out}")
+        print(f"error: --out must name a .png file, got {out}", file=sys.stderr)
+        return 2
     try:
         runs = [read_diagnosed(d, label, setting) for d, label, setting in zip(exp_dirs, labels, settings)]
     except CompareError as err:
-        fail(err)
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 2
     diagnosis_figure(runs, out)
     table = diagnosis_table(runs) + "\n"
     out.with_suffix(".md").write_text(table)
