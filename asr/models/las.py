@@ -52,7 +52,8 @@ class LASConfig(ModelConfig):
     layer_norm: Literal["both", "listener", "speller", "none"] = "both"
     # Which LN-LSTM cell (asr/models/lnlstm/variants.py): ba2016 (Ba et al. 2016: LN over the
     # 4H gate vectors, un-normalised cell carried), tf_contrib (TensorFlow's LayerNormBasicLSTMCell)
-    # or raw_gates (LN without gain or bias on the gates); only ba2016 has fused kernels.
+    # or raw_gates (LN without gain or bias on the gates). Fused kernels: ba2016 on C++ and Triton,
+    # tf_contrib on C++ only, raw_gates none (the reference path).
     lnlstm_variant: Literal["ba2016", "tf_contrib", "raw_gates"] = "ba2016"
     lnlstm_eps: float | None = None  # epsilon of every layer norm inside the LN-LSTMs; None: the variant's own
     forget_bias: float = 1.0       # added to every LSTM's forget gate, so fresh cells remember (Jozefowicz et al. 2015)

@@ -185,10 +185,11 @@ def test_zero_length_rows_keep_the_initial_state(implementation):
 
 
 @pytest.mark.slow  # float64 gradcheck: about 1-3 s a backend
+@pytest.mark.parametrize("variant", ["ba2016", "tf_contrib"])
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS, indirect=True)
-def test_gradcheck_float64_layer_norm(implementation):
+def test_gradcheck_float64_layer_norm(implementation, variant):
     torch.manual_seed(2)
-    model = LNLSTM(2, 3, num_layers=2, bidirectional=True, layer_norm=True).double()
+    model = LNLSTM(2, 3, num_layers=2, bidirectional=True, layer_norm=True, variant=variant).double()
     perturb(model)
     names = [name for name, _ in model.named_parameters()]
     params = tuple(p.detach().clone().requires_grad_() for p in model.parameters())
@@ -286,6 +287,44 @@ def test_fused_path_matches_reference(layer_norm, bidirectional, dtype):
     # so they cannot be held to 1e-5 of each other. The fused path is held to
     # the float64 result instead, within ten times the float32 reference
     # path's own error: as accurate, give or take the luck of the rounding.
+    reference32, fused32 = run_both_paths(model, x, lengths, state)
+    tol = max(1e-5, 10 * max_relative_error(reference32, reference64))
+    for name in reference64:
+        assert_close(fused32[name].double(), reference64[name], tol=tol, name=name)
+
+
+@pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_fused_tf_contrib_matches_reference(bidirectional, dtype):
+    """The tf_contrib cell (per-gate LN, no gate bias, the normalised cell carried) on the C++
+    operator: outputs, final states and the gradients of x, the initial state and every parameter
+    (the four gate norms' gains and shifts among them), with padding; tolerances as
+    test_fused_path_matches_reference's."""
+    torch.manual_seed(6)
+    model = LNLSTM(5, 6, num_layers=2, bidirectional=bidirectional, variant="tf_contrib", forget_bias=0.5)
+    perturb(model, std=0.5)
+    # 32 rows: W_x x in chunks of 4 steps, so 10 steps span three chunks, the last one partial.
+    x = torch.randn(32, 10, 5)
+    lengths = torch.randint(1, 11, (32,))
+    lengths[3] = 10
+    layers = 2 * (2 if bidirectional else 1)
+    state = (torch.randn(layers, 32, 6), torch.randn(layers, 32, 6))
+    previous = lnlstm.get_implementation()
+    lnlstm.set_implementation("cpp")
+    try:
+        assert copy.deepcopy(model).to(dtype).select_backend(x.to(dtype)) == "cpp", "C++ must compute tf_contrib"
+    finally:
+        lnlstm.set_implementation(previous)
+    reference64, fused64 = run_both_paths(
+        copy.deepcopy(model).double(), x.double(), lengths, tuple(s.double() for s in state)
+    )
+    assert fused64.keys() == reference64.keys()
+    assert any(name.endswith("ln_gates.2.weight") for name in reference64)
+    if dtype == torch.float64:
+        for name in reference64:
+            assert_close(fused64[name], reference64[name], tol=1e-10, name=name)
+        return
     reference32, fused32 = run_both_paths(model, x, lengths, state)
     tol = max(1e-5, 10 * max_relative_error(reference32, reference64))
     for name in reference64:

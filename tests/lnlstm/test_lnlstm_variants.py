@@ -158,10 +158,16 @@ def test_padding_and_the_stepped_cell_agree_with_the_sequence(variant):
     torch.testing.assert_close(state[1], c_n[0])
 
 
+# The fused backends that compute each variant, written out here: the C++ operator computes ba2016
+# and tf_contrib, the Triton kernels ba2016 only; raw_gates runs the reference path everywhere.
+FUSED_BACKENDS = {"ba2016": {"cpp", "triton"}, "tf_contrib": {"cpp"}, "raw_gates": set()}
+
+
 @pytest.mark.parametrize("implementation", ["cpp", "triton"])
-def test_only_ba2016_reaches_the_fused_paths(monkeypatch, implementation):
-    """Whatever the implementation switch says, tf_contrib and raw_gates run the reference path;
-    ba2016 goes to the fused path (here a stand-in that raises, so no kernel is built)."""
+def test_each_variant_reaches_only_the_fused_backends_that_compute_it(monkeypatch, implementation):
+    """Whatever the implementation switch says, a variant the named backend does not compute runs the
+    reference path; one it computes goes to the fused path (here a stand-in that raises, so no kernel
+    is built). Only Triton takes the single step of a cell."""
 
     class Fused(Exception):
         pass
@@ -182,15 +188,21 @@ def test_only_ba2016_reaches_the_fused_paths(monkeypatch, implementation):
         monkeypatch.setattr(lnlstm.selection, "_programmatic", "reference")
         expected = model(x)[0]
         monkeypatch.setattr(lnlstm.selection, "_programmatic", implementation)
-        if variant == "ba2016":
+        assert model.cells[0].spec.fused_by(implementation) == (implementation in FUSED_BACKENDS[variant])
+        if implementation in FUSED_BACKENDS[variant]:
+            assert model.select_backend(x) == implementation
             with pytest.raises(Fused):
                 model(x)
             if implementation == "triton":
                 with pytest.raises(Fused):
                     model.cells[0](x[:, 0])
+            else:
+                model.cells[0](x[:, 0])  # the C++ operator computes whole layers: a step is the reference's
         else:
+            assert model.select_backend(x) == "reference"
             assert torch.equal(model(x)[0], expected)
             model.cells[0](x[:, 0])
+        assert model.cells[0].fusable == bool(FUSED_BACKENDS[variant])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -14,19 +14,22 @@ from asr.models.lnlstm import CellSpec, LNLSTM, select_backend, selection
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 BA2016, PLAIN, TF_CONTRIB = CellSpec(), CellSpec(layer_norm=False), CellSpec(variant="tf_contrib", eps=1e-12)
+RAW_GATES = CellSpec(variant="raw_gates", eps=1e-3)
 
 
 class Fake:
-    """A backend with fixed answers; ``asked`` records the availability questions (device, strict)."""
+    """A backend with fixed answers; ``asked`` records the availability questions (device, strict).
+    It computes the plain LSTM and the LN-LSTM ``variants``."""
 
-    def __init__(self, name, auto_devices, devices, dtypes, available=True, single_step=False):
+    def __init__(self, name, auto_devices, devices, dtypes, variants, available=True, single_step=False):
         self.name, self.auto_devices = name, auto_devices
         self.devices, self.dtypes, self.is_available, self.single_step = devices, dtypes, available, single_step
+        self.variants = variants
         self.asked = []
 
     def supports(self, spec, device, dtype, param_dtype, single_step):
-        return (spec.fusable and device.type in self.devices and param_dtype in self.dtypes
-                and (self.single_step or not single_step))
+        return ((not spec.layer_norm or spec.variant in self.variants) and device.type in self.devices
+                and param_dtype in self.dtypes and (self.single_step or not single_step))
 
     def available(self, device, strict=False):
         self.asked.append((device.type, strict))
@@ -37,8 +40,9 @@ class Fake:
 
 def fakes(triton_available=True, cpp_available=True):
     return {
-        "triton": Fake("triton", ("cuda",), ("cuda", "cpu"), (F32,), triton_available, single_step=True),
-        "cpp": Fake("cpp", ("cpu",), ("cpu",), (F32, F64), cpp_available),
+        "triton": Fake("triton", ("cuda",), ("cuda", "cpu"), (F32,), ("ba2016",), triton_available,
+                       single_step=True),
+        "cpp": Fake("cpp", ("cpu",), ("cpu",), (F32, F64), ("ba2016", "tf_contrib"), cpp_available),
     }
 
 
@@ -51,8 +55,10 @@ def fakes(triton_available=True, cpp_available=True):
         ("auto", BA2016, CUDA, F32, False, "triton"),
         ("auto", BA2016, CUDA, F64, False, "reference"),       # Triton takes float32 parameters only
         ("auto", PLAIN, CUDA, F32, False, "triton"),
-        ("auto", TF_CONTRIB, CPU, F32, False, "reference"),    # the fused kernels compute ba2016 only
-        ("auto", TF_CONTRIB, CUDA, F32, False, "reference"),
+        ("auto", TF_CONTRIB, CPU, F32, False, "cpp"),          # C++ computes tf_contrib too
+        ("auto", TF_CONTRIB, CPU, F64, False, "cpp"),
+        ("auto", TF_CONTRIB, CUDA, F32, False, "reference"),   # Triton does not
+        ("auto", RAW_GATES, CPU, F32, False, "reference"),     # no backend computes raw_gates
         ("auto", BA2016, CPU, F32, True, "reference"),         # a single step: C++ computes whole layers
         ("auto", BA2016, CUDA, F32, True, "triton"),
         ("reference", BA2016, CUDA, F32, False, "reference"),
@@ -82,7 +88,8 @@ def test_auto_falls_back_quietly_and_a_named_backend_raises():
 def test_unsupported_calls_never_ask_for_availability():
     """Nothing is built or compiled for a call a backend does not support."""
     backends = fakes()
-    select_backend("auto", TF_CONTRIB, CPU, F32, F32, backends)
+    select_backend("auto", RAW_GATES, CPU, F32, F32, backends)
+    select_backend("auto", TF_CONTRIB, CUDA, F32, F32, backends)
     select_backend("cpp", BA2016, CUDA, F32, F32, backends)
     assert backends["cpp"].asked == [] and backends["triton"].asked == []
 

@@ -38,12 +38,16 @@ def _cpp_runs() -> bool:
 needs_cpp = pytest.mark.skipif(not _cpp_runs(), reason="the C++ operator does not build here")
 
 
+CPP_SPECS = [CellSpec(), CellSpec(layer_norm=False), CellSpec(variant="tf_contrib", eps=1e-12)]
+CPP_SPEC_IDS = ["ba2016", "plain", "tf_contrib"]
+
+
 @needs_cpp
-@pytest.mark.parametrize("spec", [CellSpec(), CellSpec(layer_norm=False)], ids=["ba2016", "plain"])
+@pytest.mark.parametrize("spec", CPP_SPECS, ids=CPP_SPEC_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_cpp_operator_passes_its_check_and_runs(spec, dtype):
     assert selfcheck.passes("cpp", spec, CPU, dtype, dtype, single_step=False)
-    lstm = LNLSTM(5, 4, bidirectional=True, layer_norm=spec.layer_norm).to(dtype)
+    lstm = LNLSTM(5, 4, bidirectional=True, layer_norm=spec.layer_norm, variant=spec.variant).to(dtype)
     assert lstm.select_backend(torch.randn(2, 3, 5, dtype=dtype)) == "cpp"
     assert selfcheck.fallbacks() == []
 
@@ -78,11 +82,12 @@ def _raising(*args, **kwargs):
 
 
 @needs_cpp
+@pytest.mark.parametrize("variant", ["ba2016", "tf_contrib"])
 @pytest.mark.parametrize("fault", ["wrong", "raises"])
-def test_a_broken_backend_falls_back_to_the_reference_path_saying_so_once(monkeypatch, caplog, fault):
+def test_a_broken_backend_falls_back_to_the_reference_path_saying_so_once(monkeypatch, caplog, fault, variant):
     cpp = backends()["cpp"]
     monkeypatch.setattr(cpp, "layer", _broken_layer(cpp.layer) if fault == "wrong" else _raising)
-    lstm = LNLSTM(5, 4, bidirectional=True)
+    lstm = LNLSTM(5, 4, bidirectional=True, variant=variant)
     x = torch.randn(2, 3, 5)
     with caplog.at_level(logging.WARNING):
         assert lstm.select_backend(x) == "reference"
@@ -92,7 +97,7 @@ def test_a_broken_backend_falls_back_to_the_reference_path_saying_so_once(monkey
     assert len(warnings) == 1 and "'cpp'" in warnings[0] and "cpu" in warnings[0]
     assert ("differs from the reference path" if fault == "wrong" else "RuntimeError") in warnings[0]
     (entry,) = selfcheck.fallbacks()
-    assert entry["backend"] == "cpp" and entry["instead"] == "reference"
+    assert entry["backend"] == "cpp" and entry["instead"] == "reference" and variant in entry["call"]
     assert torch.isfinite(y).all()
 
 

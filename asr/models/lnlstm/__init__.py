@@ -49,10 +49,11 @@ LN-LSTM cells exist for the normalisation study (``model.lnlstm_variant``):
 ``tf_contrib`` (TensorFlow 1.x's ``LayerNormBasicLSTMCell``: per-gate LN of one
 projection without bias, the normalised cell carried) and ``raw_gates`` (LN
 without gain or bias, epsilon 1e-3, on ``W_x x`` and ``W_h h``); their
-equations are in :mod:`asr.models.lnlstm.variants`. **The fused C++ and
-Triton paths implement ba2016 (and the plain LSTM) only**: cells of the other
-variants always run the reference path, whatever the implementation switch
-says (:attr:`CellSpec.fusable`).
+equations are in :mod:`asr.models.lnlstm.variants`. **The fused C++ operator
+computes ba2016, tf_contrib and the plain LSTM; the Triton kernels ba2016 and
+the plain LSTM only**: a backend asked for a cell it does not compute runs the
+reference path instead, whatever the implementation switch says
+(:meth:`CellSpec.fused_by`), so raw_gates always runs there.
 """
 
 from asr.models.lnlstm.cells import CellSpec, LNLSTMCell

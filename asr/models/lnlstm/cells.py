@@ -31,10 +31,15 @@ class CellSpec:
         """The variant class whose norms and step the cell uses (ba2016's for the plain LSTM: no norms)."""
         return CELL_VARIANTS[self.variant] if self.layer_norm else Ba2016
 
+    def fused_by(self, backend: str) -> bool:
+        """Whether the fused backend named ``backend`` computes this cell: C++ the plain LSTM, ba2016
+        and tf_contrib; Triton the plain LSTM and ba2016 (the variant's ``fused_backends``)."""
+        return backend in self.math.fused_backends
+
     @property
     def fusable(self) -> bool:
-        """Whether the fused C++ and Triton backends compute this cell: the plain LSTM and ba2016 only."""
-        return self.math.fused
+        """Whether some fused backend computes this cell (raw_gates: none; it always runs the reference path)."""
+        return bool(self.math.fused_backends)
 
 
 class LNLSTMCell(nn.Module):

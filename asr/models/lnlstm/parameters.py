@@ -16,7 +16,9 @@ class LayerParameters:
     """The cells of one layer (forward, then backward direction) and their tensors stacked over
     directions, each gathered on first use and kept for the call: ``weight_x`` (D, 4H, I),
     ``weight_h`` (D, 4H, H), ``bias`` (D, 4H), and with layer norm ``ln_x``, ``ln_h`` (gain,
-    bias) each (D, 4H) and ``ln_c`` (gain, bias) each (D, H).
+    bias) each (D, 4H) and ``ln_c`` (gain, bias) each (D, H); a ``tf_contrib`` layer has
+    ``ln_gates`` (gain, shift) each (D, 4H), its four per-gate norms' in gate order, instead of
+    ``bias``, ``ln_x`` and ``ln_h``.
 
     A backend reads parameters here and nowhere else, so a renamed parameter changes this
     class only. Stacking is autograd-tracked: gradients reach each cell's parameters.
@@ -54,6 +56,12 @@ class LayerParameters:
     @cached_property
     def ln_h(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._norm("ln_h")
+
+    @cached_property
+    def ln_gates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        gains = [torch.cat([norm.weight for norm in cell.ln_gates]) for cell in self.cells]
+        shifts = [torch.cat([norm.bias for norm in cell.ln_gates]) for cell in self.cells]
+        return stack_directions(gains), stack_directions(shifts)
 
     @cached_property
     def ln_c(self) -> tuple[torch.Tensor, torch.Tensor]:

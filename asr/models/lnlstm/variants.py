@@ -90,8 +90,9 @@ class Ba2016:
     cell_eps = BA2016_EPS
     gate_bias = True
     affine_gate_norms = True
-    # The fused C++ and Triton backends compute these equations (and the plain LSTM's) only.
-    fused = True
+    # The fused backends that compute this variant's equations (CellSpec.fused_by); any other backend
+    # asked for it runs the reference path. Both compute ba2016's (and the plain LSTM's).
+    fused_backends: tuple[str, ...] = ("cpp", "triton")
 
     @classmethod
     def build_norms(cls, hidden_size: int, eps: float | None) -> dict[str, nn.Module]:
@@ -133,7 +134,7 @@ class RawGates(Ba2016):
     gate_eps = RAW_GATES_GATE_EPS
     cell_eps = RAW_GATES_CELL_EPS
     affine_gate_norms = False
-    fused = False
+    fused_backends = ()
 
 
 class TfContrib(Ba2016):
@@ -143,7 +144,9 @@ class TfContrib(Ba2016):
     gate_eps = TF_CONTRIB_EPS
     cell_eps = TF_CONTRIB_EPS
     gate_bias = False
-    fused = False
+    # The C++ operator computes it (per-gate LN and the normalised cell carried: csrc/lnlstm.cpp);
+    # the Triton kernels do not.
+    fused_backends = ("cpp",)
 
     @classmethod
     def build_norms(cls, hidden_size: int, eps: float | None) -> dict[str, nn.Module]:

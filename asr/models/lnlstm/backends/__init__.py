@@ -47,6 +47,9 @@ class Backend(Protocol):
 # What each fused backend's autograd Function takes of a layer, in this order, and gives gradients for:
 # the whole layer, input side included (x and W_x, not precomputed input gates), so that both fused
 # backends split a layer in the same place. The LN entries are absent without layer norm.
+# A tf_contrib layer (the C++ operator's only) has one norm per gate acting on W_x x + W_h h, and no b
+# and no LN_x: its four gate norms' gains and shifts, stacked (D, 4H) in gate order, take LN_h's slots
+# (the norm that meets the recurrent product), and b and LN_x are absent.
 LAYER_INPUTS = ("x", "weight_x", "weight_h", "bias", "ln_x_gain", "ln_x_bias", "ln_h_gain", "ln_h_bias",
                 "ln_c_gain", "ln_c_bias")
 LN_INPUTS = LAYER_INPUTS[4:]
@@ -55,10 +58,17 @@ LN_INPUTS = LAYER_INPUTS[4:]
 def layer_inputs(params, x: torch.Tensor, absent=None) -> dict:
     """:data:`LAYER_INPUTS` of one layer by name, from its
     :class:`~asr.models.lnlstm.parameters.LayerParameters` and x (B, T, I); ``absent`` stands for the
-    layer-norm parameters of a layer without layer norm."""
+    parameters a layer does not have (layer norm without it; b and LN_x for tf_contrib)."""
+    spec = params.spec
+    if spec.layer_norm and spec.variant == "tf_contrib":
+        gain, shift = params.ln_gates
+        ln_c_gain, ln_c_bias = params.ln_c
+        return {"x": x, "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": absent,
+                "ln_x_gain": absent, "ln_x_bias": absent, "ln_h_gain": gain, "ln_h_bias": shift,
+                "ln_c_gain": ln_c_gain, "ln_c_bias": ln_c_bias}
     inputs = {"x": x, "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": params.bias}
     for norm in ("ln_x", "ln_h", "ln_c"):
-        gain, bias = getattr(params, norm) if params.spec.layer_norm else (absent, absent)
+        gain, bias = getattr(params, norm) if spec.layer_norm else (absent, absent)
         inputs[f"{norm}_gain"], inputs[f"{norm}_bias"] = gain, bias
     return inputs
 

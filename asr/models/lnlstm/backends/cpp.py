@@ -231,23 +231,32 @@ def build_flags() -> list[str] | None:
 
 # The operator's per-layer inputs, in the order of its schema (csrc/lnlstm.cpp, lnlstm_forward and
 # lnlstm_backward; its gradients come back in this order too, then d_h0, d_c0), and the tensors its
-# forward saves for backward (those of layer norm are empty without it).
+# forward saves for backward (those of layer norm are empty without it; gates_x is empty for tf_contrib,
+# whose xhat_h and ln_stats hold its four gate norms' normalised values and inverse deviations).
 # (The inputs are every fused backend's: LAYER_INPUTS.)
 _SAVED = ("gates_x", "states_h", "states_c", "activations", "xhat_h", "ln_stats", "xhat_c")
 # _FusedLayer.apply's arguments: the settings, the lengths, the state, then LAYER_INPUTS.
 _ARGUMENTS = ("config", "lengths", "h0", "c0", *LAYER_INPUTS)
+# Per cell the operator computes: the LAYER_INPUTS it is given as empty placeholders (layer_inputs).
+_ABSENT = {"plain": LN_INPUTS, "ba2016": (), "tf_contrib": ("bias", "ln_x_gain", "ln_x_bias")}
+
+
+def cell_name(spec) -> str:
+    """What the operator computes for a :class:`~asr.models.lnlstm.cells.CellSpec` it supports:
+    ``plain`` (no layer norm), ``ba2016`` or ``tf_contrib`` (its ``cell`` argument)."""
+    return spec.variant if spec.layer_norm else "plain"
 
 
 class _FusedLayer(torch.autograd.Function):
     """Autograd wrapper: (config, lengths, h0, c0, *inputs by :data:`LAYER_INPUTS`) -> (y, h_n, c_n).
-    config: (forget_bias, eps, layer_norm, save)."""
+    config: (forget_bias, eps, cell, save), cell being what the operator computes (:func:`cell_name`)."""
 
     @staticmethod
     def forward(ctx, config, lengths, h0, c0, *tensors):
-        forget_bias, eps, layer_norm, save = config
+        forget_bias, eps, cell, save = config
         inputs = dict(zip(LAYER_INPUTS, tensors, strict=True))
         y, h_n, c_n, *saved = load(strict=True).forward(
-            *inputs.values(), h0, c0, lengths, forget_bias, eps, layer_norm, save
+            *inputs.values(), h0, c0, lengths, forget_bias, eps, cell, save
         )
         if save:
             ctx.names = (*LAYER_INPUTS, "lengths", *_SAVED)
@@ -259,17 +268,19 @@ class _FusedLayer(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, dh_n, dc_n):
         saved = dict(zip(ctx.names, ctx.saved_tensors, strict=True))
-        forget_bias, eps, layer_norm, _ = ctx.config
+        forget_bias, eps, cell, _ = ctx.config
         need_dx = ctx.needs_input_grad[_ARGUMENTS.index("x")]  # not for a first layer reading features
         grads = load(strict=True).backward(
             dy, dh_n, dc_n, *(saved[name] for name in LAYER_INPUTS), saved["lengths"],
-            [saved[name] for name in _SAVED], forget_bias, eps, layer_norm, need_dx,
+            [saved[name] for name in _SAVED], forget_bias, eps, cell, need_dx,
         )
         grads = dict(zip((*LAYER_INPUTS, "h0", "c0"), grads, strict=True))
         if not need_dx:
             grads["x"] = None
-        if not layer_norm:  # the LN "parameters" were empty placeholders
-            grads.update(dict.fromkeys(LN_INPUTS))
+        # The parameters a cell does not have (LN without layer norm; b and LN_x for tf_contrib)
+        # were empty placeholders: their gradients are empty too.
+        for name in _ABSENT[cell]:
+            grads[name] = None
         return tuple(grads.get(name) for name in _ARGUMENTS)
 
 
@@ -289,7 +300,7 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
     h0 = h0.contiguous()
     c0 = c0.contiguous()
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs.values(), h0, c0))
-    config = (spec.forget_bias, spec.eps, spec.layer_norm, save)
+    config = (spec.forget_bias, spec.eps, cell_name(spec), save)
     return _FusedLayer.apply(config, lengths_cpu, h0, c0, *(inputs[name] for name in LAYER_INPUTS))
 
 
@@ -300,7 +311,8 @@ class CppBackend:
     auto_devices = ("cpu",)
 
     def supports(self, spec, device, dtype, param_dtype, single_step) -> bool:
-        return spec.fusable and not single_step and device.type == "cpu" and dtype in (torch.float32, torch.float64)
+        return (spec.fused_by(self.name) and not single_step and device.type == "cpu"
+                and dtype in (torch.float32, torch.float64))
 
     def available(self, device, strict: bool = False) -> bool:
         return load(strict) is not None

@@ -712,7 +712,7 @@ class TritonBackend:
     auto_devices = ("cuda",)
 
     def supports(self, spec, device, dtype, param_dtype, single_step) -> bool:
-        return spec.fusable and param_dtype == torch.float32 and device.type in ("cuda", "cpu")
+        return spec.fused_by(self.name) and param_dtype == torch.float32 and device.type in ("cuda", "cpu")
 
     def available(self, device, strict: bool = False) -> bool:
         return usable(device, strict)

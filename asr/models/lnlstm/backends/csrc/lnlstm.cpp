@@ -6,6 +6,16 @@
 //   h_t   = tanh(LN_c(c_t)) * sigmoid(o)
 // Without layer norm every LN is the identity. The un-normalised c_t is carried.
 //
+// The cell "tf_contrib" (TensorFlow's LayerNormBasicLSTMCell, asr/models/lnlstm/variants.py) is a
+// branch of its own in the row kernels; the chunked products, the directions and the lengths are
+// shared:
+//   a     = W_x x_t + W_h h_{t-1}                         (no b, no LN_x, no LN_h)
+//   i, j, f, o = LN_i(a_i), LN_j(a_j), LN_f(a_f), LN_o(a_o) each over its own H units, gain and shift
+//   c_t   = LN_c(c_{t-1} * sigmoid(f + forget_bias) + sigmoid(i) * tanh(j))
+//   h_t   = tanh(c_t) * sigmoid(o)
+// Here the normalised c_t is carried. Its gate norms' gains and shifts arrive in LN_h's slots
+// (asr/models/lnlstm/backends/__init__.py, LAYER_INPUTS); b and LN_x are absent (empty).
+//
 // Why it is fast:
 // * Each direction runs in its own thread (at::parallel_for over directions;
 //   BLAS calls inside run single-threaded, as nested OpenMP regions do), so
@@ -50,6 +60,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -244,10 +255,16 @@ const T* ptr_or_null(const at::Tensor& t) {
   return t.defined() && t.numel() ? t.const_data_ptr<T>() : nullptr;
 }
 
+// Values per saved row in `stats`: ba2016 mean_x, rstd_x, rstd_h, rstd_c; tf_contrib the four gate
+// norms' rstd, then rstd_c.
+constexpr int64_t kStats = 4;
+constexpr int64_t kStatsTfContrib = 5;
+
 template <typename T>
 struct Layer {
   int64_t B, Tn, I, D, H, S;
   bool layer_norm, save;
+  bool tf_contrib;  // the tf_contrib cell (layer_norm is true too)
   T forget_bias, eps;
   int64_t chunk;  // time steps per input-projection GEMM
   const int64_t* len;
@@ -255,15 +272,15 @@ struct Layer {
   const T* w_x;   // (D, 4H, I)
   const T* w_h;   // (D, 4H, H)
   const T* bias;  // (D, 4H)
-  const T *lxg, *lxb, *lhg, *lhb;  // (D, 4H) LN_x, LN_h gain/bias
+  const T *lxg, *lxb, *lhg, *lhb;  // (D, 4H) LN_x, LN_h gain/bias (tf_contrib: the gate norms', no LN_x)
   const T *lcg, *lcb;              // (D, H) LN_c gain/bias
   // saved for backward (save == true), indexed [d][s][b] (step s, not frame):
-  T* gx;        // (D, S, B, 4H) W_x x_t, before LN_x
+  T* gx;        // (D, S, B, 4H) W_x x_t, before LN_x (not saved for tf_contrib)
   T* states_h;  // (D, S+1, B, H): state before step s; [S] is the final one
   T* states_c;  // (D, S+1, B, H)
   T* act;       // (D, S, B, 4H): sigmoid(i), tanh(j), sigmoid(f+fb), sigmoid(o)
-  T* xhat_h;    // (D, S, B, 4H) LN_h normalised values
-  T* stats;     // (D, S, B, 4): mean_x, rstd_x, rstd_h, rstd_c
+  T* xhat_h;    // (D, S, B, 4H) LN_h normalised values (tf_contrib: the gate norms')
+  T* stats;     // (D, S, B, kStats or kStatsTfContrib)
   T* xhat_c;    // (D, S, B, H) LN_c normalised values
   T* y;         // (B, T, D*H)
   T* h_n;       // (D, B, H)
@@ -351,25 +368,68 @@ inline void cell_and_output_plain(int64_t H, const T* __restrict__ act, const T*
   }
 }
 
+// tf_contrib: pre = per-gate LN of gx + gh (gain and shift), each gate's x_hat into xh and its
+// inverse standard deviation into rstd[0..4).
+template <typename T>
+inline void gates_per_gate_ln(int64_t H, const T* __restrict__ gx, const T* __restrict__ gh,
+                              const T* __restrict__ gain, const T* __restrict__ shift, T eps, T* __restrict__ xh,
+                              T* __restrict__ pre, T* __restrict__ rstd) {
+  for (int64_t k = 0; k < 4 * H; ++k) pre[k] = gx[k] + gh[k];
+  for (int64_t gate = 0; gate < 4; ++gate) {
+    const int64_t o = gate * H;
+    T mean;
+    moments(pre + o, H, eps, mean, rstd[gate]);
+    const T r = rstd[gate];
+    for (int64_t k = o; k < o + H; ++k) {
+      xh[k] = (pre[k] - mean) * r;
+      pre[k] = xh[k] * gain[k] + shift[k];
+    }
+  }
+}
+
+// tf_contrib: c = LN_c(c_prev * sigmoid(f) + sigmoid(i) * tanh(j)), the cell carried;
+// h = y = tanh(c) * sigmoid(o). LN_c's x_hat into xc; returns its inverse standard deviation.
+template <typename T>
+inline T cell_and_output_tf_contrib(int64_t H, const T* __restrict__ act, const T* __restrict__ c_prev,
+                                    const T* __restrict__ gcg, const T* __restrict__ gcb, T eps,
+                                    T* __restrict__ c, T* __restrict__ xc, T* __restrict__ h, T* __restrict__ y) {
+  for (int64_t k = 0; k < H; ++k) c[k] = c_prev[k] * act[2 * H + k] + act[k] * act[H + k];
+  T mc, rc;
+  moments(c, H, eps, mc, rc);
+  for (int64_t k = 0; k < H; ++k) {
+    xc[k] = (c[k] - mc) * rc;
+    c[k] = xc[k] * gcg[k] + gcb[k];
+    h[k] = tanh_(c[k]) * act[3 * H + k];
+    y[k] = h[k];
+  }
+  return rc;
+}
+
 template <typename T>
 void forward_direction(const Layer<T>& p, int64_t d) {
   const int64_t B = p.B, H = p.H, G = 4 * H, D = p.D, S = p.S, I = p.I;
   // gx = x W_x^T and gates_h = h W_h^T: W(k, n) = w[n][k].
   const PackedMatrix<T> Wx_t(p.w_x + d * G * I, I, G, 1, I);
   const PackedMatrix<T> Wh_t(p.w_h + d * G * H, H, G, 1, H);
-  std::vector<T> bsum(G);
-  for (int64_t k = 0; k < G; ++k)
-    bsum[k] = p.bias[d * G + k] + (p.layer_norm ? p.lxb[d * G + k] + p.lhb[d * G + k] : T(0));
-  const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
+  // ba2016 and the plain LSTM add b and the LN biases as one vector; tf_contrib has none of them.
+  std::vector<T> bsum(p.tf_contrib ? 0 : G);
+  if (!p.tf_contrib)
+    for (int64_t k = 0; k < G; ++k)
+      bsum[k] = p.bias[d * G + k] + (p.layer_norm ? p.lxb[d * G + k] + p.lhb[d * G + k] : T(0));
+  const T* gate_shift = p.tf_contrib ? p.lhb + d * G : nullptr;
+  const T* gxg = p.layer_norm && !p.tf_contrib ? p.lxg + d * G : nullptr;
   const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
   const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
   const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
 
   // Per-row scratch where nothing is saved.
   std::vector<T> gates_h(B * G), pre(G), act_row(G), xh_row(G), xc_row(H);
-  T stats_row[4];
+  T stats_row[kStatsTfContrib];
   std::vector<T> x_chunk(p.chunk * B * I);
-  std::vector<T> gx_chunk(p.save ? 0 : p.chunk * B * G);  // saved runs write into p.gx
+  // Saved runs of ba2016 and the plain LSTM write into p.gx (backward reads it); tf_contrib's backward
+  // needs only its gate norms' x_hat, so its products stay in the chunk's scratch.
+  const bool keep_gx = p.save && !p.tf_contrib;
+  std::vector<T> gx_chunk(keep_gx ? 0 : p.chunk * B * G);
   // Saved runs write every state into states_h/c[s]; inference ping-pongs
   // between two buffers.
   std::vector<T> ping(p.save ? 0 : 4 * B * H);
@@ -389,7 +449,7 @@ void forward_direction(const Layer<T>& p, int64_t d) {
       chunk_start = s;
       const int64_t k = std::min(p.chunk, S - s);
       gather_frames(p, d, s, k, x_chunk.data());
-      gx = p.save ? p.gx + (d * S + s) * B * G : gx_chunk.data();
+      gx = keep_gx ? p.gx + (d * S + s) * B * G : gx_chunk.data();
       Wx_t.multiply(x_chunk.data(), I, k * B, gx, G);
     }
     T* h_next = slot(h_base, s + 1);
@@ -413,8 +473,14 @@ void forward_direction(const Layer<T>& p, int64_t d) {
       T* act = p.save ? p.act + saved * G : act_row.data();
       T* xc = p.save ? p.xhat_c + saved * H : xc_row.data();
       T* yr = p.y + (b * p.Tn + t) * D * H + d * H;
-      if (p.layer_norm) {
-        T* st = p.save ? p.stats + saved * 4 : stats_row;
+      if (p.tf_contrib) {
+        T* st = p.save ? p.stats + saved * kStatsTfContrib : stats_row;
+        T* xh = p.save ? p.xhat_h + saved * G : xh_row.data();
+        gates_per_gate_ln(H, xr, gh, ghg, gate_shift, p.eps, xh, pre.data(), st);
+        activations(H, pre.data(), p.forget_bias, act);
+        st[4] = cell_and_output_tf_contrib(H, act, cp, gcg, gcb, p.eps, cn, xc, hn, yr);
+      } else if (p.layer_norm) {
+        T* st = p.save ? p.stats + saved * kStats : stats_row;
         T* xh = p.save ? p.xhat_h + saved * G : xh_row.data();
         moments(xr, G, p.eps, st[0], st[1]);
         T mh;
@@ -473,6 +539,27 @@ inline void output_backward_ln(int64_t H, const T* __restrict__ act, const T* __
   for (int64_t k = 0; k < H; ++k) dct[k] += dc[k];
 }
 
+// tf_contrib, through h = tanh(c) * sigmoid(o) and the carried c = LN_c(u): d(o pre-activation) into
+// dgates[3H..4H), d u into dct; c is the carried (normalised) cell, dc its gradient from the next
+// step, which flows through LN_c too; LN_c parameter grads accumulated.
+template <typename T>
+inline void output_backward_tf_contrib(int64_t H, const T* __restrict__ act, const T* __restrict__ c,
+                                       const T* __restrict__ xc, T rc, const T* __restrict__ gcg,
+                                       const T* __restrict__ dh, const T* __restrict__ dc, T* __restrict__ dgates,
+                                       T* __restrict__ dxc, T* __restrict__ dct, T* __restrict__ acc_gc,
+                                       T* __restrict__ acc_bc) {
+  for (int64_t k = 0; k < H; ++k) {
+    const T so = act[3 * H + k];
+    const T tc = tanh_(c[k]);
+    dgates[3 * H + k] = dh[k] * tc * so * (T(1) - so);
+    const T dcn = dc[k] + dh[k] * so * (T(1) - tc * tc);  // d c, the normalised cell
+    acc_gc[k] += dcn * xc[k];
+    acc_bc[k] += dcn;
+    dxc[k] = dcn * gcg[k];
+  }
+  ln_backward(xc, dxc, rc, H, dct);
+}
+
 template <typename T>
 inline void output_backward_plain(int64_t H, const T* __restrict__ act, const T* __restrict__ c,
                                   const T* __restrict__ dh, const T* __restrict__ dc, T* __restrict__ dgates,
@@ -519,8 +606,8 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
   // dh_{t-1} = dG_h W_h and dx = dG_x W_x, both weights read as stored (4H x H), (4H x I).
   const PackedMatrix<T> Wh(p.w_h + d * G * H, G, H, H, 1);
   const PackedMatrix<T> Wx(p.w_x + d * G * I, G, I, I, 1);
-  const T* gxg = p.layer_norm ? p.lxg + d * G : nullptr;
-  const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;
+  const T* gxg = p.layer_norm && !p.tf_contrib ? p.lxg + d * G : nullptr;
+  const T* ghg = p.layer_norm ? p.lhg + d * G : nullptr;  // tf_contrib: the gate norms' gains
   const T* gcg = p.layer_norm ? p.lcg + d * H : nullptr;
   const T* gcb = p.layer_norm ? p.lcb + d * H : nullptr;
   const T* h_states = p.states_h + d * (S + 1) * B * H;
@@ -563,15 +650,32 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
       T* dhb = dh.data() + b * H;
       T* dcb = dc.data() + b * H;
       for (int64_t k = 0; k < H; ++k) dhb[k] += dyr[k];
+      if (p.tf_contrib) {
+        // acc_b gathers the gate norms' shift gradients, acc_gh their gains'; one gradient of
+        // W_x x + W_h h feeds both products.
+        const T* st = p.stats + saved * kStatsTfContrib;
+        output_backward_tf_contrib(H, act, c_states + (s + 1) * B * H + b * H, p.xhat_c + saved * H, st[4], gcg,
+                                   dhb, dcb, dgates.data(), scratch.data(), dct.data(), acc_gc.data(),
+                                   acc_bc.data());
+        cell_backward(H, act, c_states + s * B * H + b * H, dct.data(), dgates.data(), dcb, acc_b.data());
+        const T* xh = p.xhat_h + saved * G;
+        for (int64_t gate = 0; gate < 4; ++gate) {
+          const int64_t o = gate * H;
+          affine_ln_backward(H, xh + o, st[gate], ghg + o, dgates.data() + o, scratch.data(), acc_gh.data() + o,
+                             dGhb + o);
+        }
+        std::copy(dGhb, dGhb + G, dGxb);
+        continue;
+      }
       if (p.layer_norm) {
-        output_backward_ln(H, act, p.xhat_c + saved * H, p.stats[saved * 4 + 3], gcg, gcb, dhb, dcb,
+        output_backward_ln(H, act, p.xhat_c + saved * H, p.stats[saved * kStats + 3], gcg, gcb, dhb, dcb,
                            dgates.data(), scratch.data(), dct.data(), acc_gc.data(), acc_bc.data());
       } else {
         output_backward_plain(H, act, c_states + (s + 1) * B * H + b * H, dhb, dcb, dgates.data(), dct.data());
       }
       cell_backward(H, act, c_states + s * B * H + b * H, dct.data(), dgates.data(), dcb, acc_b.data());
       if (p.layer_norm) {
-        const T* st = p.stats + saved * 4;
+        const T* st = p.stats + saved * kStats;
         const T mx = st[0], rx = st[1], rh = st[2];
         const T* xr = p.gx + saved * G;
         for (int64_t k = 0; k < G; ++k) xx[k] = (xr[k] - mx) * rx;  // LN_x's x_hat, recomputed
@@ -611,6 +715,13 @@ void backward_direction(const Layer<T>& p, const Grads<T>& g, int64_t d) {
   }
   std::copy(dh.begin(), dh.end(), g.dh0 + d * B * H);
   std::copy(dc.begin(), dc.end(), g.dc0 + d * B * H);
+  if (p.tf_contrib) {
+    std::copy(acc_b.begin(), acc_b.end(), g.dlhb + d * G);
+    std::copy(acc_gh.begin(), acc_gh.end(), g.dlhg + d * G);
+    std::copy(acc_gc.begin(), acc_gc.end(), g.dlcg + d * H);
+    std::copy(acc_bc.begin(), acc_bc.end(), g.dlcb + d * H);
+    return;
+  }
   std::copy(acc_b.begin(), acc_b.end(), g.dbias + d * G);
   if (p.layer_norm) {
     // b, LN_x's bias and LN_h's bias all add to the gates: same gradient.
@@ -737,7 +848,10 @@ template <typename T>
 Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h, const at::Tensor& bias,
                     const at::Tensor& lxg, const at::Tensor& lxb, const at::Tensor& lhg, const at::Tensor& lhb,
                     const at::Tensor& lcg, const at::Tensor& lcb, const at::Tensor& lengths, double forget_bias,
-                    double eps, bool layer_norm) {
+                    double eps, const std::string& cell) {
+  TORCH_CHECK(cell == "plain" || cell == "ba2016" || cell == "tf_contrib",
+              "lnlstm: cell must be plain, ba2016 or tf_contrib, got ", cell);
+  const bool layer_norm = cell != "plain", tf_contrib = cell == "tf_contrib";
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 3 && w_x.dim() == 3 && w_h.dim() == 3,
               "lnlstm: x must be (B, T, I), w_x (D, 4H, I), w_h (D, 4H, H)");
@@ -756,9 +870,22 @@ Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor
   check_input(x, "x", dtype);
   check_input(w_x, "w_x", dtype);
   check_input(w_h, "w_h", dtype);
-  check_input(bias, "bias", dtype);
-  TORCH_CHECK(bias.numel() == p.D * 4 * p.H, "lnlstm: bias must be (D, 4H)");
-  if (layer_norm) {
+  if (tf_contrib) {
+    TORCH_CHECK(bias.numel() == 0 && lxg.numel() == 0 && lxb.numel() == 0,
+                "lnlstm: a tf_contrib cell has no bias and no LN_x (pass empty tensors)");
+    for (auto* t : {&lhg, &lhb}) {
+      check_input(*t, "layer-norm parameter", dtype);
+      TORCH_CHECK(t->numel() == p.D * 4 * p.H, "lnlstm: the gate norms' parameters must be (D, 4H)");
+    }
+    for (auto* t : {&lcg, &lcb}) {
+      check_input(*t, "layer-norm parameter", dtype);
+      TORCH_CHECK(t->numel() == p.D * p.H, "lnlstm: LN_c parameters must be (D, H)");
+    }
+  } else {
+    check_input(bias, "bias", dtype);
+    TORCH_CHECK(bias.numel() == p.D * 4 * p.H, "lnlstm: bias must be (D, 4H)");
+  }
+  if (layer_norm && !tf_contrib) {
     for (auto* t : {&lxg, &lxb, &lhg, &lhb}) {
       check_input(*t, "layer-norm parameter", dtype);
       TORCH_CHECK(t->numel() == p.D * 4 * p.H, "lnlstm: LN_x/LN_h parameters must be (D, 4H)");
@@ -780,12 +907,13 @@ Layer<T> make_layer(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor
   // the core's L2 cache until the steps read them (512 rows were slower).
   p.chunk = std::max<int64_t>(1, std::min<int64_t>(p.S, (128 + p.B - 1) / std::max<int64_t>(p.B, 1)));
   p.layer_norm = layer_norm;
+  p.tf_contrib = tf_contrib;
   p.forget_bias = static_cast<T>(forget_bias);
   p.eps = static_cast<T>(eps);
   p.x = x.const_data_ptr<T>();
   p.w_x = w_x.const_data_ptr<T>();
   p.w_h = w_h.const_data_ptr<T>();
-  p.bias = bias.const_data_ptr<T>();
+  p.bias = ptr_or_null<T>(bias);
   p.lxg = ptr_or_null<T>(lxg);
   p.lxb = ptr_or_null<T>(lxb);
   p.lhg = ptr_or_null<T>(lhg);
@@ -810,19 +938,20 @@ void zero_padding(T* x, const int64_t* len, int64_t B, int64_t Tn, int64_t width
 
 }  // namespace
 
-// Returns [y, h_n, c_n] and, when save is true, the tensors backward needs:
-// [gx, states_h, states_c, act, xhat_h, stats, xhat_c] (the LN ones empty
-// without layer norm).
+// cell: plain, ba2016 or tf_contrib (the header). Returns [y, h_n, c_n] and, when save is true, the
+// tensors backward needs: [gx, states_h, states_c, act, xhat_h, stats, xhat_c] (the LN ones empty
+// without layer norm; gx empty for tf_contrib).
 std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h,
                                        const at::Tensor& bias, const at::Tensor& lxg, const at::Tensor& lxb,
                                        const at::Tensor& lhg, const at::Tensor& lhb, const at::Tensor& lcg,
                                        const at::Tensor& lcb, const at::Tensor& h0, const at::Tensor& c0,
-                                       const at::Tensor& lengths, double forget_bias, double eps, bool layer_norm,
+                                       const at::Tensor& lengths, double forget_bias, double eps, std::string cell,
                                        bool save) {
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lnlstm_forward", [&] {
     using T = scalar_t;
-    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
+    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, cell);
+    const bool layer_norm = p.layer_norm;
     check_state(h0, "h0", p);
     check_state(c0, "c0", p);
     p.h0 = h0.const_data_ptr<T>();
@@ -833,17 +962,17 @@ std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_
     at::Tensor h_n = at::empty({D, B, H}, opts), c_n = at::empty({D, B, H}, opts);
     at::Tensor gx, states_h, states_c, act, xhat_h, stats, xhat_c;
     if (save) {
-      gx = empty_saved({D, S, B, 4 * H}, opts);
+      if (!p.tf_contrib) gx = empty_saved({D, S, B, 4 * H}, opts);
       states_h = empty_saved({D, S + 1, B, H}, opts);
       states_c = empty_saved({D, S + 1, B, H}, opts);
       act = empty_saved({D, S, B, 4 * H}, opts);
-      p.gx = gx.mutable_data_ptr<T>();
+      p.gx = p.tf_contrib ? nullptr : gx.mutable_data_ptr<T>();
       p.states_h = states_h.mutable_data_ptr<T>();
       p.states_c = states_c.mutable_data_ptr<T>();
       p.act = act.mutable_data_ptr<T>();
       if (layer_norm) {
         xhat_h = empty_saved({D, S, B, 4 * H}, opts);
-        stats = empty_saved({D, S, B, 4}, opts);
+        stats = empty_saved({D, S, B, p.tf_contrib ? kStatsTfContrib : kStats}, opts);
         xhat_c = empty_saved({D, S, B, H}, opts);
         p.xhat_h = xhat_h.mutable_data_ptr<T>();
         p.stats = stats.mutable_data_ptr<T>();
@@ -869,22 +998,24 @@ std::vector<at::Tensor> lnlstm_forward(const at::Tensor& x, const at::Tensor& w_
 // Takes the gradients of the forward's three outputs, the forward's inputs
 // (less h0, c0) and the tensors it saved.
 // Returns [d_x, d_w_x, d_w_h, d_bias, d_lxg, d_lxb, d_lhg, d_lhb, d_lcg, d_lcb, d_h0, d_c0]
-// (d_x is empty unless need_dx, the LN gradients are empty without layer norm).
+// (d_x is empty unless need_dx, the LN gradients are empty without layer norm, d_bias and the LN_x
+// gradients empty for tf_contrib).
 std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& dhn, const at::Tensor& dcn,
                                         const at::Tensor& x, const at::Tensor& w_x, const at::Tensor& w_h,
                                         const at::Tensor& bias, const at::Tensor& lxg, const at::Tensor& lxb,
                                         const at::Tensor& lhg, const at::Tensor& lhb, const at::Tensor& lcg,
                                         const at::Tensor& lcb, const at::Tensor& lengths, at::TensorList saved,
-                                        double forget_bias, double eps, bool layer_norm, bool need_dx) {
+                                        double forget_bias, double eps, std::string cell, bool need_dx) {
   TORCH_CHECK(saved.size() == 7, "lnlstm_backward: expected the 7 tensors saved by lnlstm_forward");
   std::vector<at::Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lnlstm_backward", [&] {
     using T = scalar_t;
-    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, layer_norm);
+    auto p = make_layer<T>(x, w_x, w_h, bias, lxg, lxb, lhg, lhb, lcg, lcb, lengths, forget_bias, eps, cell);
+    const bool layer_norm = p.layer_norm, tf_contrib = p.tf_contrib;
     const int64_t B = p.B, D = p.D, H = p.H, I = p.I;
     auto opts = x.options();
     p.save = true;
-    p.gx = saved[0].data_ptr<T>();
+    p.gx = tf_contrib ? nullptr : saved[0].data_ptr<T>();
     p.states_h = saved[1].data_ptr<T>();
     p.states_c = saved[2].data_ptr<T>();
     p.act = saved[3].data_ptr<T>();
@@ -902,11 +1033,14 @@ std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& 
     if (need_dx) dx = at::empty({D, B, p.Tn, I}, opts);
     at::Tensor dw_x = at::empty({D, 4 * H, I}, opts);
     at::Tensor dw_h = at::empty({D, 4 * H, H}, opts);
-    at::Tensor dbias = at::empty({D, 4 * H}, opts);
+    at::Tensor dbias;
+    if (!tf_contrib) dbias = at::empty({D, 4 * H}, opts);
     at::Tensor dlxg, dlxb, dlhg, dlhb, dlcg, dlcb;
     if (layer_norm) {
-      dlxg = at::empty({D, 4 * H}, opts);
-      dlxb = at::empty({D, 4 * H}, opts);
+      if (!tf_contrib) {
+        dlxg = at::empty({D, 4 * H}, opts);
+        dlxb = at::empty({D, 4 * H}, opts);
+      }
       dlhg = at::empty({D, 4 * H}, opts);
       dlhb = at::empty({D, 4 * H}, opts);
       dlcg = at::empty({D, H}, opts);
@@ -920,10 +1054,10 @@ std::vector<at::Tensor> lnlstm_backward(const at::Tensor& dy, const at::Tensor& 
     g.dx = need_dx ? dx.mutable_data_ptr<T>() : nullptr;
     g.dw_x = dw_x.mutable_data_ptr<T>();
     g.dw_h = dw_h.mutable_data_ptr<T>();
-    g.dbias = dbias.mutable_data_ptr<T>();
+    g.dbias = tf_contrib ? nullptr : dbias.mutable_data_ptr<T>();
     if (layer_norm) {
-      g.dlxg = dlxg.mutable_data_ptr<T>();
-      g.dlxb = dlxb.mutable_data_ptr<T>();
+      g.dlxg = tf_contrib ? nullptr : dlxg.mutable_data_ptr<T>();
+      g.dlxb = tf_contrib ? nullptr : dlxb.mutable_data_ptr<T>();
       g.dlhg = dlhg.mutable_data_ptr<T>();
       g.dlhb = dlhb.mutable_data_ptr<T>();
       g.dlcg = dlcg.mutable_data_ptr<T>();
