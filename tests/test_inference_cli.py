@@ -422,6 +422,14 @@ def test_transcribe_names_unreadable_and_missing_files_and_goes_on(untrained, tm
     assert len(captured.out.splitlines()) == 1
 
 
+def test_transcribe_with_nothing_it_could_use_exits_2(untrained, tmp_path, capsys):
+    """Nothing transcribed is an input error (2, as every command's); a partial result above is 1."""
+    missing = tmp_path / "missing.wav"
+    assert transcribe.main(["--checkpoint", str(untrained), str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and str(missing) in captured.err.splitlines()[0]
+
+
 def _one_line_error(capsys, run) -> str:
     """The error of a command given bad input: one line (no usage block), exit status 2."""
     with pytest.raises(SystemExit) as info:

@@ -16,7 +16,7 @@ Any sample rate works (audio is resampled to the model's rate); wav and flac
 are read with soundfile. A file that cannot be used (unreadable, damaged past
 its header, NaN samples, too short) is reported on stderr by name and reason,
 the others are still transcribed, a count by reason ends the output, and the
-exit status is 1. A recording longer than the longest utterance the model was
+exit status is 1 (2 when no file could be transcribed). A recording longer than the longest utterance the model was
 trained on is decoded in pieces cut at pauses, and stderr says so
 (``--segment-seconds`` sets the length, 0 decodes every file whole). With ``--prune-layers`` (LayerDrop pruning) the layers kept
 and the parameters of each model are printed on stderr; give the option after
@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         _transcribe(recogniser, audio, settings, report)
     if report:
         print(f"{report.counts_text()} of {len(audio)} files skipped", file=sys.stderr)
+    # Nothing transcribed is an input error, like every other command's (2); some files skipped among
+    # transcribed ones is a partial result (1), whose output is still worth reading.
+    if report and len(report) >= len(audio):
+        return 2
     return 1 if report else 0
 
 
