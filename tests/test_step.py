@@ -9,7 +9,7 @@ import torch
 
 from asr.data.batching import Batch
 from asr.models.las import LAS
-from asr.training.step import TrainingStep, gradient_groups
+from asr.training.step import TrainingStep, all_finite, gradient_groups
 from helpers import las_batch as random_batch
 from helpers import small_las_config as small_config
 from helpers import make_transformer as make_model
@@ -221,3 +221,17 @@ def test_a_checkpoint_with_a_non_finite_weight_is_not_written(tmp_path):
     with pytest.raises(CheckpointError, match=r"cannot save model.layer.weight: 1 of its 2 values are NaN or infinite"):
         save_checkpoint(tmp_path / "last.pt", {"config": {}, "model": weights})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_multi_tensor_finite_check_agrees_with_checking_each_tensor():
+    """OptimizerSnapshot's check (one multi-tensor norm per dtype) against torch.isfinite tensor by tensor:
+    huge finite values are finite, one NaN or inf anywhere is not, in any dtype of a mixed list."""
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(5, generator=generator) * 1e38, torch.randn(3, 2, generator=generator).bfloat16(),
+               torch.zeros(()), torch.randn(7, dtype=torch.float64, generator=generator)]
+    assert all_finite(tensors)
+    for index in range(len(tensors)):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            spoilt = [t.clone() for t in tensors]
+            spoilt[index].view(-1)[-1] = bad
+            assert all_finite(spoilt) == all(bool(torch.isfinite(t).all()) for t in spoilt) is False
