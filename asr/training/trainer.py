@@ -376,7 +376,9 @@ class Trainer:
             clock.updated()
             progress.nonfinite_in_a_row = progress.oom_in_a_row = 0
             utterances += len(batch.ids) * cfg.accum_grad
-            bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}")
+            # refresh=False: the bar redraws at most every 0.1 s (tqdm's mininterval), not at every update
+            bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}",
+                            refresh=False)
             self.log.step(number, progress.step, outcome.loss, update.grad_norm, update.group_norms, values,
                           epoch + progress.batch_in_epoch / planned,
                           clock.read() if self.log.logs_step(progress.step) else None)
