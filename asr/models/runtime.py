@@ -1,4 +1,4 @@
-"""What code computes a model here: the LN-LSTM and attention backends, the C++ build flags, CUDA graphs.
+"""What code computes a model here: the LN-LSTM, attention and SDPA backends, the C++ build flags, CUDA graphs.
 
 Two runs of one recipe can run different code (a machine without a compiler falls back to the
 reference path; an override switches a path for a benchmark). The trainer writes
@@ -51,6 +51,11 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         "speller": [m.cuda_graphs for m in model.modules() if isinstance(m, Speller)],
     }
     env = overrides.active()
+    sdpa = None
+    if hasattr(model, "sdpa_backends"):  # scaled_dot_product_attention's backends (asr.models.sdpa), per run
+        allowed = model.sdpa_backends(device.type)
+        sdpa = {"requested": model.config.sdpa_backend, "batch_shapes": model.batch_shapes,
+                "allowed": list(allowed) if allowed is not None else "pytorch's choice"}
     record = {
         "device": str(device),
         "lnlstm_backend_requested": sorted(requested),
@@ -59,6 +64,7 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         # fused backends that failed their check against the reference path (asr.models.lnlstm.selfcheck)
         "lnlstm_fallbacks": selfcheck.fallbacks(),
         "attention_backends": _grouped(attention),  # the fused C++ step or PyTorch ops (asr.models.attention_fused)
+        "sdpa_backend": sdpa,  # the Transformer's and Conformer's model.sdpa_backend, resolved for this run
         "cpp_build_flags": " ".join(cpp_backend.build_flags()) if cpp_backend.build_flags() else None,
         "cuda_graphs": {
             "lnlstm": env.get("ASR_LNLSTM_CUDA_GRAPHS", all(switches["lnlstm"])) if switches["lnlstm"] else None,
@@ -103,6 +109,9 @@ def summary(record: dict, details: str) -> str:
     build = "native" if "-march=native" in flags else "portable" if flags else None
     parts = [f"runtime: {record['device']}", f"LN-LSTM {grouped(record['lnlstm_backends'])}",
              f"attention {grouped(record['attention_backends'])}"]
+    if record.get("sdpa_backend"):
+        allowed = record["sdpa_backend"]["allowed"]
+        parts.append(f"SDPA {record['sdpa_backend']['requested']}: {allowed if isinstance(allowed, str) else ', '.join(allowed)}")
     if build:
         parts.append(f"C++ operator built {build}")
     if record.get("lnlstm_backend_override"):

@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asr.models import sdpa
 from asr.models.blocks import (  # noqa: F401 (Conv2dSubsampling, sinusoidal_positions: also imported from here)
     Conv2dSubsampling, FeedForward, MultiHeadAttention, ResidualLayer, sinusoidal_positions,
 )
@@ -151,6 +152,9 @@ class TransformerConfig(ModelConfig):
     drophead_schedule: Literal["vshape", "constant"] = "vshape"
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    # Which backends scaled_dot_product_attention may use (asr/models/sdpa.py): auto leaves cuDNN out on CUDA,
+    # whose attention builds a plan for every new shape, unless an epoch's batch shapes are few; a name pins one
+    sdpa_backend: Literal["auto", "flash", "efficient", "math", "cudnn"] = "auto"
 
     @property
     def schedule_dim(self) -> int:
@@ -354,10 +358,15 @@ class Transformer(nn.Module):
         self.ctc = CTCHead(config.d_model, vocab_size, blank_id=pad_id) if config.ctc_weight > 0 else None
         self.ctc_weight = config.ctc_weight            # a schedule may move these (asr.training.schedules)
         self.label_smoothing = config.label_smoothing
+        self.batch_shapes: int | None = None           # an epoch's distinct batch shapes, when the trainer knows them
 
     @property
     def has_ctc(self) -> bool:
         return self.ctc is not None
+
+    def sdpa_backends(self, device_type: str) -> tuple[str, ...] | None:
+        """The SDPA backends this model's attention may use on ``device_type`` (None: PyTorch's choice)."""
+        return sdpa.allowed_backends(self.config.sdpa_backend, device_type, self.batch_shapes)
 
     @property
     def ctc_only(self) -> bool:
@@ -422,18 +431,21 @@ class Transformer(nn.Module):
             config = dataclasses.replace(config, **{name: stack_config})
         self.config = config
 
+    @sdpa.pinned
     def encode(self, features: Tensor, feature_lengths: Tensor) -> EncoderOutput:
         """features (B, T, F), feature_lengths (B,) -> EncoderOutput with T' = T/4 frames."""
         out, mask, lengths = self.encoder(features, feature_lengths)
         ctc_log_probs = self.ctc(out) if self.ctc is not None else None
         return EncoderOutput(out=out, mask=mask, lengths=lengths, ctc_log_probs=ctc_log_probs)
 
+    @sdpa.pinned
     def decoder_log_probs(self, encoder: EncoderOutput, decoder_input: Tensor, decoder_lengths: Tensor) -> Tensor:
         """Teacher-forced log-probabilities (B, L, V) for decoder_input (B, L) with valid lengths (B,)."""
         token_mask = lengths_to_mask(decoder_lengths, decoder_input.shape[1])
         logits = self.decoder(decoder_input, token_mask, encoder.out, encoder.mask)
         return F.log_softmax(logits, dim=-1)
 
+    @sdpa.pinned
     def forward(self, features: Tensor, feature_lengths: Tensor, tokens: Tensor, token_lengths: Tensor) -> ModelOutput:
         """Loss of one batch; see ``asr.models.interface`` for the shapes.
 
@@ -465,6 +477,7 @@ class Transformer(nn.Module):
             "memory_values": [values for _, values in memory],
         }
 
+    @sdpa.pinned
     def decode_step(
         self, tokens: Tensor, state: dict[str, list[Tensor]], encoder: EncoderOutput
     ) -> tuple[Tensor, dict[str, list[Tensor]]]:

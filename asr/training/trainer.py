@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from asr.averaging import epoch_of
 from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint
+from asr.data.batching import batch_shapes
 from asr.decoding import DecodingOptions
 from asr.experiment import ExperimentConfig, experiment_config_to_dict
 from asr.models import runtime
@@ -128,6 +129,9 @@ class Trainer:
         self.data = build_training_data(config, resume_state, self.dist.world_size, self.dist.rank)
         self.tokenizer, self.pipeline = self.data.tokenizer, self.data.pipeline
         self.raw_model = build_model(config.model, self.pipeline.feature_dim, self.tokenizer).to(self.device)
+        if hasattr(self.raw_model, "batch_shapes"):  # model.sdpa_backend's auto: are an epoch's shapes few? (asr.models.sdpa)
+            self.raw_model.batch_shapes = len(set(batch_shapes(self.data.sampler.batches(), self.data.train_set.num_frames(),
+                                                               config.data.pad_frames_to)))
         # which code computes the model here (LN-LSTM backends, C++ build flags, CUDA graphs): recorded with the run
         self.runtime = runtime.describe(self.raw_model, self.device)
         self._runtime_before = runtime.snapshot()  # "what ran" is this run's, not this process's
