@@ -14,8 +14,9 @@ while its forward and backward cost next to nothing.
 Both loops read the recipe's batches (``max_frames_per_batch``, ``pad_frames_to``; durations drawn like
 train-clean-100's, zero features, no loader workers, so both pay the same collate):
 
-* ``Trainer``: ``asr.train``'s loop as it runs, with the recipe's schedules, logging (``train.log`` and
-  TensorBoard every ``train.log_every_steps``), clipping and its finite checks, up to ``train.max_steps``;
+* ``Trainer``: ``asr.train``'s loop as it runs, with the recipe's schedules (but its length cap, which would
+  end an epoch every few updates), logging (``train.log`` and TensorBoard every ``train.log_every_steps``),
+  clipping and its finite checks, up to ``train.max_steps``;
 * bare: ``for batch in loader: loss = model(batch); loss.backward(); clip; optimizer.step(); zero_grad``.
 
 Each is timed from its 20th update to its last and the rounds alternate between them; printed: milliseconds
@@ -174,8 +175,12 @@ def bare_round(config, data: TrainingData, model: StandIn, updates: int) -> floa
 
 
 def measure(recipe: str, overrides: list[str], updates: int, rounds: int) -> dict:
-    config = load_experiment_config(ROOT / "recipes" / recipe, [
-        "train.device=cpu", "data.num_workers=0", f"train.max_steps={updates}", "train.valid_every_steps=0", *overrides])
+    fixed = ["train.device=cpu", "data.num_workers=0", f"train.max_steps={updates}", "train.valid_every_steps=0"]
+    if "max_duration" in load_experiment_config(ROOT / "recipes" / recipe).train.schedules:
+        # the length cap would leave most batches out and end an epoch every few updates: the timed updates are
+        # to be updates inside one epoch (an epoch's end, its checkpoints, is not per-update work)
+        fixed.append("train.schedules.max_duration=null")
+    config = load_experiment_config(ROOT / "recipes" / recipe, [*fixed, *overrides])
     data = training_data(config, updates)
     model = stand_in(config, data.pipeline.feature_dim, config.data.bpe_vocab_size)
     times = {"trainer": [], "bare": []}
