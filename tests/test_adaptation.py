@@ -149,13 +149,13 @@ def test_adaptation_is_per_speaker_and_leaves_the_recogniser_unchanged(utterance
 
 def test_empty_transcripts_are_left_out_and_counted(utterances, monkeypatch):
     rec = recogniser(utterances)
-    decode = Recogniser.transcribe
+    decode = Recogniser.decode
 
     def first_is_empty(self, utts, *args, **options):
         decode(self, utts, *args, **options)
         return Transcription(["" if u is utterances[0] else u.text for u in utts])
 
-    monkeypatch.setattr(Recogniser, "transcribe", first_is_empty)
+    monkeypatch.setattr(Recogniser, "decode", first_is_empty)
     result = adapt(rec, utterances, AdaptationSettings(rounds=2, epochs=1))
     assert result.counts["untranscribed"] == 2  # once per round
     assert result.warps == {"george": 1.0, "jackson": 1.0}  # no VTLN: adapted and decoded at no warp
@@ -165,7 +165,7 @@ def test_empty_transcripts_are_left_out_and_counted(utterances, monkeypatch):
 def test_targets_are_the_transcripts_the_ctc_best_path_agrees_with(utterances, monkeypatch, ctc_agreement):
     rec = recogniser(utterances)
     # The decoder writes the references; the CTC head agrees on every other utterance.
-    monkeypatch.setattr(Recogniser, "transcribe", lambda self, utts, *args, **options: Transcription([u.text for u in utts]))
+    monkeypatch.setattr(Recogniser, "decode", lambda self, utts, *args, **options: Transcription([u.text for u in utts]))
     monkeypatch.setattr(
         Recogniser, "ctc_best_paths",
         lambda self, utts, warp, batch_size: [u.text if u.id[-1] in "02468" else "ONE" for u in utts],

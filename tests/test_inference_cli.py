@@ -485,8 +485,8 @@ def test_checkpoint_that_does_not_fit_its_model_names_the_file(untrained, tmp_pa
 @pytest.mark.slow
 def test_evaluate_greedy_and_beam_on_a_trained_checkpoint(trained, capsys):
     exp, valid = trained
-    out = exp / "eval"
     for beam in ("1", "3"):
+        out = exp / f"eval_beam{beam}"  # a second evaluation into the first's folder is refused (not --overwrite)
         argv = ["--checkpoint", str(exp / "last.pt"), "--data", str(valid), "--out", str(out), "--beam", beam]
         assert evaluate.main(argv + ["--batch-size", "4"]) == 0
         result = json.loads((out / "wer.json").read_text())
