@@ -1,5 +1,5 @@
 """``python -m asr.synth_librispeech``: an alias of :mod:`asr.cli.synth_librispeech` (the library is
-:mod:`asr.data.synth_librispeech`)."""
+:mod:`asr.synthesis.librispeech`)."""
 
 import sys
 

@@ -7,7 +7,7 @@ CUDA graphs would record, from a corpus's durations alone (no audio, no model, n
     python benchmarks/epoch_shapes.py --data /data/LibriSpeech/train-clean-100   # a corpus (headers only; or a manifest)
     python benchmarks/epoch_shapes.py --recipes librispeech100.yaml
 
-The durations default to those the synthetic LibriSpeech-100 plans (``asr.data.synth_librispeech.plan``,
+The durations default to those the synthetic LibriSpeech-100 plans (``asr.synthesis.librispeech.plan``,
 100 hours, seed 0: 28,415 utterances, the distribution of train-clean-100), which needs no audio either.
 Each recipe's epoch is packed as ``asr.train`` packs it (its duration limits, ``BucketBatchSampler`` with its
 ``max_frames_per_batch`` and ``pad_frames_to``, a shuffled epoch: the second, after the recipe's
@@ -48,7 +48,7 @@ RECIPES = ("librispeech100.yaml", "librispeech100_transformer.yaml", "librispeec
 
 def synthetic_corpus(hours: float = 100.0) -> list[tuple[float, str]]:
     """(seconds, transcript) of every training utterance the synthetic LibriSpeech plans (no audio made)."""
-    from asr.data.synth_librispeech import Options, plan
+    from asr.synthesis.librispeech import Options, plan
 
     corpus = plan(Options(hours=hours))
     return [(u.planned_seconds(c.speaker), u.words.upper()) for c in corpus.chapters

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from asr.data.batching import BucketBatchSampler
-from asr.data.synth_librispeech import draw_seconds
+from asr.synthesis.librispeech import draw_seconds
 from asr.data.tokenizer import CharTokenizer
 from asr.experiment import load_experiment_config
 from asr.models.interface import ModelOutput

@@ -10,7 +10,8 @@ import soundfile
 import torch
 
 from asr.config import ConfigError, from_dict
-from asr.data import demo, espeak, pico, piper, workers
+from asr.data import demo
+from asr.synthesis import espeak, pico, piper, workers
 from asr.data.config import DataConfig, DigitsConfig
 from asr.data.corpus import load_split
 from asr.data.demo import (

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from asr.data import espeak
+from asr.synthesis import espeak
 
 TEXT = "set a timer for five minutes"
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from asr.data import books, pico
-from asr.data import synth_librispeech as synth
+from asr.synthesis import books, pico
+from asr.synthesis import librispeech as synth
 from asr.data.librispeech import read_subset
 from asr.data.report import SkipReport
 from asr.data.text import normalize_text

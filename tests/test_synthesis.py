@@ -1,9 +1,9 @@
-"""The synthesiser contract (asr.data.synthesis), one body run over eSpeak NG, SVOX Pico and Piper."""
+"""The synthesiser contract (asr.synthesis.engines), one body run over eSpeak NG, SVOX Pico and Piper."""
 
 import numpy as np
 import pytest
 
-from asr.data import espeak, pico, piper, synthesis
+from asr.synthesis import engines, espeak, pico, piper
 
 REQUESTS = {
     "espeak": [espeak.SynthesisRequest(t, "en-us+m3", 170, 50) for t in ("one two", "three", "one two")],
@@ -13,22 +13,22 @@ REQUESTS = {
 
 
 def test_the_registry_knows_each_synthesiser_by_name_and_by_request():
-    assert set(synthesis.SYNTHESISERS) == set(REQUESTS)
+    assert set(engines.SYNTHESISERS) == set(REQUESTS)
     for name, requests in REQUESTS.items():
-        synthesiser = synthesis.get(name)
-        assert isinstance(synthesiser, synthesis.Synthesiser)
+        synthesiser = engines.get(name)
+        assert isinstance(synthesiser, engines.Synthesiser)
         assert synthesiser.name == name
-        assert synthesis.for_request(requests[0]) == name
+        assert engines.for_request(requests[0]) == name
     with pytest.raises(ValueError, match="unknown synthesiser 'festival'.*espeak"):
-        synthesis.get("festival")
+        engines.get("festival")
     with pytest.raises(TypeError, match="no synthesiser takes a str"):
-        synthesis.for_request("hello")
+        engines.for_request("hello")
 
 
 @pytest.mark.slow  # starts worker processes
 @pytest.mark.parametrize("name", sorted(REQUESTS))
 def test_a_list_is_spoken_in_order_and_the_same_list_gives_the_same_samples(name):
-    synthesiser = synthesis.get(name)
+    synthesiser = engines.get(name)
     synthesiser.check()
     requests = REQUESTS[name]
     first = list(synthesiser.speak(requests))

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs is not None and args.jobs < 1:
         fail(f"--jobs must be at least 1, got {args.jobs}")
     # imported once the arguments are parsed: --help needs none of it (torch, the synthesisers)
-    from asr.data.books import TextSourceError
-    from asr.data.synth_librispeech import Options, SynthCorpusError, generate
+    from asr.synthesis.books import TextSourceError
+    from asr.synthesis.librispeech import Options, SynthCorpusError, generate
 
     try:
         options = Options(hours=args.hours, seed=args.seed)

@@ -4,12 +4,12 @@ Utterances are spoken digit strings (``"THREE SEVEN ZERO"``) and short
 voice-assistant commands (``"SET A TIMER FOR FIVE MINUTES"``,
 ``"TURN OFF THE KITCHEN LIGHT"``) from a closed vocabulary of under 100 words
 (:data:`VOCABULARY`), spoken by eSpeak voices (``"<language>+<variant>"``,
-e.g. ``"en-us+m3"``: accent x speaker-like variant; see :mod:`asr.data.espeak`).
+e.g. ``"en-us+m3"``: accent x speaker-like variant; see :mod:`asr.synthesis.espeak`).
 A share of the training and dev utterances (``pico_share``, off by default)
 can be spoken instead by a second synthesiser, SVOX Pico
-(:mod:`asr.data.pico`), whose two English voices are trained on recordings of
+(:mod:`asr.synthesis.pico`), whose two English voices are trained on recordings of
 real speakers, and another share (``piper_share``) by a neural synthesiser,
-Piper (:mod:`asr.data.piper`), whose voice is a network trained on one real
+Piper (:mod:`asr.synthesis.piper`), whose voice is a network trained on one real
 speaker; the test split is always the held-out eSpeak voices.
 
 Splits:
@@ -73,7 +73,7 @@ import torch
 from tqdm import tqdm
 
 from asr.config import check_range
-from asr.data import espeak, pico, piper, synthesis
+from asr.synthesis import engines, espeak, pico, piper
 from asr.data.report import DataError
 from asr.data.text import DIGIT_WORDS
 from asr.data.utterance import SPLITS
@@ -115,7 +115,7 @@ class DemoConfig:
     train_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TRAIN_VOICES))
     # Shorthand for many voices: when given, train_voices becomes every accent with every
     # variant (variant-major, as the default list) and these two are emptied, so a saved
-    # config lists the voices themselves. Names: asr.data.espeak.available_variants().
+    # config lists the voices themselves. Names: asr.synthesis.espeak.available_variants().
     train_accents: list[str] = field(default_factory=list)
     train_variants: list[str] = field(default_factory=list)
     test_voices: list[str] = field(default_factory=lambda: list(DEFAULT_TEST_VOICES))  # held out: none in train_voices
@@ -135,14 +135,14 @@ class DemoConfig:
     # never digitally silent, and exact zeros give log(0)-floor frames in the features
     noise: list[float] = field(default_factory=lambda: [0.0005, 0.003])
     sample_rate: int = 16000  # Hz; the feature pipeline's rate, so files need no resampling when read
-    # A second synthesiser whose voices come from real speakers (asr.data.pico): the share of train
+    # A second synthesiser whose voices come from real speakers (asr.synthesis.pico): the share of train
     # and dev utterances spoken by pico_voices (round robin) instead of an eSpeak voice. 0 = eSpeak only.
     pico_share: float = 0.0
     pico_voices: list[str] = field(default_factory=lambda: list(pico.VOICES))
     pico_rate: list[int] = field(default_factory=lambda: [75, 125])  # percent of the voice's own speaking rate
     # percent of the voice's own pitch: both voices are female, so most of the range lowers them
     pico_pitch: list[int] = field(default_factory=lambda: [55, 130])
-    # A neural synthesiser, Piper (asr.data.piper), whose voices are networks trained on one real
+    # A neural synthesiser, Piper (asr.synthesis.piper), whose voices are networks trained on one real
     # speaker each: the share of train and dev utterances spoken by piper_voices (round robin) instead
     # of an eSpeak voice (drawn after Pico's share, among the utterances Pico does not speak). 0 = none.
     piper_share: float = 0.0
@@ -366,7 +366,7 @@ def prepare_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]
     when complete, so an interrupted run never leaves a half corpus that a
     later run would take for a finished one. An unknown voice raises
     :class:`ValueError` naming it and the config field; a missing eSpeak raises
-    :class:`asr.data.espeak.EspeakError` saying how to install it.
+    :class:`asr.synthesis.espeak.EspeakError` saying how to install it.
     """
     target = corpus_folder(config, cache_dir)
     root, key = target.parent, target.name
@@ -569,9 +569,9 @@ def _render_all(
     seconds = dict.fromkeys(SPLITS, 0.0)
     # Each synthesiser speaks all of its requests of the plan as one list, in plan order, in worker
     # processes that work ahead while this process writes, so the samples depend only on the plan
-    # (see asr.data.synthesis).
-    names = [synthesis.for_request(p.request) for p in plan]
-    synthesisers = {name: synthesis.get(name) for name in dict.fromkeys(names)}
+    # (see asr.synthesis.engines).
+    names = [engines.for_request(p.request) for p in plan]
+    synthesisers = {name: engines.get(name) for name in dict.fromkeys(names)}
     spoken = {
         name: synthesiser.speak([p.request for p, n in zip(plan, names, strict=True) if n == name])
         for name, synthesiser in synthesisers.items()

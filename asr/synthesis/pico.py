@@ -12,7 +12,7 @@ row does not give the same samples), but a fresh engine given the same
 sequence of texts always does. :class:`Speaker` therefore creates its engines
 when it is created: one :class:`Speaker` per corpus, fed in a fixed order,
 makes the same corpus every time. :func:`speak_many` (and :class:`Pico`, its
-:class:`asr.data.synthesis.Synthesiser`) speaks a list of requests with such
+:class:`asr.synthesis.engines.Synthesiser`) speaks a list of requests with such
 a fresh :class:`Speaker` in a worker process, beside the caller's work.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from asr.data import workers
+from asr.synthesis import workers
 
 VOICES = ("en-US", "en-GB")
 SAMPLE_RATE = 16000
@@ -110,7 +110,7 @@ def speak_many(requests: Sequence[PicoRequest]) -> Iterator[np.ndarray]:
     for voice in voices:
         check_voice(voice)
     job = json.dumps({"voices": voices, "requests": [asdict(r) for r in requests]}).encode()
-    worker = workers.start("from asr.data.pico import _serve; _serve()", job) if requests else None
+    worker = workers.start("from asr.synthesis.pico import _serve; _serve()", job) if requests else None
     return _Spoken(worker, len(requests))
 
 
@@ -160,7 +160,7 @@ def _serve() -> None:
 
 
 class Pico:
-    """SVOX Pico behind :class:`asr.data.synthesis.Synthesiser` (:func:`speak_many`)."""
+    """SVOX Pico behind :class:`asr.synthesis.engines.Synthesiser` (:func:`speak_many`)."""
 
     name = "pico"
     request_type = PicoRequest

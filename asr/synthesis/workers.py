@@ -1,7 +1,7 @@
 """Synthesiser worker processes: starting one, and the arrays they send back.
 
-The synthesisers (:mod:`asr.data.espeak`, :mod:`asr.data.pico`, :mod:`asr.data.piper`;
-see :mod:`asr.data.synthesis`) run in worker processes that read one JSON job from stdin and write each
+The synthesisers (:mod:`asr.synthesis.espeak`, :mod:`asr.synthesis.pico`, :mod:`asr.synthesis.piper`;
+see :mod:`asr.synthesis.engines`) run in worker processes that read one JSON job from stdin and write each
 waveform to stdout as a little-endian uint32 sample count followed by the
 samples. This module is both ends of that pipe.
 """

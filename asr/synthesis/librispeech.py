@@ -20,7 +20,7 @@ about 12.7 s, most 10-17 s): the drawn duration, less the silence around the
 speech, times the voice's words per second gives a number of words, and whole
 sentences are joined until that number is reached.
 
-Text (:mod:`asr.data.books`): the King James Bible and Shakespeare's plays,
+Text (:mod:`asr.synthesis.books`): the King James Bible and Shakespeare's plays,
 both public domain, 1.6 million words, 31,000 distinct. Each book of the Bible
 and each play is read by one subset only: test first, then dev, take whole
 books until they have text enough, and training the rest; a sentence that also
@@ -40,7 +40,7 @@ training speakers only.
 Behaviour: the corpus depends only on ``--hours``, ``--seed`` and the
 installed synthesiser and text packages (recorded in ``synth_options.json``):
 each chapter is spoken by synthesisers started afresh for it (see
-:mod:`asr.data.synthesis`), so the samples do not depend on ``--jobs``, the
+:mod:`asr.synthesis.engines`), so the samples do not depend on ``--jobs``, the
 number of worker processes that make chapters side by side. Each chapter is
 written in a temporary folder and renamed into place when complete; a run that
 is stopped is resumed by running the same command again, which skips the
@@ -69,7 +69,7 @@ import soundfile
 import torch
 from tqdm import tqdm
 
-from asr.data import books, espeak, pico, piper, synthesis
+from asr.synthesis import books, engines, espeak, pico, piper
 from features.audio import resample
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class Options:
 class Speaker:
     id: str
     subset: str
-    synthesiser: str  # a name in asr.data.synthesis.SYNTHESISERS
+    synthesiser: str  # a name in asr.synthesis.engines.SYNTHESISERS
     voice: str
     rate: float  # eSpeak: words per minute; Pico: percent; Piper: length_scale (durations times this)
     pitch: float  # eSpeak: 0-100; Pico: percent; Piper: none (0)
@@ -157,8 +157,8 @@ class Speaker:
 @dataclass(frozen=True)
 class Utterance:
     id: str
-    sentences: tuple[str, ...]  # the transcript's sentences (asr.data.books.Sentence.words)
-    request: object  # the synthesiser's request (asr.data.synthesis)
+    sentences: tuple[str, ...]  # the transcript's sentences (asr.synthesis.books.Sentence.words)
+    request: object  # the synthesiser's request (asr.synthesis.engines)
     level_db: float
     lead_seconds: float
     trail_seconds: float
@@ -443,7 +443,7 @@ def make_chapter(chapter: Chapter, root: Path, partial: Path) -> dict[str, float
         partial.mkdir(parents=True)
         name = chapter.speaker.synthesiser
         # one Piper process per chapter: the chapters run side by side already
-        synthesiser = synthesis.get(name, **({"processes": 1} if name == "piper" else {}))
+        synthesiser = engines.get(name, **({"processes": 1} if name == "piper" else {}))
         spoken = synthesiser.speak([u.request for u in chapter.utterances])
         noise_rng = np.random.default_rng(list(chapter.seed))
         seconds = 0.0
@@ -559,7 +559,7 @@ def check_synthesisers(corpus: Plan) -> None:
     needed = sorted({s.synthesiser for s in corpus.speakers if any(c.speaker == s for c in corpus.chapters)})
     for name in needed:
         try:
-            synthesis.get(name).check()
+            engines.get(name).check()
         except (espeak.EspeakError, pico.PicoError, piper.PiperError) as err:
             raise SynthCorpusError(f"this corpus needs the {name} synthesiser: {err}") from err
     for speaker in corpus.speakers:
@@ -645,6 +645,8 @@ def _write_speakers(root: Path, corpus: Plan) -> None:
     for chapter in corpus.chapters:
         # planned minutes (the README gives the measured hours): known before any audio exists
         minutes[chapter.speaker.id] += sum(u.planned_seconds(chapter.speaker) for u in chapter.utterances) / 60
+    # SPEAKERS.TXT and README.txt name this module by its path before issue 79 (now asr.synthesis.librispeech),
+    # so that a corpus made today is the same bytes as one made before the move
     lines = [
         "; Speakers of this synthetic LibriSpeech-shaped corpus (asr.data.synth_librispeech)\n",
         "; MINUTES are planned from the words and the voice's rate; the audio differs a little\n",
@@ -660,6 +662,7 @@ def _write_readme(root: Path, corpus: Plan) -> None:
     lines = [
         "Synthetic LibriSpeech-shaped speech corpus, made by lnasr:\n",
         f"    python -m asr.synth_librispeech OUT --hours {options.hours:g} --seed {options.seed}\n",
+        # the module's path before issue 79, kept: the same bytes as a corpus made before the move (_write_speakers)
         "(the same command on the same packages gives the same bytes; see asr/data/synth_librispeech.py).\n\n",
         "Text (public domain; sentences joined into utterances, normalised to upper case A-Z and apostrophes,\n",
         "sentences with digits dropped):\n",

@@ -1,11 +1,11 @@
 """One small interface over the speech synthesisers that make the toolkit's synthetic corpora.
 
 Three synthesisers speak the demo corpus (:mod:`asr.data.demo`) and the
-LibriSpeech-shaped rehearsal corpus (:mod:`asr.data.synth_librispeech`):
+LibriSpeech-shaped rehearsal corpus (:mod:`asr.synthesis.librispeech`):
 
-    ``espeak``  eSpeak NG, rule and formant voices   (:mod:`asr.data.espeak`, 22050 Hz)
-    ``pico``    SVOX Pico, two English voices         (:mod:`asr.data.pico`, 16000 Hz)
-    ``piper``   Piper, a neural (VITS) voice          (:mod:`asr.data.piper`, 22050 Hz)
+    ``espeak``  eSpeak NG, rule and formant voices   (:mod:`asr.synthesis.espeak`, 22050 Hz)
+    ``pico``    SVOX Pico, two English voices         (:mod:`asr.synthesis.pico`, 16000 Hz)
+    ``piper``   Piper, a neural (VITS) voice          (:mod:`asr.synthesis.piper`, 22050 Hz)
 
 Each is a :class:`Synthesiser`: its own frozen request dataclass (text,
 voice and that synthesiser's own knobs: eSpeak's words per minute, Pico's
@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from asr.data import espeak, pico, piper
+from asr.synthesis import espeak, pico, piper
 
 
 @runtime_checkable
