@@ -28,6 +28,7 @@ and the five utterances.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -107,7 +108,8 @@ def through_time(recipe: Path, overrides: list[str], cell: str, quantiles: tuple
 
 def _decay(cell, x: torch.Tensor, direction: torch.Tensor) -> dict:
     """x (T, I) in the order the cell reads it: the gradient of ``direction . h_T`` on each earlier state
-    the cell computed (steps T-1 back to 1), its slope per step in log10, the last, and the median spread."""
+    the cell computed (steps T-1 back to 1): the slope of log10 of its norm per step, log10 of the norm on
+    the first state, and the median spread of ``W_h h``."""
     gates = cell.input_gates(x.unsqueeze(1)).detach()  # (T, 1, 4H)
     h = c = x.new_zeros(1, cell.hidden_size)
     steps, spreads = [], []
@@ -119,14 +121,19 @@ def _decay(cell, x: torch.Tensor, direction: torch.Tensor) -> dict:
         steps.append((h, c, h_next, c_next))
         h, c = h_next, c_next
     grad_h, grad_c = direction.unsqueeze(0), torch.zeros_like(c)
-    norms = []
+    logs, log_norm = [], 0.0
     for h_in, c_in, h_out, c_out in reversed(steps[1:]):  # not onto the zero state the cell starts from: a constant
         grad_h, grad_c = torch.autograd.grad((h_out, c_out), (h_in, c_in), (grad_h, grad_c))
-        norms.append(float(torch.cat([grad_h, grad_c], 1).norm()))
-    logs = torch.tensor(norms, dtype=torch.float64).clamp_min(1e-300).log10()
-    back = torch.arange(len(logs), dtype=torch.float64)
-    slope = float(((back - back.mean()) * (logs - logs.mean())).sum() / ((back - back.mean()) ** 2).sum())
-    return {"slope": slope, "last": norms[-1], "spread": float(torch.tensor(spreads).median())}
+        # Carried at unit norm with its scale kept as a logarithm, so a gradient that decays 10^-600 over a long
+        # utterance does not underflow float32 (the Lyapunov-exponent way of measuring it).
+        norm = float(torch.cat([grad_h, grad_c], 1).norm())
+        log_norm += math.log10(norm) if norm > 0 else -math.inf
+        logs.append(log_norm)
+        grad_h, grad_c = grad_h / norm, grad_c / norm
+    finite = torch.tensor([v for v in logs if math.isfinite(v)], dtype=torch.float64)
+    back = torch.arange(len(finite), dtype=torch.float64)
+    slope = float(((back - back.mean()) * (finite - finite.mean())).sum() / ((back - back.mean()) ** 2).sum())
+    return {"slope": slope, "log10_last": logs[-1], "spread": float(torch.tensor(spreads).median())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +170,8 @@ def _print_through_time(args) -> int:
 
     print(f"\nlistener layer 0, backward direction: log10 of the gradient's norm per step back ({args.through_time} steps), "
           f"seeds {' '.join(map(str, args.seeds))} x {len(QUANTILES)} utterances\n")
-    print(f"| cell | slope, mean ± std | norm {args.through_time} steps back, median (max) | spread of W_h h, median |")
+    print(f"| cell | slope, mean ± std | log10 of the norm at most {args.through_time} steps back, median (max) | "
+          "spread of W_h h, median |")
     print("| --- | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as folder:
         for cell in args.cells:
@@ -171,7 +179,7 @@ def _print_through_time(args) -> int:
             slopes = [row["slope"] for row in rows]
             spread = f"{statistics.median(row['spread'] for row in rows):.3g}"
             print(f"| {cell} | {statistics.mean(slopes):.4f} ± {statistics.stdev(slopes) if len(slopes) > 1 else 0.0:.4f} | "
-                  f"{statistics.median(row['last'] for row in rows):.3g} ({max(row['last'] for row in rows):.3g}) | {spread} |")
+                  f"{statistics.median(row['log10_last'] for row in rows):.1f} ({max(row['log10_last'] for row in rows):.1f}) | {spread} |")
     return 0
 
 
