@@ -16,12 +16,13 @@ from importlib import import_module
 
 _WHERE = {
     "AdaptationSettings": "config", "SelfTraining": "adaptation",
-    "Recogniser": "recogniser", "Transcription": "recogniser", "load_recogniser": "recogniser",
+    "Recogniser": "recogniser", "Transcription": "interface", "load_recogniser": "recogniser",
     "DecodeSettings": "settings", "load_settings": "settings", "parse_warps": "settings",
     "settings_from_dict": "settings", "settings_tag": "settings",
     "CorpusResult": "strategies", "PlainDecoding": "strategies", "SpeakerResult": "strategies",
-    "Strategy": "strategies", "VTLNSearch": "strategies", "transcribe_audio": "strategies",
+    "Strategy": "strategies", "VTLNSearch": "strategies", "transcribe_audio": "recogniser",
     "transcribe_speakers": "strategies", "settings_from_options": "settings",
+    "AudioInput": "interface", "RecogniserProtocol": "interface",
 }
 
 __all__ = sorted(_WHERE)

@@ -50,7 +50,7 @@ from asr.data.dataset import SpeechDataset
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions
 from asr.inference.config import ADAPTABLE, AdaptationSettings  # noqa: F401 (re-exported)
-from asr.inference.recogniser import Recogniser
+from asr.inference.interface import RecogniserProtocol
 from asr.inference.strategies import PlainDecoding, SpeakerResult, Strategy
 from asr.models.norms import ScaleNorm
 from asr.training.step import TrainingStep, describe
@@ -70,7 +70,7 @@ class SelfTraining:
     first_pass: Strategy = field(default_factory=PlainDecoding)
     per_speaker = True
 
-    def run(self, recogniser: Recogniser, utterances: list[Utterance], options: DecodingOptions, batch_size: int) -> SpeakerResult:
+    def run(self, recogniser: RecogniserProtocol, utterances: list[Utterance], options: DecodingOptions, batch_size: int) -> SpeakerResult:
         start = time.perf_counter()
         first = self.first_pass.run(recogniser, utterances, options, batch_size)
         warp = first.warp if first.warp is not None else 1.0
@@ -118,7 +118,7 @@ def _realign(texts: list[str], positions: list[int], size: int) -> list[str | No
     return aligned
 
 
-def _usable(text: str, recogniser: Recogniser) -> bool:
+def _usable(text: str, recogniser: RecogniserProtocol) -> bool:
     """A transcript can be a target: not empty, and no unknown-token mark the tokenizer cannot encode."""
     return bool(text.strip()) and not recogniser.tokenizer.unknown_characters(text)
 
@@ -126,7 +126,7 @@ def _usable(text: str, recogniser: Recogniser) -> bool:
 def fine_tune(
     model: torch.nn.Module,
     targets: list[Utterance],
-    recogniser: Recogniser,
+    recogniser: RecogniserProtocol,
     warp: float,
     settings: AdaptationSettings,
     seed: int,

@@ -15,7 +15,7 @@ With ``prune=``, each model is pruned to some of its layers as it is loaded
 kept in ``pruned``.
 
 What a researcher types, and ``python -m asr.transcribe`` runs (the same code,
-:func:`asr.inference.strategies.transcribe_audio`)::
+:func:`transcribe_audio`)::
 
     from asr import Recogniser
     recogniser = Recogniser.load("exp/fsdd_las/avg_last5.pt")
@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import torch
@@ -41,14 +40,16 @@ from asr.checkpointing import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data.batching import collate
 from asr.data.dataset import audio_skip, utterance_features
-from asr.data.report import Skip
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
 from asr.data.utterance import InMemoryAudio, Utterance
 from asr.decoding import DecodingOptions, ctc_best_path, search, sequence_log_probs
 from asr.experiment import ExperimentConfig, experiment_config_from_dict
+from asr.inference.interface import AudioInput, Transcription
 from asr.inference.segmentation import recording_pieces
+from asr.inference.settings import DecodeSettings, settings_from_options
+from asr.inference.strategies import CorpusResult, transcribe_speakers
 from asr.models.ensemble import Ensemble
-from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, prune_model
+from asr.models.pruning import LayerPruning, PrunedModel, count_parameters, parse_pruning, prune_model
 from asr.models.registry import build_model
 from features.audio import AudioError
 from features.pipeline import FeaturePipeline
@@ -56,30 +57,13 @@ from features.pipeline import FeaturePipeline
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Transcription:
-    """Transcripts of a list of utterances, aligned with it.
-
-    texts:   None where the audio failed where it was read (its :class:`Skip` is in ``skipped``).
-    scores:  the model's log-probability of each transcript (``(1 - ctc_weight) * log p_att +
-             ctc_weight * log p_ctc``, ``<eos>`` included) when asked for, else None.
-    skipped: position in the list -> why it has no transcript.
-    """
-
-    texts: list[str | None]
-    scores: list[float | None] | None = None
-    skipped: dict[int, Skip] = field(default_factory=dict)
-
-
-# What Recogniser.transcribe takes for one recording: a file path; samples at the model's rate, (N,) or
-# (channels, N); a (samples, rate) pair at any rate; or an Utterance (a corpus's, say).
-AudioInput = Union[str, Path, np.ndarray, torch.Tensor, tuple, Utterance]
 SPEAKER = "files"  # what the recordings of one transcribe call are taken as, for VTLN and adaptation
 
 
 @dataclass(frozen=True)
 class Recogniser:
-    """A model in eval mode with the tokenizer and feature pipeline it was trained with."""
+    """A model in eval mode with the tokenizer and feature pipeline it was trained with (what the strategies
+    below it see of one: :class:`~asr.inference.interface.RecogniserProtocol`)."""
 
     model: torch.nn.Module
     tokenizer: Tokenizer
@@ -128,8 +112,6 @@ class Recogniser:
         ``prune`` keeps some layers of a model trained with LayerDrop, as ``--prune-layers`` does
         (``"every_other"``, ``"enc:0,2 dec:0"``, or a :class:`LayerPruning`)."""
         if isinstance(prune, (str, list, tuple)):
-            from asr.models.pruning import parse_pruning
-
             prune = parse_pruning(prune.split() if isinstance(prune, str) else list(prune))
         paths = [checkpoint] if isinstance(checkpoint, (str, Path)) else list(checkpoint)
         return load_recogniser(paths[0] if len(paths) == 1 else paths, device, prune)
@@ -144,9 +126,6 @@ class Recogniser:
         adaptation the recordings are taken as one speaker's. A recording that cannot be used (missing,
         damaged, NaN samples, too short) raises :class:`~features.audio.AudioError` naming it, after
         the others were decoded."""
-        from asr.inference.settings import settings_from_options
-        from asr.inference.strategies import transcribe_audio
-
         settings = settings_from_options(options)
         if settings.prune_layers is not None:
             raise ValueError("prune_layers: a model is pruned where it is loaded: Recogniser.load(checkpoint, prune=...)")
@@ -297,6 +276,15 @@ class Recogniser:
             [{"id": str(i), "features": f, "tokens": torch.zeros(0, dtype=torch.long)} for i, f in enumerate(features)]
         ).to(self.device)
         return self.model.encode(batch.features, batch.feature_lengths)
+
+
+def transcribe_audio(recogniser: Recogniser, audio: list[AudioInput], settings: DecodeSettings,
+                     progress: Callable[[int], None] | None = None) -> CorpusResult:
+    """Recordings (files, arrays: :meth:`Recogniser.utterances`) transcribed as ``settings`` say, taken as
+    one speaker's for VTLN and adaptation: what ``python -m asr.transcribe`` and
+    :meth:`Recogniser.transcribe` both run."""
+    return transcribe_speakers(recogniser, recogniser.utterances(audio), settings.strategy(), settings.decoding,
+                               settings.batch_size, progress)
 
 
 def _duration(path: Path) -> float:

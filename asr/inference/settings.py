@@ -29,9 +29,9 @@ from pathlib import Path
 from asr.config import ConfigError, from_dict, read_yaml, to_dict
 from asr.decoding import DecodingOptions
 from asr.inference.adaptation import AdaptationSettings, SelfTraining, adapted_parameters
-from asr.inference.recogniser import Recogniser
+from asr.inference.interface import RecogniserProtocol
 from asr.inference.strategies import PlainDecoding, Strategy, VTLNSearch
-from asr.models.pruning import LayerPruning, pruning_from_config
+from asr.models.pruning import LayerPruning, parse_pruning, pruning_from_config
 from features.filterbank import check_mel_filters
 
 WARP_BOUNDS = (0.7, 1.3)  # those of features.vtlp
@@ -59,7 +59,7 @@ class DecodeSettings:
         first: Strategy = VTLNSearch(self.vtln_warps) if self.vtln_warps else PlainDecoding()
         return SelfTraining(self.adaptation, first) if self.adaptation else first
 
-    def check_for(self, recogniser: Recogniser, name: str) -> None:
+    def check_for(self, recogniser: RecogniserProtocol, name: str) -> None:
         """Refuse settings ``recogniser`` (from checkpoint ``name``) cannot serve; ValueError names the setting."""
         if (self.decoding.ctc_weight > 0 or self.decoding.ctc_greedy) and not recogniser.model.has_ctc:
             what = "ctc_greedy" if self.decoding.ctc_greedy else f"ctc_weight {self.decoding.ctc_weight}"
@@ -224,8 +224,6 @@ def settings_from_options(options: dict) -> DecodeSettings:
     the ``decode_config`` file when one is named. ``vtln_warps`` is a string (``0.9,1.0,1.1``,
     ``LOW:HIGH:STEP``) or a list; ``prune_layers`` a list of words (``["enc:0,2", "dec:0"]``) or one string.
     A ValueError (ConfigError for the file) names the option, as the command line spells it."""
-    from asr.models.pruning import parse_pruning
-
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown decoding option {unknown[0]!r} (known: {', '.join(OPTIONS)})")

@@ -1,6 +1,7 @@
 """Test-time strategies: how a recogniser meets the utterances of a speaker it has never heard.
 
-A strategy takes a :class:`~asr.inference.recogniser.Recogniser` and a list of
+A strategy takes a recogniser (:class:`~asr.inference.interface.RecogniserProtocol`, which
+:class:`~asr.inference.recogniser.Recogniser` implements) and a list of
 utterances (one speaker's, when ``per_speaker``) and returns a
 :class:`SpeakerResult`. :func:`transcribe_speakers` runs one over a whole
 corpus, speaker by speaker, and gathers the results.
@@ -26,16 +27,13 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from asr.data.report import Skip
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions
-from asr.inference.recogniser import AudioInput, Recogniser
+from asr.inference.interface import RecogniserProtocol
 from features.filterbank import check_mel_filters
-
-if TYPE_CHECKING:
-    from asr.inference.settings import DecodeSettings
 
 
 @dataclass
@@ -62,7 +60,7 @@ class Strategy(Protocol):
     per_speaker: bool  # True: run() gets one speaker's utterances at a time
 
     def run(
-        self, recogniser: Recogniser, utterances: list[Utterance], options: DecodingOptions, batch_size: int
+        self, recogniser: RecogniserProtocol, utterances: list[Utterance], options: DecodingOptions, batch_size: int
     ) -> SpeakerResult: ...
 
 
@@ -110,7 +108,7 @@ class CorpusResult:
 
 
 def transcribe_speakers(
-    recogniser: Recogniser,
+    recogniser: RecogniserProtocol,
     utterances: list[Utterance],
     strategy: Strategy,
     options: DecodingOptions = DecodingOptions(),
@@ -155,11 +153,3 @@ def transcribe_speakers(
     result.skipped = [skipped[i] for i in sorted(skipped)]
     return result
 
-
-def transcribe_audio(recogniser: Recogniser, audio: list[AudioInput], settings: DecodeSettings,
-                     progress: Callable[[int], None] | None = None) -> CorpusResult:
-    """Recordings (files, arrays: :meth:`Recogniser.utterances`) transcribed as ``settings`` say, taken as
-    one speaker's for VTLN and adaptation: what ``python -m asr.transcribe`` and
-    :meth:`Recogniser.transcribe` both run."""
-    return transcribe_speakers(recogniser, recogniser.utterances(audio), settings.strategy(), settings.decoding,
-                               settings.batch_size, progress)
