@@ -1,4 +1,4 @@
-"""``python -m asr.synth_demo``: an alias of :mod:`asr.cli.synth_demo` (the corpus itself is :mod:`asr.data.demo`)."""
+"""``python -m asr.synth_demo``: an alias of :mod:`asr.cli.synth_demo` (the corpus itself is :mod:`asr.synthesis.demo`)."""
 
 import sys
 

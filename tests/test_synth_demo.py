@@ -13,10 +13,10 @@ from helpers import PROJECT_ROOT, TINY, prepare_tiny_demo, subprocess_env, tiny_
 
 from asr.cli import check, evaluate, study, synth_demo
 from asr.cli.train import main as train_main
-from asr.data import demo
-from asr.synthesis import espeak, piper
 from asr.data.corpus import load_split
-from asr.data.demo import DemoCorpusNotPrepared, corpus_folder, prepare_command, speaker_ids
+from asr.data.demo import DemoCorpusNotPrepared, corpus_folder, prepare_command
+from asr.synthesis import demo, espeak, piper
+from asr.synthesis.demo import speaker_ids
 from asr.experiment import load_experiment_config
 
 

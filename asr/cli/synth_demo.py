@@ -12,7 +12,7 @@ of the options that change the corpus, :func:`asr.data.demo.corpus_key`).
 ``asr.train``, ``asr.evaluate``, ``asr.study`` and ``asr.check`` then only read
 it, and stop with the command to run when it is missing. A second call finds
 the corpus there and returns at once. A checkpoint (``.pt``) stands for the
-recipe it was trained with. What the corpus holds: :mod:`asr.data.demo`.
+recipe it was trained with. What the corpus holds: :mod:`asr.synthesis.demo`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # imported once the arguments are parsed: --help needs none of it (torch, the synthesisers)
     from asr.checkpointing import CheckpointError
-    from asr.data import espeak, pico, piper
-    from asr.data.demo import corpus_folder, prepare_corpus
+    from asr.data.demo import corpus_folder
     from asr.data.librispeech import default_cache_dir
+    from asr.synthesis import espeak, pico, piper
+    from asr.synthesis.demo import prepare_corpus
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -1,13 +1,15 @@
 """Corpora, tokenisers and batching: from folders of audio to padded batches.
 
+Reading only: the synthetic corpora are made by :mod:`asr.synthesis`, which this package never imports.
+
     corpus.load_split            read a recipe's split (its data sources + FSDD connected digits)
       sources.read_source          one source, in the form its path shows:
         librispeech.read_subset      a LibriSpeech-layout folder, durations cached in a manifest
         kaldi.read_kaldi_dir         a Kaldi data directory (wav.scp, text, segments, utt2spk)
         manifests.read_manifest      a lhotse manifest (CutSet, or recordings + supervisions)
       fsdd.connected_digits        connected-digit utterances built in memory from FSDD takes
-      demo.corpus_subsets          the prepared demo corpus (made beforehand by demo.prepare_corpus,
-                                   python -m asr.synth_demo); never synthesised here
+      demo.corpus_subsets          the prepared demo corpus, found by the settings that asked for it (made
+                                   beforehand by python -m asr.synth_demo, asr.synthesis); never synthesised here
     corpus.build_tokenizer       characters or sentencepiece BPE (tokenizer.py); PAD=0 SOS=1 EOS=2 UNK=3
     dataset.prepare_utterances   one-shot validation; every skip recorded in a report.SkipReport
     dataset.SpeechDataset        utterance -> features (features.pipeline) + token ids

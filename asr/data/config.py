@@ -78,7 +78,7 @@ class DataConfig:
     test: list[str] = field(default_factory=list)   # e.g. [LibriSpeech/test-clean, LibriSpeech/test-other]
     fsdd: str = ""                    # FSDD recordings folder ({digit}_{speaker}_{take}.wav); "" = no connected digits
     digits: DigitsConfig = field(default_factory=DigitsConfig)  # how connected digits are built from data.fsdd
-    demo: DemoConfig = field(default_factory=DemoConfig)  # the synthetic eSpeak NG corpus (asr.data.demo; prepared by python -m asr.synth_demo)
+    demo: DemoConfig = field(default_factory=DemoConfig)  # the synthetic demo corpus to read (asr.data.demo; made by python -m asr.synth_demo)
     tokenizer: Literal["char", "bpe"] = "char"  # characters need no training; BPE shortens targets for attention
     bpe_vocab_size: int = 256         # upper bound: sentencepiece stops early when the transcripts are too few
     max_duration: float = 20.0        # seconds; longer utterances are skipped (memory grows with T for attention)

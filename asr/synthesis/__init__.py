@@ -10,5 +10,6 @@
     librispeech.py   a corpus of LibriSpeech's shape, to rehearse its recipes (python -m asr.synth_librispeech)
 
 Each corpus is written in LibriSpeech layout and read like any other by
-:mod:`asr.data`.
+:mod:`asr.data`, which never imports this package: reading a prepared corpus
+needs its folder, not the synthesisers that made it.
 """

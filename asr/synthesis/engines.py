@@ -1,6 +1,6 @@
 """One small interface over the speech synthesisers that make the toolkit's synthetic corpora.
 
-Three synthesisers speak the demo corpus (:mod:`asr.data.demo`) and the
+Three synthesisers speak the demo corpus (:mod:`asr.synthesis.demo`) and the
 LibriSpeech-shaped rehearsal corpus (:mod:`asr.synthesis.librispeech`):
 
     ``espeak``  eSpeak NG, rule and formant voices   (:mod:`asr.synthesis.espeak`, 22050 Hz)

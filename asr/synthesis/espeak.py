@@ -1,4 +1,4 @@
-"""Speech synthesis with eSpeak NG, for the synthetic demo corpus (:mod:`asr.data.demo`).
+"""Speech synthesis with eSpeak NG, for the synthetic demo corpus (:mod:`asr.synthesis.demo`).
 
 The library and its voice data come from the ``espeakng-loader`` package
 (``pip install espeakng-loader``); no system eSpeak is needed. It is driven
@@ -24,6 +24,7 @@ where the same list always gives the same samples.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import json
 import struct
 import sys
@@ -80,6 +81,14 @@ def _espeakng_loader():
             f"eSpeak NG is not installed: the espeakng-loader package is missing ({_INSTALL_HINT})"
         ) from err
     return espeakng_loader
+
+
+def version() -> str:
+    """The installed ``espeakng-loader`` version (it brings the library and its voices), or ``"missing"``."""
+    try:
+        return importlib.metadata.version("espeakng-loader")
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
 
 
 def data_path() -> Path:

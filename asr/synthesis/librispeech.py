@@ -50,7 +50,6 @@ made with other options is refused, naming them.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -505,11 +504,7 @@ def _render(utterance: Utterance, speech: np.ndarray, noise: float, rng: np.rand
 
 def recorded_options(options: Options) -> dict:
     """What ``synth_options.json`` holds: the options, the format and the packages that shape the audio."""
-    try:
-        espeak_version = f"espeakng-loader={importlib.metadata.version('espeakng-loader')}"
-    except importlib.metadata.PackageNotFoundError:
-        espeak_version = "espeakng-loader=missing"
-    packages = [espeak_version, f"ttspico={pico.version()}", piper.version(), books.versions()]
+    packages = [f"espeakng-loader={espeak.version()}", f"ttspico={pico.version()}", piper.version(), books.versions()]
     return {"format": FORMAT_VERSION, **asdict(options), "packages": " ".join(packages)}
 
 

@@ -1,4 +1,4 @@
-"""Speech synthesis with SVOX Pico, the demo corpus' second synthesiser (:mod:`asr.data.demo`).
+"""Speech synthesis with SVOX Pico, the demo corpus' second synthesiser (:mod:`asr.synthesis.demo`).
 
 eSpeak NG builds its voices from rules and formants; Pico's two English
 voices (``en-US``, ``en-GB``) are statistical parametric voices trained on

@@ -1,4 +1,4 @@
-"""Speech synthesis with Piper, a neural (VITS) synthesiser, for the demo corpus (:mod:`asr.data.demo`).
+"""Speech synthesis with Piper, a neural (VITS) synthesiser, for the demo corpus (:mod:`asr.synthesis.demo`).
 
 eSpeak NG builds its voices from rules and formants; a Piper voice is a neural
 network trained on hours of one real speaker, so its spectra and their
