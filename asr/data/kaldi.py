@@ -40,9 +40,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-import soundfile
-
 from asr.data import report as reasons
+from asr.data.audio import UnusableAudio, header_duration
 from asr.data.report import DataError, SkipReport
 from asr.data.text import normalize_text, text_lines
 from asr.data.utterance import AudioSegment, Utterance
@@ -257,20 +256,10 @@ def _recording(where: str, value: str) -> _Recording | _Unusable:
 
 def _header_duration(recording: _Recording) -> float | _Unusable:
     """Seconds of audio in the recording's file, from its header (no decoding)."""
-    if not recording.path.is_file():
-        return _Unusable(reasons.MISSING_AUDIO_FILE, f"{recording.where}: audio file not found: {recording.path}")
     try:
-        info = soundfile.info(str(recording.path))
-    except (RuntimeError, OSError, ValueError) as err:  # soundfile.LibsndfileError is a RuntimeError
-        return _Unusable(reasons.UNREADABLE_AUDIO, f"{recording.where}: cannot read audio header of {recording.path}: {err}")
-    if info.frames <= 0 or info.samplerate <= 0:
-        return _Unusable(reasons.EMPTY_AUDIO, f"{recording.where}: {recording.path} contains no samples")
-    if recording.channel is not None and recording.channel >= info.channels:
-        return _Unusable(
-            reasons.UNREADABLE_AUDIO, f"{recording.where}: channel {recording.channel} of {recording.path}, "
-            f"which has {info.channels} channel(s)"
-        )
-    return info.frames / info.samplerate
+        return header_duration(recording.path, recording.channel)
+    except UnusableAudio as err:
+        return _Unusable(err.reason, f"{recording.where}: {err.message}")
 
 
 def _parse_segment(span: str) -> tuple[str, float, float]:

@@ -36,9 +36,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import soundfile
-
 from asr.data import report as reasons
+from asr.data.audio import UnusableAudio, header_duration
 from asr.data.cache import Entry, cache_folder, load_entry, write_entry
 from asr.data.cache import default_cache_dir  # noqa: F401  (imported from here by asr.data.corpus)
 from asr.data.parallel import map_chunks, processes_used
@@ -120,7 +119,7 @@ def read_subset(
             used_audio.add(audio)
             try:
                 duration = manifest.duration(audio)
-            except _UnusableAudio as err:
+            except UnusableAudio as err:
                 report.skip(err.reason, err.message)
                 continue
             speaker = utt_id.split("-", 1)[0]
@@ -189,12 +188,6 @@ def _read_transcript(path: Path, report: SkipReport) -> list[tuple[int, str, str
     return entries
 
 
-class _UnusableAudio(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason, self.message = reason, message
-
-
 def manifest_path(subset: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Where the duration manifest of ``subset`` is kept: in ``cache_dir`` (default
     :func:`default_cache_dir`), under a name made from the subset's absolute path."""
@@ -229,7 +222,7 @@ class DurationManifest:
         self.current: dict[str, tuple[int, int, float]] = {}
         self.headers_read = 0  # how many files needed their header read this time
         # audio -> (size, mtime, seconds) or the problem, from :meth:`prefetch`
-        self._prefetched: dict[Path, tuple[int, int, float] | _UnusableAudio] = {}
+        self._prefetched: dict[Path, tuple[int, int, float] | UnusableAudio] = {}
 
     def prefetch(self, audios: Sequence[Path], jobs: int = 1) -> None:
         """Find the durations of all ``audios`` at once: each is stat'ed here, and the headers of files
@@ -240,7 +233,7 @@ class DurationManifest:
         for audio in audios:
             try:
                 size, mtime, seconds = self._cached_entry(audio)
-            except _UnusableAudio as err:
+            except UnusableAudio as err:
                 self._prefetched[audio] = err
                 continue
             if seconds is None:
@@ -253,7 +246,7 @@ class DurationManifest:
         )
         results = [result for chunk in chunks for result in chunk]
         for (audio, size, mtime), result in zip(to_read, results):
-            self._prefetched[audio] = _UnusableAudio(*result) if isinstance(result, tuple) else (size, mtime, result)
+            self._prefetched[audio] = UnusableAudio(*result) if isinstance(result, tuple) else (size, mtime, result)
         self.headers_read += len(to_read)
         elapsed = time.perf_counter() - start
         if to_read:
@@ -272,10 +265,10 @@ class DurationManifest:
         if known is None:
             size, mtime, seconds = self._cached_entry(audio)
             if seconds is None:
-                seconds = _header_duration(audio)
+                seconds = header_duration(audio)
                 self.headers_read += 1
             known = (size, mtime, seconds)
-        if isinstance(known, _UnusableAudio):
+        if isinstance(known, UnusableAudio):
             raise known
         self.current[self._key(audio)] = known
         return known[2]
@@ -295,13 +288,13 @@ class DurationManifest:
 
     def _cached_entry(self, audio: Path) -> tuple[int, int, float | None]:
         """``(size, mtime_ns, seconds)`` of ``audio``, seconds None when the manifest has no valid entry;
-        :class:`_UnusableAudio` when it cannot be stat'ed or is empty."""
+        :class:`UnusableAudio` when it cannot be stat'ed or is empty."""
         try:
             st = audio.stat()
         except OSError as err:
-            raise _UnusableAudio(reasons.UNREADABLE_AUDIO, f"{audio}: cannot stat audio file: {err}") from err
+            raise UnusableAudio(reasons.UNREADABLE_AUDIO, f"{audio}: cannot stat audio file: {err}") from err
         if st.st_size == 0:
-            raise _UnusableAudio(reasons.EMPTY_AUDIO, f"{audio}: zero-length audio file")
+            raise UnusableAudio(reasons.EMPTY_AUDIO, f"{audio}: zero-length audio file")
         entry = self.cached.get(self._key(audio))
         if entry is not None and entry[:2] == (st.st_size, st.st_mtime_ns):
             return st.st_size, st.st_mtime_ns, entry[2]
@@ -336,17 +329,7 @@ def _read_headers(audios: list[Path]) -> list[float | tuple[str, str]]:
     results: list[float | tuple[str, str]] = []
     for audio in audios:
         try:
-            results.append(_header_duration(audio))
-        except _UnusableAudio as err:
+            results.append(header_duration(audio))
+        except UnusableAudio as err:
             results.append((err.reason, err.message))
     return results
-
-
-def _header_duration(audio: Path) -> float:
-    try:
-        info = soundfile.info(str(audio))
-    except (RuntimeError, OSError, ValueError) as err:  # soundfile.LibsndfileError is a RuntimeError
-        raise _UnusableAudio(reasons.UNREADABLE_AUDIO, f"{audio}: cannot read audio header: {err}") from err
-    if info.frames <= 0 or info.samplerate <= 0:
-        raise _UnusableAudio(reasons.EMPTY_AUDIO, f"{audio}: audio file contains no samples")
-    return info.frames / info.samplerate
