@@ -1,4 +1,4 @@
-"""``python -m asr.compare``: an alias of :mod:`asr.cli.compare` (the curves library is :mod:`asr.curves`)."""
+"""``python -m asr.compare``: an alias of :mod:`asr.cli.compare` (the curves library is :mod:`asr.studies.curves`)."""
 
 import sys
 

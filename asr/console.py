@@ -2,12 +2,15 @@
 
 :class:`ProgressBarHandler` is the logging handler of ``asr.train`` and ``asr.evaluate``: each record
 is written with ``tqdm.write``, which clears the bar, writes the line and draws the bar again below
-it, so a log line never runs into a bar.
+it, so a log line never runs into a bar. :func:`not_a_command` is what a library module run with
+``python -m`` says: which command uses it.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from typing import NoReturn
 
 from tqdm import tqdm
 
@@ -21,3 +24,14 @@ class ProgressBarHandler(logging.StreamHandler):
             tqdm.write(self.format(record), file=self.stream)
         except Exception:  # as logging.StreamHandler does: a failed write is reported, not raised
             self.handleError(record)
+
+
+def not_a_command(module: str, command: str) -> NoReturn:
+    """For ``python -m`` on a library module: name the command that uses it (on stdout and exit 0 for
+    ``--help``, else as an error, exit 2)."""
+    message = f"{module} is a library module, not a command; its command is python -m {command} (python -m {command} --help)"
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(message)
+        raise SystemExit(0)
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,4 +1,4 @@
-"""``python -m asr.study``: an alias of :mod:`asr.cli.study` (the study library is :mod:`asr.studies`)."""
+"""``python -m asr.study``: an alias of :mod:`asr.cli.study` (the study library is :mod:`asr.studies.grid`)."""
 
 import sys
 

@@ -10,7 +10,7 @@ from helpers import tiny_run, tiny_valid
 
 from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
-from asr.curves import read_scalars
+from asr.studies.curves import read_scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
 

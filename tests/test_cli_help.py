@@ -30,8 +30,8 @@ def test_help_imports_neither_torch_nor_the_data_readers():
 
 @pytest.mark.slow  # starts a process per module
 def test_a_library_module_run_as_a_command_names_the_command_that_uses_it():
-    """``python -m asr.curves --help`` printed nothing (issue 80): a module the documents name, run as a command."""
-    for module, command in (("asr.curves", "asr.compare"), ("asr.diagnosis", "asr.compare"), ("asr.convergence", "asr.study")):
+    """``python -m asr.studies.curves --help`` printed nothing (issue 80): a module the documents name, run as a command."""
+    for module, command in (("asr.studies.curves", "asr.compare"), ("asr.studies.diagnosis", "asr.compare"), ("asr.studies.convergence", "asr.study")):
         done = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, env=subprocess_env())
         assert done.returncode == 0 and f"its command is python -m {command}" in done.stdout, (module, done.stderr[-500:])
         done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, env=subprocess_env())

@@ -5,7 +5,7 @@ from helpers import read_png
 from torch.utils.tensorboard import SummaryWriter
 
 from asr.cli.compare import main
-from asr.curves import Curve, smooth, zoom_limits
+from asr.studies.curves import Curve, smooth, zoom_limits
 
 # Values exactly representable in float32 and in 4 significant digits, so the
 # table can be compared with what was written without tolerance games.

@@ -11,7 +11,7 @@ import pytest
 from helpers import read_png
 from torch.utils.tensorboard import SummaryWriter
 
-from asr.convergence import (
+from asr.studies.convergence import (
     Convergence,
     MetricTarget,
     Reached,
@@ -27,8 +27,8 @@ from asr.convergence import (
     summarise_reached,
     up_to_step,
 )
-from asr.curves import CompareError, band, plot_bands
-from asr.studies import Run, Scoring, convergence_table, seed_table
+from asr.studies.curves import CompareError, band, plot_bands
+from asr.studies.grid import Run, Scoring, convergence_table, seed_table
 
 # A run validated after 3 epochs of 100 optimizer steps each, 2 minutes per epoch.
 CURVES = RunCurves(epochs=[1, 2, 3], loss=[3.0, 2.0, 1.5], wer=[90.0, 50.0, 25.0], steps=[100, 200, 300],

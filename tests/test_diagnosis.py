@@ -1,4 +1,4 @@
-"""asr.diagnosis: a LAS's convergence diagnostics read back from real TensorBoard event files, where a run
+"""asr.studies.diagnosis: a LAS's convergence diagnostics read back from real TensorBoard event files, where a run
 aligned, the early gradient norms, and asr.compare --diagnose end to end."""
 
 import pytest
@@ -6,9 +6,9 @@ from helpers import read_png, small_las_config
 from torch.utils.tensorboard import SummaryWriter
 
 from asr.cli.compare import main
-from asr.convergence import metric_tag
-from asr.curves import Curve
-from asr.diagnosis import PANELS, aligned_at, early_mean, first_at_most
+from asr.studies.convergence import metric_tag
+from asr.studies.curves import Curve
+from asr.studies.diagnosis import PANELS, aligned_at, early_mean, first_at_most
 from asr.models.las import LAS
 from asr.training.metrics import metrics_for
 from asr.training.step import gradient_groups

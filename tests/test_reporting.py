@@ -6,7 +6,7 @@ import logging
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from asr.curves import EPOCH_AXIS, read_scalars, run_curves
+from asr.studies.curves import EPOCH_AXIS, read_scalars, run_curves
 from asr.training.reporting import RunLog
 from asr.training.state import Progress
 
@@ -81,7 +81,7 @@ def test_event_files_of_the_older_layout_are_read_on_the_step_axis(tmp_path):
 
 
 def test_shares_are_logged_in_percent_and_the_readers_know_which(tmp_path, caplog):
-    from asr.curves import PERCENT_TAGS
+    from asr.studies.curves import PERCENT_TAGS
     from asr.training.metrics import METRICS
 
     log = RunLog(tmp_path, log_every_steps=1, main=True)
@@ -93,7 +93,7 @@ def test_shares_are_logged_in_percent_and_the_readers_know_which(tmp_path, caplo
     # WER as a person reads it, in TensorBoard as in train.log; a correlation is no share.
     assert curves["valid/wer"].values == [12.5] and curves["valid/attention_spearman"].values == [0.5]
     assert any("WER 12.50%, attention_spearman 0.5000" in r.getMessage() for r in caplog.records)
-    # asr.curves names the unit of the tags the trainer logs in percent: every metric that is a share.
+    # asr.studies.curves names the unit of the tags the trainer logs in percent: every metric that is a share.
     assert set(PERCENT_TAGS) == {name.replace("valid_", "valid/") for name, cls in METRICS.items() if cls.percent}
 
 

@@ -8,11 +8,11 @@ import torch
 from helpers import LAS_RECIPE as RECIPE
 from helpers import TINY, read_png
 
-from asr import studies as study
+from asr.studies import grid as study
 from asr.checkpointing import load_checkpoint
 from asr.cli import study as study_cli
 from asr.experiment import load_experiment_config
-from asr.studies import StudyError, folder_name, parse_grid, split_values
+from asr.studies.grid import StudyError, folder_name, parse_grid, split_values
 
 
 def test_values_split_at_commas_outside_brackets():
@@ -306,7 +306,7 @@ def test_seeds_ensembled_and_scored_with_and_without_vtln(tiny_demo_corpus, tmp_
     assert setting["measures"]["final_loss"]["std"] == pytest.approx(abs(finals[0] - finals[1]) / 2**0.5)
     assert setting["measures"]["loss_target"]["reached"] == 2 and setting["measures"]["wer_target"]["reached"] == 0
     # --metric: each run's last logged value, as TensorBoard holds it, in both tables.
-    from asr.curves import run_curves
+    from asr.studies.curves import run_curves
 
     spearman = [run_curves(folder, "run")["valid/attention_spearman"].values[-1] for folder in folders]
     assert [results[name]["final_metrics"]["valid_attention_spearman"] for name in runs] == spearman
@@ -332,7 +332,7 @@ def test_welch_p_matches_the_t_distributions_closed_form_and_says_when_it_cannot
 
 
 def test_the_comparison_table_sets_each_value_against_the_first_per_setting():
-    from asr.convergence import Convergence, Reached
+    from asr.studies.convergence import Convergence, Reached
 
     def run(norm, batch, seed, gap, wer, steps):
         convergence = Convergence(epochs=5, steps=100, best_loss=1.0, best_loss_epoch=5, final_loss=1.0,
@@ -438,7 +438,7 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     import os
     import socket
 
-    from asr.convergence import format_mean_std
+    from asr.studies.convergence import format_mean_std
     from asr.training.runlock import LOCK_NAME
 
     def refuse(*args, **kwargs):
@@ -536,12 +536,12 @@ def test_progress_reads_a_run_logged_by_epochs_and_refuses_to_cut_it_at_a_step(t
 
 
 def test_progress_diagnose_draws_every_run_coloured_by_setting_and_cut_at_the_step(tmp_path, capsys, monkeypatch):
-    """--diagnose (asr.diagnosis) over a study's runs: the seeds of one setting share its label, and
+    """--diagnose (asr.studies.diagnosis) over a study's runs: the seeds of one setting share its label, and
     --at-step cuts every curve there, so a run that aligned later is 'no' at the budget."""
     from torch.utils.tensorboard import SummaryWriter
 
     drawn = {}
-    monkeypatch.setattr("asr.diagnosis.diagnosis_figure", lambda runs, out, title=None: drawn.update(runs=runs, out=out))
+    monkeypatch.setattr("asr.studies.diagnosis.diagnosis_figure", lambda runs, out, title=None: drawn.update(runs=runs, out=out))
     argv = [str(RECIPE), "--grid", "model.layer_norm=none,both", "train.seed=0,1", "--out", str(tmp_path),
             "--seeds", "train.seed", "--progress", "--diagnose"]
     runs = {(r.values["model.layer_norm"], r.values["train.seed"]): r.exp_dir

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from asr.curves import run_curves
+from asr.studies.curves import run_curves
 from asr.training.reporting import RunLog
 from asr.training.timing import LoaderClock
 

@@ -22,7 +22,7 @@ from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run
 from asr.averaging import average_checkpoints
 from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
-from asr.curves import read_scalars, run_curves
+from asr.studies.curves import read_scalars, run_curves
 from asr.experiment import load_experiment_config
 from asr.schedulers import cosine_lambda
 from asr.training import Trainer, TrainingError

@@ -7,7 +7,7 @@ from helpers import tiny_transformer_run
 
 from asr.cli.train import main as train
 from asr.cli.validate import main as validate
-from asr.curves import read_scalars
+from asr.studies.curves import read_scalars
 
 
 @pytest.fixture(scope="module")

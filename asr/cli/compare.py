@@ -16,12 +16,12 @@ draw is it an error.
 
 Every curve is drawn against the optimizer step, the axis the trainer logs
 every scalar on (``epoch`` is a tag of its own); runs of older versions, which
-logged validation per epoch, are put on it too (:mod:`asr.curves`). A run
+logged validation per epoch, are put on it too (:mod:`asr.studies.curves`). A run
 that was resumed logs some steps twice; for each step the value written last
 counts, so the curve is the one the resumed run actually followed.
 
 ``--diagnose`` draws, instead of ``--tag`` panels, a LAS's convergence diagnostics
-(:mod:`asr.diagnosis`: the CTC head's CER, the attention's Spearman and share at the
+(:mod:`asr.studies.diagnosis`: the CTC head's CER, the attention's Spearman and share at the
 end, the speller's loss with and without its context, the gradient norms per stack)
 and prints a table of where each run aligned; ``--settings`` colours runs of one
 setting (e.g. seeds) alike.
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from asr.cli.errors import fail, one_line, what_file
-from asr.curves import CompareError, differing_settings, gather_curves, markdown_table, plot, settings_lines
+from asr.studies.curves import CompareError, differing_settings, gather_curves, markdown_table, plot, settings_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--zoom", action="store_true", help="fit the y axis to every curve's points after its first")
     parser.add_argument(
         "--diagnose", action="store_true",
-        help="draw a LAS's convergence diagnostics instead of --tag panels (asr.diagnosis; default --out diagnosis.png)",
+        help="draw a LAS's convergence diagnostics instead of --tag panels (asr.studies.diagnosis; default --out diagnosis.png)",
     )
     parser.add_argument(
         "--settings", nargs="+", default=None, metavar="NAME",
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: Path) -> int:
     """``--diagnose``: the diagnosis figure into ``out`` and its table beside it (``out`` as .md) and on stdout."""
-    from asr.diagnosis import diagnosis_figure, diagnosis_table, read_diagnosed
+    from asr.studies.diagnosis import diagnosis_figure, diagnosis_table, read_diagnosed
 
     if out.suffix.lower() != ".png":
         print(f"error: --out must name a .png file, got {out}", file=sys.stderr)

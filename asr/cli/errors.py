@@ -33,13 +33,3 @@ def fail(message: object) -> NoReturn:
     print(f"error: {one_line(message)}", file=sys.stderr)
     raise SystemExit(2)
 
-
-def not_a_command(module: str, command: str) -> NoReturn:
-    """For ``python -m`` on a library module: name the command that uses it (on stdout and exit 0 for
-    ``--help``, else as an error, exit 2)."""
-    message = f"{module} is a library module, not a command; its command is python -m {command} (python -m {command} --help)"
-    if {"-h", "--help"} & set(sys.argv[1:]):
-        print(message)
-        raise SystemExit(0)
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)

@@ -14,7 +14,7 @@ its own ``exp_dir`` under ``--out`` (default ``exp/study_<recipe name>``),
 named after its grid values (``layer_norm=none,mvn=global``). ``--variants
 FILE`` adds comparisons a grid cannot express, such as an ablation that
 removes one thing at a time: FILE maps names to lists of overrides
-(:func:`asr.studies.read_variants`), and the runs take each in turn as the
+(:func:`asr.studies.grid.read_variants`), and the runs take each in turn as the
 grid key ``variant``, crossed with ``--grid`` (``variant=no_prior,seed=1``); ``--grid variant=A,B``
 runs only those of the file's variants. Keys joined by
 a comma before the ``=`` are tied: they take each value together, or one
@@ -37,7 +37,7 @@ in KEY are also decoded together as one ensemble, into
 ``--out``/``ensembles/<other values>``. The study then writes into ``--out``:
 
 - ``valid_loss.png``: the validation-loss curves of all runs over each other
-  (drawn by :mod:`asr.curves`, y axis fitted to the epochs after the first;
+  (drawn by :mod:`asr.studies.curves`, y axis fitted to the epochs after the first;
   ``--tag`` picks other tags);
 - ``results.md`` and ``results.json``: per run, the grid values, final and
   best validation loss, dev and test WER, and training minutes; and, when
@@ -48,7 +48,7 @@ in KEY are also decoded together as one ensemble, into
 - with ``--metric NAME`` (any validation metric of :mod:`asr.training.metrics`,
   e.g. ``valid_batchnorm_gap``), each run's last logged value of it, in the
   convergence tables and in ``results.json`` (``final_metrics``);
-- in ``results.md`` too, how each run converged (:mod:`asr.convergence`, from
+- in ``results.md`` too, how each run converged (:mod:`asr.studies.convergence`, from
   its TensorBoard validation curves): epochs and optimizer steps, the steps
   (epoch, minutes) to the first validation at or below ``--target-loss`` and
   ``--target-wer`` (in percent; "not reached" when none was), and where each
@@ -72,7 +72,7 @@ in KEY are also decoded together as one ensemble, into
 - with ``--diagnose``, ``diagnosis.png``: a LAS's convergence diagnostics over
   optimizer steps, every run a line coloured by its setting (the CTC head's
   CER, the attention's Spearman and share at the end, the speller's loss with
-  and without its context, the gradient norms per stack; :mod:`asr.diagnosis`),
+  and without its context, the gradient norms per stack; :mod:`asr.studies.diagnosis`),
   and a table of where each run aligned. ``--progress`` draws it too, from the
   runs as they stand (up to ``--at-step``).
 
@@ -85,7 +85,7 @@ a corpus the runs read is missing.
 they are now (a study still training, or stopped) and writes
 ``progress.md`` in ``--out``: each run's state (finished, training or
 stopped at its last logged step, not started) and the convergence tables
-of the runs that have a validation (:func:`asr.studies.measure_progress`),
+of the runs that have a validation (:func:`asr.studies.grid.measure_progress`),
 with ``--seeds`` their mean curves so far in ``progress_mean.png``; no
 ``valid_mean.png``, ``convergence.json`` or WER on dev or test.
 ``--at-step N`` reads every run at its last validation at or before
@@ -118,9 +118,9 @@ from typing import TYPE_CHECKING
 
 from asr.cli.errors import fail
 from asr.cli.options import add_decode_arguments, decode_settings
-from asr.convergence import MetricTarget, RunCurves, Targets, aggregate, measure, read_run_curves
-from asr.curves import Band, CompareError, band, load_curves, plot, plot_bands
-from asr.studies import (
+from asr.studies.convergence import MetricTarget, RunCurves, Targets, aggregate, measure, read_run_curves
+from asr.studies.curves import Band, CompareError, band, load_curves, plot, plot_bands
+from asr.studies.grid import (
     Run,
     Scoring,
     StudyError,
@@ -239,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--diagnose", action="store_true",
         help="also draw diagnosis.png: a LAS's convergence diagnostics, every run coloured by its setting "
-             "(asr.diagnosis), with a table of where each run aligned",
+             "(asr.studies.diagnosis), with a table of where each run aligned",
     )
     add_decode_arguments(parser)
     return parser
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_progress(study, argv)
     logger.info("%d runs: %s", len(study.runs), "; ".join(r.name for r in study.runs))
     try:
-        # one study at a time in --out; a stop signal reaches the runs, which save and stop (asr.studies)
+        # one study at a time in --out; a stop signal reaches the runs, which save and stop (asr.studies.grid)
         with study_in_progress(study.out):
             train_runs(study.runs, args.recipe, args.overrides, study.threads, args.jobs)
             splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *study.runs[0].overrides()], "test") else [])
@@ -560,10 +560,10 @@ def band_plot(study: Study, measured: dict[str, RunCurves] | None = None, name: 
 
 
 def diagnosis_section(study: Study, at_step: int | None = None) -> list[str]:
-    """``diagnosis.png`` and its table (:mod:`asr.diagnosis`), over the runs that have logged anything (each
+    """``diagnosis.png`` and its table (:mod:`asr.studies.diagnosis`), over the runs that have logged anything (each
     cut at ``at_step`` where given), coloured by setting: the grid values other than ``--seeds``'."""
-    from asr.curves import Curve
-    from asr.diagnosis import Diagnosed, diagnosis_figure, diagnosis_table, read_diagnosed
+    from asr.studies.curves import Curve
+    from asr.studies.diagnosis import Diagnosed, diagnosis_figure, diagnosis_table, read_diagnosed
 
     runs = []
     for run in study.runs:
@@ -586,7 +586,7 @@ def diagnosis_section(study: Study, at_step: int | None = None) -> list[str]:
     cer_target = next((t.value for t in study.targets.metrics if t.name == "valid_ctc_cer"), None)
     budget = f", up to optimizer step {at_step}" if at_step is not None else ""
     return ["## Diagnosis: why a run converged or did not", "",
-            "Every run a line in its setting's colour (asr.diagnosis): the CTC head's dev CER, the attention's "
+            "Every run a line in its setting's colour (asr.studies.diagnosis): the CTC head's dev CER, the attention's "
             "Spearman and share of steps on the last frames, the speller's dev loss with and without its context, "
             f"and the gradient norms per stack before clipping{budget}. Aligned: the first validation with Spearman "
             ">= 0.9 and at most 10% of steps at the end. The gradient columns are means over the updates logged "

@@ -80,7 +80,7 @@ class DecodeSettings:
         """Plain data for ``wer.json`` and a ``--decode-config`` file (the inverse of :func:`settings_from_dict`)."""
         data = to_dict(self)
         data["vtln_warps"] = list(self.vtln_warps)
-        # Left out when off, so evaluations made before these settings existed keep comparing equal (asr.studies).
+        # Left out when off, so evaluations made before these settings existed keep comparing equal (asr.studies.grid).
         if self.decoding.segment_seconds is None:
             del data["decoding"]["segment_seconds"]
         if self.prune_layers is None:

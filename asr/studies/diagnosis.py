@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.curves import CompareError, Curve, run_curves
+from asr.studies.curves import CompareError, Curve, run_curves
 
 ALIGNED_SPEARMAN = 0.9
 ALIGNED_AT_END = 10.0  # percent of output steps whose attention peak is on the last frames
@@ -189,6 +189,6 @@ def diagnosis_figure(runs: list[Diagnosed], out: Path, title: str | None = None)
 
 
 if __name__ == "__main__":  # a library module: say which command uses it rather than exit in silence
-    from asr.cli.errors import not_a_command
+    from asr.console import not_a_command
 
-    not_a_command("asr.diagnosis", "asr.compare")
+    not_a_command("asr.studies.diagnosis", "asr.compare")

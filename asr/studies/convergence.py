@@ -4,7 +4,7 @@ The trainer validates once per epoch (and every ``train.valid_every_steps``
 updates) and logs ``valid/loss``, ``valid/wer``, ``valid/minutes`` (wall-clock
 minutes of the run so far) and ``epoch`` (epochs done) at the optimizer step
 it has reached (:mod:`asr.training.reporting`; runs
-of the older layout are put on the same axis by :func:`asr.curves.run_curves`).
+of the older layout are put on the same axis by :func:`asr.studies.curves.run_curves`).
 From those, per run (:func:`measure`):
 
 - **steps to target**: the optimizer steps (and minutes, and epochs) at the
@@ -37,7 +37,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asr.curves import EPOCH_AXIS, EPOCH_TAG, CompareError, run_curves
+from asr.studies.curves import EPOCH_AXIS, EPOCH_TAG, CompareError, run_curves
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,6 @@ def _aggregate_reached(reached: list[Reached | None]) -> dict:
 
 
 if __name__ == "__main__":  # a library module: say which command uses it rather than exit in silence
-    from asr.cli.errors import not_a_command
+    from asr.console import not_a_command
 
-    not_a_command("asr.convergence", "asr.study")
+    not_a_command("asr.studies.convergence", "asr.study")

@@ -428,6 +428,6 @@ def _write(fig, out: Path) -> None:
 
 
 if __name__ == "__main__":  # a library module: say which command draws curves rather than exit in silence
-    from asr.cli.errors import not_a_command
+    from asr.console import not_a_command
 
-    not_a_command("asr.curves", "asr.compare")
+    not_a_command("asr.studies.curves", "asr.compare")

@@ -4,7 +4,7 @@ A study's runs are :class:`Run` s (one ``asr.train`` subprocess each, in its own
 ``exp_dir``); each is scored by ``asr.evaluate`` subprocesses, once per
 :class:`Scoring` (a split and the decoding settings: plain, with test-time VTLN,
 adapted). Each run's convergence (steps to a target validation loss or WER,
-area under the loss curve: :mod:`asr.convergence`) is tabulated per run and,
+area under the loss curve: :mod:`asr.studies.convergence`) is tabulated per run and,
 over a seed key, as mean ± std per setting. The command line, with the whole
 story, is :mod:`asr.cli.study`.
 
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from asr.config import ConfigError
-from asr.convergence import (
+from asr.studies.convergence import (
     Convergence,
     Reached,
     RunCurves,
@@ -53,7 +53,7 @@ from asr.convergence import (
     summarise_reached,
     up_to_step,
 )
-from asr.curves import EPOCH_AXIS, EVENT_GLOB, run_curves
+from asr.studies.curves import EPOCH_AXIS, EVENT_GLOB, run_curves
 from asr.writing import atomic_write
 
 if TYPE_CHECKING:
@@ -836,7 +836,7 @@ def _targets_reached(convergence: Convergence, targets: Targets) -> list[Reached
     return [r for r, t in given if t is not None] + [convergence.metric_targets.get(t.label) for t in targets.metrics]
 
 
-# The convergence tables' column for asr.convergence.late_fall: near 0 on a plateau.
+# The convergence tables' column for asr.studies.convergence.late_fall: near 0 on a plateau.
 LATE_FALL = "valid loss fall per 1k steps, last quarter"
 
 
