@@ -22,6 +22,7 @@ from features.config import FeatureConfig
 __all__ = [
     "ExperimentConfig",
     "TrainConfig",
+    "as_recipe",
     "experiment_config_from_dict",
     "experiment_config_to_dict",
     "load_experiment_config",
@@ -67,3 +68,12 @@ def load_experiment_config(recipe: str | Path, overrides: list[str] | None = Non
 
 def experiment_config_to_dict(config: ExperimentConfig) -> dict:
     return to_dict(config)
+
+
+def as_recipe(record: dict) -> dict:
+    """A run's recorded config (a checkpoint's) read as a recipe and back as data, so that a key an older
+    version did not write stands at its default; as it is where it cannot be read so (a key since removed)."""
+    try:
+        return experiment_config_to_dict(experiment_config_from_dict(record))
+    except ConfigError:
+        return to_dict(record)

@@ -39,7 +39,7 @@ from las_step import decoder_case, stand_ins, step_case, synthetic_batch  # noqa
 from asr.experiment import load_experiment_config  # noqa: E402
 from asr.models import attention_fused  # noqa: E402
 from asr.models.registry import build_model  # noqa: E402
-from asr.training.trainer import build_optimizer  # noqa: E402
+from asr.run import build_optimizer  # noqa: E402
 
 
 def greedy_case(model, features, lengths, steps: int):

@@ -47,7 +47,8 @@ import torch
 from asr.data.batching import with_features
 from asr.data.dataset import SpeechDataset
 from asr.experiment import load_experiment_config
-from asr.training import Trainer
+from asr.run import build_trainer
+from asr.training.trainer import Trainer
 from asr.training.data import make_loader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +92,7 @@ def tiled_corpus(target: Path, copies: int, shared_data: Path) -> Path:
 
 def throughput(batches, dataset: SpeechDataset, trainer: Trainer, workers: int) -> dict[str, float]:
     """(a): one pass over ``batches`` of ``dataset``, features computed as ``dataset.compute_on`` says."""
-    device, seed = trainer.device, trainer.config.data.seed
+    device, seed = trainer.device, trainer.data.train_set.seed  # data.seed
     audio = sum(dataset.utterances[i].duration for batch in batches for i in batch)
     start_cpu, start = cpu_seconds(), time.perf_counter()
     on_device = 0.0
@@ -112,7 +113,7 @@ def throughput(batches, dataset: SpeechDataset, trainer: Trainer, workers: int) 
 def loader_wait(batches, dataset: SpeechDataset, trainer: Trainer, workers: int, warmup: int) -> tuple[float, float]:
     """(b): (seconds waiting for batches, seconds in total) over the steps after ``warmup``."""
     device, step = trainer.device, trainer.step
-    loader = make_loader(batches, dataset, workers, trainer.config.data.seed, pin_memory=device.type == "cuda")
+    loader = make_loader(batches, dataset, workers, trainer.data.train_set.seed, pin_memory=device.type == "cuda")
     iterator = iter(loader)
     wait = total = 0.0
     for index in range(len(batches)):
@@ -134,8 +135,8 @@ def loader_wait(batches, dataset: SpeechDataset, trainer: Trainer, workers: int,
 
 def training_set(trainer: Trainer, compute_on: str) -> SpeechDataset:
     """The trainer's training utterances, their features computed where ``compute_on`` says, epoch 0."""
-    data = trainer.config.data
-    dataset = SpeechDataset(trainer.data.train_set.utterances, trainer.pipeline, trainer.tokenizer, train=True,
+    data = trainer.data.train_set  # its data.seed and data.strict
+    dataset = SpeechDataset(data.utterances, trainer.pipeline, trainer.tokenizer, train=True,
                             seed=data.seed, strict=data.strict, compute_on=compute_on)
     dataset.set_epoch(0)
     return dataset
@@ -144,7 +145,7 @@ def training_set(trainer: Trainer, compute_on: str) -> SpeechDataset:
 def warm_shapes(batches, trainer: Trainer) -> None:
     """One untimed training step on each of ``batches``, features computed in this process, so that no
     measured path pays for a shape's first step."""
-    for batch in make_loader(batches, training_set(trainer, "device"), 0, trainer.config.data.seed, pin_memory=False):
+    for batch in make_loader(batches, training_set(trainer, "device"), 0, trainer.data.train_set.seed, pin_memory=False):
         if trainer.step.backward(with_features(batch.to(trainer.device), trainer.pipeline)).loss is not None:
             trainer.step.update()
     synchronize(trainer.device)
@@ -158,7 +159,7 @@ def run_recipe(name: str, root: Path, overrides: list[str], args, fixed: list[st
         fixed = [*fixed, f"data.root={root}", f"exp_dir={exp_dir}", f"data.num_workers={args.workers}",
                  "features.compute_on=loader", "train.scheduler.kind=constant"]
         config = load_experiment_config(recipe, fixed + overrides)
-        trainer = Trainer(config)
+        trainer = build_trainer(config)
         data = trainer.data
         data.sampler.set_epoch(0)
         batches = list(data.sampler)[: args.steps + args.warmup]

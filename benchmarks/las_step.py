@@ -45,7 +45,7 @@ from asr.models import lnlstm, runtime
 from asr.models.registry import build_model
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.interface import EncoderOutput
-from asr.training.trainer import build_optimizer
+from asr.run import build_optimizer
 from features.pipeline import FeaturePipeline
 
 ROOT = Path(__file__).resolve().parents[1]

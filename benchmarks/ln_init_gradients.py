@@ -44,13 +44,13 @@ def measure(recipe: Path, overrides: list[str], cell: str, quantiles: tuple[floa
     """Per length: the gradient norm of each top-level module, and the largest listener parameter's."""
     from asr.data.batching import collate
     from asr.experiment import load_experiment_config
-    from asr.training.trainer import Trainer
+    from asr.run import build_trainer
 
     placement, _, variant = cell.partition(":")
     keys = [f"model.layer_norm={placement}"] + ([f"model.lnlstm_variant={variant}"] if variant else [])
     config = load_experiment_config(recipe, [*overrides, "train.max_minutes=null", "data.num_workers=0", *keys,
                                              f"exp_dir={folder / cell.replace(':', '_')}"])
-    trainer = Trainer(config)
+    trainer = build_trainer(config)
     trainer.schedules.apply(0)  # the values of the first update (CTC weight, attention prior, ...)
     dataset = trainer.data.train_set
     dataset.set_epoch(0)
@@ -84,7 +84,7 @@ def through_time(recipe: Path, overrides: list[str], cell: str, quantiles: tuple
     first layer, backward direction, the gradient's norm ``steps`` steps back, and the recurrent term's spread."""
     from asr.data.batching import collate
     from asr.experiment import load_experiment_config
-    from asr.training.trainer import Trainer
+    from asr.run import build_trainer
 
     placement, _, variant = cell.partition(":")
     rows = []
@@ -92,7 +92,7 @@ def through_time(recipe: Path, overrides: list[str], cell: str, quantiles: tuple
         keys = [f"model.layer_norm={placement}", f"train.seed={seed}"] + ([f"model.lnlstm_variant={variant}"] if variant else [])
         config = load_experiment_config(recipe, [*overrides, "train.max_minutes=null", "data.num_workers=0", *keys,
                                                  f"exp_dir={folder / (cell.replace(':', '_') + f'_seed{seed}')}"])
-        trainer = Trainer(config)
+        trainer = build_trainer(config)
         dataset = trainer.data.train_set
         dataset.set_epoch(0)
         frames = dataset.num_frames()

@@ -46,7 +46,7 @@ from asr.data.tokenizer import CharTokenizer
 from asr.experiment import load_experiment_config
 from asr.models.interface import ModelOutput
 from asr.models.registry import build_model
-from asr.training import trainer as trainer_module
+import asr.run as run_module
 from asr.training.data import TrainingData, make_loader
 from features.filterbank import num_frames
 from features.pipeline import FeaturePipeline
@@ -139,10 +139,10 @@ def trainer_round(config, data: TrainingData, model: StandIn) -> float:
     """Seconds per update of asr.train's loop, from update WARM to its last."""
     stamps = []
     with tempfile.TemporaryDirectory() as folder, \
-            mock.patch.object(trainer_module, "build_training_data", lambda *a, **k: data), \
-            mock.patch.object(trainer_module, "build_model", lambda *a, **k: model):
+            mock.patch.object(run_module, "build_training_data", lambda *a, **k: data), \
+            mock.patch.object(run_module, "build_model", lambda *a, **k: model):
         config.exp_dir = str(Path(folder) / "run")
-        trainer = trainer_module.Trainer(config, command="benchmarks/loop_overhead.py")
+        trainer = run_module.build_trainer(config, command="benchmarks/loop_overhead.py")
         backward = trainer.step.backward
 
         def timed(batch, scale=1.0):
@@ -157,7 +157,7 @@ def trainer_round(config, data: TrainingData, model: StandIn) -> float:
 
 def bare_round(config, data: TrainingData, model: StandIn, updates: int) -> float:
     """Seconds per update of the bare loop over the same batches."""
-    optimizer = trainer_module.build_optimizer(model, config.train)
+    optimizer = run_module.build_optimizer(model, config.train)
     data.sampler.set_epoch(0)
     batches = list(data.sampler)[: updates * config.train.accum_grad]
     loader = make_loader(batches, data.train_set, 0, 0, pin_memory=False, pad_frames_to=config.data.pad_frames_to)

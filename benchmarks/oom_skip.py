@@ -22,7 +22,7 @@ from asr.data.batching import Batch  # noqa: E402
 from asr.experiment import load_experiment_config  # noqa: E402
 from asr.models.registry import build_model  # noqa: E402
 from asr.training.step import TrainingStep  # noqa: E402
-from asr.training.trainer import build_optimizer  # noqa: E402
+from asr.run import build_optimizer  # noqa: E402
 
 if not torch.cuda.is_available():
     sys.exit("benchmarks/oom_skip.py needs a CUDA GPU")

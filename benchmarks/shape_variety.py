@@ -34,7 +34,7 @@ import torch
 
 from asr.experiment import load_experiment_config
 from asr.models.registry import build_model
-from asr.training.trainer import build_optimizer
+from asr.run import build_optimizer
 from las_step import FRAMES_PER_SECOND, stand_ins, step_case
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -133,7 +133,7 @@ def fake_clock(monkeypatch, per_update: bool = False) -> None:
     import time as real_time
 
     import asr.training.step as step_module
-    import asr.training.trainer as trainer_module
+    import asr.training.timing as timing_module
 
     class Clock:
         now = real_time.time()
@@ -144,7 +144,7 @@ def fake_clock(monkeypatch, per_update: bool = False) -> None:
                 cls.now += 2.0
             return cls.now
 
-    monkeypatch.setattr(trainer_module, "time", Clock)
+    monkeypatch.setattr(timing_module, "time", Clock)
     if per_update:
         update = step_module.TrainingStep.update
 

@@ -17,7 +17,7 @@ from asr.models.drophead import drop_heads, scheduled_rate
 from asr.models.interface import ScheduledRegularisation
 from asr.models.las import LAS, LASConfig
 from asr.models.transformer import MultiHeadAttention, TransformerConfig
-from asr.training.trainer import planned_updates
+from asr.run import planned_updates
 
 DROPHEAD = {"encoder": {"drophead": 0.5}, "decoder": {"drophead": 0.5}}
 

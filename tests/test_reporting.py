@@ -186,7 +186,7 @@ def test_the_end_summary_names_the_best_checkpoint_the_files_and_the_next_comman
 
 
 def test_a_run_is_refused_before_it_writes_anything(tmp_path):
-    from asr.training.trainer import refusal
+    from asr.training.resume import refusal
 
     assert refusal(tmp_path / "new", resume=False) is None
     assert "--resume: no checkpoint to resume from" in refusal(tmp_path / "new", resume=True)

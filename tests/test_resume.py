@@ -9,7 +9,7 @@ import yaml
 from helpers import LAS_RECIPE, PROJECT_ROOT, TINY, tiny_run
 
 from asr.config import ConfigError, describe_config
-from asr.experiment import experiment_config_to_dict, load_experiment_config
+from asr.experiment import as_recipe, experiment_config_to_dict, load_experiment_config
 from asr.training.resume import MAY_CHANGE_ON_RESUME, check_resume, config_changes, may_change_on_resume
 
 
@@ -50,8 +50,8 @@ def test_the_keys_that_may_change_are_recorded_not_refused():
 def test_a_key_an_older_checkpoint_did_not_write_compares_at_its_default():
     saved = _resolved()
     del saved["train"]["valid_every_steps"], saved["model"]["forget_bias"]
-    assert config_changes(saved, _resolved()) == []
-    assert [c.key for c in config_changes(saved, _resolved("model.forget_bias=0.5"))] == ["model.forget_bias"]
+    assert config_changes(as_recipe(saved), _resolved()) == []
+    assert [c.key for c in config_changes(as_recipe(saved), _resolved("model.forget_bias=0.5"))] == ["model.forget_bias"]
 
 
 def test_every_pattern_that_may_change_names_keys_of_a_recipe():

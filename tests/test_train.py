@@ -25,7 +25,8 @@ from asr.cli.train import main
 from asr.studies.curves import read_scalars, run_curves
 from asr.experiment import load_experiment_config
 from asr.schedulers import cosine_lambda
-from asr.training import Trainer, TrainingError
+from asr.run import build_trainer
+from asr.training import TrainingError
 from asr.training.data import build_training_data, make_loader
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
@@ -159,7 +160,7 @@ def test_unknown_config_key_is_an_error_naming_it(tmp_path, capsys):
 
 def test_a_nan_loss_skips_the_step_and_names_the_batch(tmp_path, caplog):
     config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_steps=2", "train.max_epochs=1"))
-    trainer = Trainer(config)
+    trainer = build_trainer(config)
     model = trainer.raw_model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     original = model.forward
@@ -188,7 +189,7 @@ def test_a_nan_loss_skips_the_step_and_names_the_batch(tmp_path, caplog):
 
 def test_too_many_nonfinite_steps_stop_the_run(tmp_path):
     config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_nonfinite_in_a_row=2"))
-    trainer = Trainer(config)
+    trainer = build_trainer(config)
     original = trainer.raw_model.forward
 
     def always_nan(*args, **kwargs):
@@ -527,7 +528,7 @@ class _OutOfMemoryInBackward(torch.autograd.Function):
 
 def test_a_batch_out_of_cuda_memory_is_skipped_counted_and_training_goes_on(tmp_path, caplog):
     config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_epochs=1"))
-    trainer = Trainer(config)
+    trainer = build_trainer(config)
     original, calls, sizes = trainer.raw_model.forward, [], {}
 
     def forward(features, lengths, *args):
@@ -557,7 +558,7 @@ def test_a_batch_out_of_cuda_memory_is_skipped_counted_and_training_goes_on(tmp_
 
 def test_batches_out_of_memory_in_a_row_stop_the_run(tmp_path):
     config = load_experiment_config(RECIPE, overrides(tmp_path, "train.max_oom_batches_in_a_row=3"))
-    trainer = Trainer(config)
+    trainer = build_trainer(config)
 
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")

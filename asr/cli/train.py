@@ -100,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     from asr.data.demo import prepare_command
     from asr.data.report import DataError
     from asr.experiment import load_experiment_config
-    from asr.training import Trainer, TrainingError
+    from asr.run import build_trainer
+    from asr.training.errors import TrainingError
+    from asr.training.resume import refusal
     from asr.training.runlock import RunLock, RunLockError
     from asr.training.signals import StopNow, TrainingStopped
-    from asr.training.trainer import refusal
     from asr.writing import WriteError
 
     lock = None
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(config.exp_dir).mkdir(parents=True, exist_ok=True)
             lock.acquire()
         command = "python -m asr.train " + shlex.join(sys.argv[1:] if argv is None else argv)
-        Trainer(config, resume=args.resume, overrides=args.overrides, command=command, verbose=args.verbose).fit()
+        build_trainer(config, resume=args.resume, overrides=args.overrides, command=command, verbose=args.verbose).fit()
         if dist.is_available() and dist.is_initialized():
             # rank 0 still writes checkpoints after the last collective: no rank takes its end of
             # the process group down while another is busy (not on the error path: a rank that

@@ -12,8 +12,12 @@ def __getattr__(name: str):
         from asr.training import step
 
         return getattr(step, name)
-    if name in ("Trainer", "TrainingError"):
+    if name == "Trainer":
         from asr.training import trainer
 
-        return getattr(trainer, name)
+        return trainer.Trainer
+    if name == "TrainingError":
+        from asr.training import errors
+
+        return errors.TrainingError
     raise AttributeError(f"module 'asr.training' has no attribute {name!r}")

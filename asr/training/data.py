@@ -64,7 +64,7 @@ def build_training_data(
             stats_report.log("global MVN statistics")
     valid_utts, valid_report = load_split(data_cfg, "dev")
     valid_utts, _ = prepare_utterances(valid_utts, data_cfg, tokenizer, valid_report, limit_duration=False, name="dev")
-    # The trainer resolves features.compute_on for its device before this; a caller that has not
+    # The builder (asr.run) resolves features.compute_on for its device before this; a caller that has not
     # (a tool, a test) gets the loader path for "auto", as on a CPU.
     compute_on = resolve_compute_on(config.features.compute_on, "cpu")
     common = dict(seed=data_cfg.seed, strict=data_cfg.strict, compute_on=compute_on)

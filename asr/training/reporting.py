@@ -53,6 +53,7 @@ import yaml
 from asr.averaging import epoch_of
 from asr.config import flatten
 from asr.console import ProgressBarHandler
+from asr.models import runtime
 
 from asr.training.metrics import as_shown, format_value, in_percent
 from asr.training.state import Progress
@@ -190,6 +191,36 @@ class RunLog:
         """The TensorBoard event file being written (for an error naming it)."""
         writer = getattr(getattr(self.writer, "file_writer", None), "event_writer", None)
         return Path(getattr(writer, "_file_name", self.exp_dir / "tensorboard"))
+
+
+class RunRecord:
+    """``config.yaml``: the run's settings (the resolved recipe, with the ``history`` of its resumes:
+    :func:`asr.training.resume.settings_record`) and under ``runtime:`` which code computes its model
+    (:func:`asr.models.runtime.describe`). It is written when the run is built; when the run ends,
+    :meth:`finish` adds what ran (:func:`asr.models.runtime.ran`: backends, fallbacks, CUDA graphs
+    recorded), which only then is known. Loading it as a recipe ignores both records."""
+
+    def __init__(self, path: Path, settings: dict, described: dict, device, main: bool, verbose: bool = False):
+        self.path, self.settings, self.runtime, self.device = path, settings, described, device
+        self.main, self.verbose = main, verbose
+        self._before = runtime.snapshot()  # "what ran" is this run's, not this process's
+
+    def write(self) -> None:
+        if self.main:
+            record = dict(self.settings)
+            history = record.pop("history", None)
+            record["runtime"] = self.runtime
+            if history:
+                record["history"] = history
+            atomic_write(self.path, yaml.safe_dump(record, sort_keys=False))
+
+    def finish(self) -> None:
+        """The run ended: what ran joins the runtime record (in ``train.log`` too, with ``--verbose``)."""
+        ran = runtime.ran(since=self._before, device=self.device)
+        self.runtime.update(ran)
+        if self.verbose:
+            runtime.log(logger, ran)
+        self.write()
 
 
 def write_epoch_summaries(writer, exp_dir: Path, progress: Progress, metrics: dict[str, float], figures) -> None:

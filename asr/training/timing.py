@@ -1,4 +1,10 @@
-"""Where a training loop's wall time goes: waiting for the loader's next batch, or everything else.
+"""The run's clock, and where a training loop's wall time goes.
+
+:class:`RunClock` is the run's own clock: the seconds of training and validation so far, a resumed run's
+earlier ones included (the pauses between resumes are not), which ``train.max_minutes`` ends the run by
+and a learning-rate cooldown reads; with ``train.max_steps`` it says whether the run ends here.
+
+Where the wall time goes: waiting for the loader's next batch, or everything else.
 
 :class:`LoaderClock` wraps the loader of an epoch. Between two logged updates it reads the wall time per
 update and the share of it the main process spent blocked in the loader (``time/seconds_per_update``,
@@ -12,6 +18,52 @@ from __future__ import annotations
 
 import time
 from typing import Callable, Iterable, Iterator
+
+
+class RunClock:
+    """Seconds of training and validation so far (``progress.seconds`` in every checkpoint), and the limits
+    that end a run: ``max_steps`` updates, ``max_minutes`` on this clock. ``agree`` (several processes) takes a
+    reading to the one every rank uses, the slowest rank's."""
+
+    def __init__(self, max_steps: int | None = None, max_minutes: float | None = None,
+                 agree: Callable[[float], float] | None = None):
+        self.max_steps, self.max_minutes, self._agree = max_steps, max_minutes, agree
+        self.ended_by: str | None = None  # the limit (train.max_steps or train.max_minutes) that ended the run
+        self.start(0.0)
+
+    def start(self, seconds: float) -> None:
+        """Start the clock at ``seconds``: a resumed run continues its clock."""
+        self._started, self._before = time.time(), seconds
+        self.seconds = seconds  # as of the latest update (train.max_minutes only)
+
+    def now(self) -> float:
+        """The run's clock now, in seconds (a resumed run's earlier time included)."""
+        return self._before + time.time() - self._started
+
+    def read(self, progress) -> None:
+        """Bring ``progress.seconds`` up to now: a run resumed from a checkpoint goes on from its time."""
+        progress.seconds = self.now()
+
+    def minutes(self) -> float:
+        """Minutes of training and validation so far, as read after the latest update (train.max_minutes'
+        check), so that every rank sees the same clock."""
+        return self.seconds / 60.0
+
+    def limit_reached(self, step: int) -> bool:
+        """Whether train.max_steps or train.max_minutes ends the run after update ``step``; once it has, it
+        stays ended. Every rank agrees (one any rank out of time stops them all after the same update)."""
+        if self.ended_by is None and self.max_steps is not None and step >= self.max_steps:
+            self.ended_by = f"train.max_steps={self.max_steps}"
+        # The budget ends a run only once it has made an update: "after the first update past it", even on a
+        # machine so busy that the budget is spent before the first batch arrives.
+        if self.ended_by is None and self.max_minutes is not None and step > 0:
+            seconds = self.now()
+            if self._agree is not None:  # the slowest rank's clock, the same on every rank
+                seconds = self._agree(seconds)
+            self.seconds = seconds  # what the learning rate's cooldown reads until the next update
+            if seconds >= self.max_minutes * 60:
+                self.ended_by = f"train.max_minutes={self.max_minutes:g}"
+        return self.ended_by is not None
 
 
 class LoaderClock:
