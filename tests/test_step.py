@@ -9,6 +9,7 @@ import torch
 
 from asr.data.batching import Batch
 from asr.models.las import LAS
+from asr.training.skips import SkipReason
 from asr.training.step import TrainingStep, all_finite, gradient_groups
 from helpers import las_batch as random_batch
 from helpers import small_las_config as small_config
@@ -99,7 +100,8 @@ def test_a_batch_out_of_memory_is_skipped_with_its_size_and_its_gradients_droppe
     outcome = step.backward(batch, scale=0.5)
     frames, longest = int(batch.feature_lengths.sum()), int(batch.feature_lengths.max())
     assert outcome.loss is None
-    assert outcome.skipped == (f"CUDA out of memory in the {where} pass of a batch of 3 utterances, "
+    assert outcome.skipped.reason is SkipReason.OUT_OF_MEMORY
+    assert outcome.skipped.message == (f"CUDA out of memory in the {where} pass of a batch of 3 utterances, "
                                f"{frames} frames (longest {longest})")
     assert all(p.grad is None for p in model.parameters())  # what was accumulated is dropped with it
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -143,7 +145,8 @@ def test_under_ddp_every_rank_skips_the_batch_one_rank_ran_out_of_memory_on():
         port = s.getsockname()[1]
     results = mp.Manager().dict()
     mp.spawn(_ddp_out_of_memory_worker, args=(port, results), nprocs=2, join=True)
-    assert results[0][0] == results[1][0] and results[0][0].startswith("CUDA out of memory in the forward pass")
+    assert results[0][0] == results[1][0] and results[0][0].reason is SkipReason.OUT_OF_MEMORY
+    assert results[0][0].message.startswith("CUDA out of memory in the forward pass")
     assert results[0][1] == results[1][1] is not None  # the next batch: the loss averaged over both ranks
     assert results[0][2:] == results[1][2:]  # the same update on both ranks
 
@@ -178,7 +181,7 @@ def test_an_audio_batch_gets_its_features_inside_the_step_and_out_of_memory_ther
 
     pipeline.features = _out_of_memory  # the batch's first allocation on a GPU is its features
     outcome = step.backward(audio)
-    assert outcome.loss is None and outcome.skipped.startswith("CUDA out of memory in the forward pass of a batch of 3")
+    assert outcome.loss is None and outcome.skipped.message.startswith("CUDA out of memory in the forward pass of a batch of 3")
     del pipeline.features
     assert step.backward(audio).loss == pytest.approx(from_audio)
 
@@ -197,7 +200,8 @@ def test_an_update_that_would_make_a_weight_non_finite_is_undone_with_the_optimi
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     model(torch.full((2, 4), 10.0)).pow(2).sum().backward()
     outcome = step.update()
-    assert outcome.skipped is not None and outcome.skipped.startswith("non-finite weights after the update")
+    assert outcome.skipped is not None and outcome.skipped.reason is SkipReason.NONFINITE_UPDATE
+    assert outcome.skipped.message.startswith("non-finite weights after the update")
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), before[name]), name
         assert p.grad is None and optimizer.state[p] == {}  # no momentum from the undone step

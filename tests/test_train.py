@@ -28,6 +28,7 @@ from asr.schedulers import cosine_lambda
 from asr.run import build_trainer
 from asr.training import TrainingError
 from asr.training.data import build_training_data, make_loader
+from asr.training.skips import SkipReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
 
@@ -179,8 +180,9 @@ def test_a_nan_loss_skips_the_step_and_names_the_batch(tmp_path, caplog):
     trainer.data.sampler.set_epoch(0)
     first = next(iter(make_loader(list(trainer.data.sampler)[:1], trainer.data.train_set, 0, 0, False)))
     outcome = trainer.step.backward(first)
-    assert outcome.loss is None and "non-finite loss" in outcome.skipped
-    trainer._skipped(outcome.skipped, first.ids)
+    assert outcome.loss is None and outcome.skipped.reason is SkipReason.NONFINITE_LOSS
+    assert str(outcome.skipped).startswith("non-finite loss ")
+    trainer.skips.step(trainer.progress, outcome.skipped, first.ids)
     assert trainer.progress.step == steps_before and trainer.progress.nonfinite_in_a_row == 1
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

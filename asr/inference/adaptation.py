@@ -158,7 +158,7 @@ def fine_tune(
                 if outcome.loss is not None:
                     outcome = step.update()
                 if outcome.skipped:
-                    skipped += outcome.skipped.startswith("non-finite")
+                    skipped += outcome.skipped.reason.nonfinite
                     logger.warning("adaptation: %s; step skipped (utterances: %s)", outcome.skipped, describe(batch.ids))
         model.eval()
     for parameter in frozen:

@@ -17,8 +17,8 @@ CUDA out of memory in the forward or backward pass is skipped the same way, with
 its gradients dropped and the cache emptied (under DistributedDataParallel only in
 the forward pass, where the ranks still agree before any gradient is exchanged; in
 the backward pass the error is raised). Either way the
-returned :class:`StepOutcome` says why, so the caller can log it with the
-batch's utterances (:func:`describe`) and count it. With gradient accumulation, call ``backward``
+returned :class:`StepOutcome` says why (a :class:`~asr.training.skips.SkippedStep`), so the caller
+can log it with the batch's utterances and count it by its reason (:mod:`asr.training.skips`). With gradient accumulation, call ``backward``
 for each batch (``scale=1 / accum``) and ``update`` once.
 
 ``update(group_norms=True)`` also returns the gradient norm of each module
@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from asr.data.batching import with_features
+from asr.training.skips import SkippedStep, SkipReason, describe  # noqa: F401 (describe re-exported)
 from features.pipeline import FeaturePipeline
 
 
@@ -44,7 +45,7 @@ class StepOutcome:
     """What one call did: ``loss`` (the batch's loss, averaged over ranks) or ``skipped`` (why not)."""
 
     loss: float | None = None
-    skipped: str | None = None
+    skipped: SkippedStep | None = None
     grad_norm: float | None = None
     group_norms: dict[str, float] | None = None  # group -> its gradient norm before clipping, when asked for
 
@@ -72,9 +73,8 @@ def out_of_memory_message(batch, where: str) -> str:
     )
 
 
-def describe(ids: list[str]) -> str:
-    """The first few utterance ids of a batch, for a message about it."""
-    return ", ".join(ids[:8]) + (f" ... ({len(ids)} utterances)" if len(ids) > 8 else "")
+def _out_of_memory(batch, where: str) -> StepOutcome:
+    return StepOutcome(skipped=SkippedStep(SkipReason.OUT_OF_MEMORY, out_of_memory_message(batch, where)))
 
 
 class TrainingStep:
@@ -118,7 +118,7 @@ class TrainingStep:
         if self.distributed:
             dist.all_reduce(usable, op=dist.ReduceOp.MIN)  # every rank skips together, or none does
         if usable.item() == 0:
-            return StepOutcome(skipped="no utterance left in the batch")
+            return StepOutcome(skipped=SkippedStep(SkipReason.EMPTY_BATCH, "no utterance left in the batch"))
         if batch.audio is not None and self.pipeline is None:
             raise ValueError("the batch holds audio (features.compute_on: device) but the step has no pipeline")
         try:
@@ -135,9 +135,9 @@ class TrainingStep:
         if self.distributed:
             dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         if finite.item() < 0:
-            return StepOutcome(skipped=out_of_memory_message(batch, "forward"))
+            return _out_of_memory(batch, "forward")
         if finite.item() == 0:
-            return StepOutcome(skipped=f"non-finite loss {loss.item()}")
+            return StepOutcome(skipped=SkippedStep(SkipReason.NONFINITE_LOSS, f"non-finite loss {loss.item()}"))
         try:
             (loss * scale).backward()
         except torch.cuda.OutOfMemoryError:
@@ -151,7 +151,7 @@ class TrainingStep:
             output = loss = None  # the graph and its activations go with them
         if loss is None:  # out of memory in the backward pass
             self._free_memory()
-            return StepOutcome(skipped=out_of_memory_message(batch, "backward"))
+            return _out_of_memory(batch, "backward")
         value = loss.detach()
         if self.distributed:
             dist.all_reduce(value)
@@ -171,15 +171,15 @@ class TrainingStep:
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
-            return StepOutcome(skipped=f"non-finite gradient norm {norm.item()}")
+            return StepOutcome(skipped=SkippedStep(SkipReason.NONFINITE_GRADIENT, f"non-finite gradient norm {norm.item()}"))
         self._before.keep(self.optimizer)
         self.optimizer.step()
         spoilt = self._before.nonfinite(self.optimizer)
         if spoilt is not None:
             self._before.restore(self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
-            return StepOutcome(skipped=f"non-finite {spoilt} after the update (gradient norm {float(norm):.4g}); "
-                                       "the update was undone")
+            message = f"non-finite {spoilt} after the update (gradient norm {float(norm):.4g}); the update was undone"
+            return StepOutcome(skipped=SkippedStep(SkipReason.NONFINITE_UPDATE, message))
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -55,7 +55,8 @@ from asr.training.reporting import RunLog, RunRecord, end_summary
 from asr.training.schedules import ScheduleSet
 from asr.training.signals import StopSignals, TrainingStopped
 from asr.training.state import Progress, rng_state, set_rng_state
-from asr.training.step import TrainingStep, describe
+from asr.training.skips import SkipPolicy
+from asr.training.step import TrainingStep
 from asr.training.timing import LoaderClock, RunClock
 from asr.training.validation import Validation, alignment_figures, validate, validation_options
 
@@ -104,6 +105,7 @@ class Trainer:
         self.step = TrainingStep(self.model, self.optimizer, None, cfg.grad_clip, use_amp=cfg.amp and self.device.type == "cuda",
                                  distributed=self.dist.enabled, pipeline=self.pipeline)
         self.durations = [u.duration for u in self.data.train_set.utterances]
+        self.skips = SkipPolicy(cfg.max_nonfinite_in_a_row, cfg.max_oom_batches_in_a_row)
         self.epoch_end = EpochEnd(self.exp_dir, cfg.best_metric, cfg.keep_best, cfg.keep_last,
                                   cfg.early_stopping_patience, self.dist.is_main)
 
@@ -181,11 +183,11 @@ class Trainer:
                 values = self.schedules.apply(progress.step)  # the values this update is made with
             progress.batch_in_epoch += 1
             accumulated += 1
-            self._count_skips(batch)
+            self.skips.items(progress, batch)
             outcome = self.step.backward(batch.to(self.device), scale=1.0 / cfg.accum_grad)
             bar.update(1)
             if outcome.loss is None:
-                self._skipped(outcome.skipped, batch.ids)
+                self.skips.step(progress, outcome.skipped, batch.ids)
                 accumulated = 0
                 self.optimizer.zero_grad(set_to_none=True)
                 continue
@@ -195,11 +197,11 @@ class Trainer:
             accumulated = 0
             update = self.step.update(group_norms=self.log.logs_step(progress.step + 1))
             if update.skipped:
-                self._skipped(update.skipped, batch.ids)
+                self.skips.step(progress, update.skipped, batch.ids)
                 continue
             progress.step += 1
             clock.updated()
-            progress.nonfinite_in_a_row = progress.oom_in_a_row = 0
+            self.skips.updated(progress)
             utterances += len(batch.ids) * cfg.accum_grad
             # refresh=False: the bar redraws at most every 0.1 s (tqdm's mininterval), not at every update
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}",
@@ -235,44 +237,6 @@ class Trainer:
         random_state = rng_state()
         self._report(epoch, self.validate(), self._epochs_done())
         set_rng_state(random_state)
-
-    def _count_skips(self, batch) -> None:
-        """Log each training item whose audio failed where it was read, and count it by reason for the epoch."""
-        for skip in batch.skipped:
-            logger.warning("training item skipped at epoch %d: %s [%s]", self.progress.epoch + 1, skip.message, skip.reason)
-            self.progress.count_skip(skip.reason)
-
-    def _skipped(self, why: str, ids: list[str]) -> None:
-        """A step that did not reach the weights: logged with its utterances; non-finite ones are counted."""
-        progress = self.progress
-        logger.warning(
-            "%s at epoch %d batch %d; step skipped, weights unchanged (utterances: %s)",
-            why, progress.epoch + 1, progress.batch_in_epoch, describe(ids),
-        )
-        if why.startswith("CUDA out of memory"):
-            self._out_of_memory(ids)
-            return
-        if not why.startswith("non-finite"):
-            return
-        progress.nonfinite_in_a_row += 1
-        limit = self.train_cfg.max_nonfinite_in_a_row
-        if progress.nonfinite_in_a_row >= limit:
-            raise TrainingError(
-                f"{progress.nonfinite_in_a_row} non-finite steps in a row (train.max_nonfinite_in_a_row={limit}); "
-                f"last batch: {describe(ids)}. Lower train.lr, check the data, or enable gradient clipping."
-            )
-
-    def _out_of_memory(self, ids: list[str]) -> None:
-        """A batch skipped for CUDA out of memory: counted with its utterances; too many in a row stop the run."""
-        progress, limit = self.progress, self.train_cfg.max_oom_batches_in_a_row
-        progress.count_skip("CUDA out of memory", len(ids))
-        progress.oom_in_a_row += 1
-        if progress.oom_in_a_row >= limit:
-            raise TrainingError(
-                f"{progress.oom_in_a_row} batches in a row ran out of CUDA memory "
-                f"(train.max_oom_batches_in_a_row={limit}); last batch: {describe(ids)}. "
-                "Lower data.max_frames_per_batch or use a smaller model."
-            )
 
     def validation_options(self) -> DecodingOptions:
         """The decoding behind the validation WER and CER (``train.valid_*``)."""
