@@ -345,10 +345,10 @@ def test_pico_speaks_a_share_of_train_and_dev_and_every_other_draw_stays():
 
 
 def test_pico_speech_follows_the_text_and_the_rate():
-    speaker = pico.Speaker(["en-US"])
+    speaker = pico.PicoVoices(["en-US"])
     short = speaker.speak(pico.PicoRequest("three", "en-US"))
     long = speaker.speak(pico.PicoRequest("three seven zero four nine", "en-US"))
-    slow = pico.Speaker(["en-US"]).speak(pico.PicoRequest("three seven zero four nine", "en-US", rate=60))
+    slow = pico.PicoVoices(["en-US"]).speak(pico.PicoRequest("three seven zero four nine", "en-US", rate=60))
     assert short.dtype == np.float32 and 0.05 < np.abs(short).max() <= 1.0
     assert len(long) > 2.5 * len(short)
     assert len(slow) > 1.4 * len(long)
@@ -416,7 +416,7 @@ def test_piper_takes_its_share_of_what_pico_leaves_and_moves_no_pico_utterance()
 
 @pytest.mark.slow  # synthesis
 def test_piper_speech_follows_the_text_and_the_length_scale():
-    speaker = piper.Speaker(["joe"])
+    speaker = piper.PiperVoices(["joe"])
     short = speaker.speak(piper.PiperRequest("three", "joe", noise_w_scale=0.0))
     long = speaker.speak(piper.PiperRequest("three seven zero four nine", "joe", noise_w_scale=0.0))
     slow = speaker.speak(piper.PiperRequest("three seven zero four nine", "joe", length_scale=2.0, noise_w_scale=0.0))
@@ -430,7 +430,7 @@ def test_piper_speech_follows_the_text_and_the_length_scale():
 @pytest.mark.slow  # synthesis
 def test_a_fresh_voice_repeats_itself_and_a_used_one_varies():
     requests = [piper.PiperRequest("one two", "joe"), piper.PiperRequest("one two", "joe")]
-    first, again = (piper.Speaker(["joe"]) for _ in range(2))
+    first, again = (piper.PiperVoices(["joe"]) for _ in range(2))
     a = [first.speak(r) for r in requests]
     b = [again.speak(r) for r in requests]
     for x, y in zip(a, b, strict=True):
@@ -448,7 +448,7 @@ def test_speak_many_gives_the_same_samples_however_many_processes(monkeypatch):
     for x, y in zip(one, three, strict=True):
         np.testing.assert_array_equal(x, y)
     # each chunk starts from a freshly loaded voice: the first request of every chunk sounds alike
-    speaker = piper.Speaker(["joe"])
+    speaker = piper.PiperVoices(["joe"])
     np.testing.assert_array_equal(one[0], speaker.speak(requests[0]))
 
 

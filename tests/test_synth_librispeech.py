@@ -76,7 +76,7 @@ def plans():
 
 
 def planned_seconds(chapter, utterance) -> float:
-    """Independent of Utterance.planned_seconds, which the plan uses to end its chapters."""
+    """Independent of PlannedUtterance.planned_seconds, which the plan uses to end its chapters."""
     words = len(utterance.words.split())
     return utterance.lead_seconds + utterance.trail_seconds + words / chapter.speaker.words_per_second()
 

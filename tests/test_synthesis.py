@@ -47,7 +47,7 @@ def test_a_list_is_spoken_in_order_and_the_same_list_gives_the_same_samples(name
 @pytest.mark.slow  # starts worker processes
 def test_pico_in_a_worker_speaks_as_a_fresh_speaker_here():
     requests = REQUESTS["pico"]
-    here = pico.Speaker(["en-US"])
+    here = pico.PicoVoices(["en-US"])
     for spoken, request in zip(pico.speak_many(requests), requests, strict=True):
         np.testing.assert_array_equal(spoken, here.speak(request))
 

@@ -209,9 +209,9 @@ def prepare_corpus(config: DemoConfig, cache_dir: str | Path) -> dict[str, Path]
             except espeak.UnknownVoiceError as err:
                 raise ValueError(f"demo corpus {name}: {err}") from err
     if config.pico_share > 0:
-        pico.Speaker(config.pico_voices)  # a missing ttspico says how to install it before anything is built
+        pico.PicoVoices(config.pico_voices)  # a missing ttspico says how to install it before anything is built
     if config.piper_share > 0:
-        piper.Speaker(config.piper_voices)  # likewise a missing piper-tts or voice package
+        piper.PiperVoices(config.piper_voices)  # likewise a missing piper-tts or voice package
 
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

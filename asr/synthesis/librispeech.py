@@ -128,6 +128,8 @@ class Options:
 
 @dataclass(frozen=True)
 class Speaker:
+    """One speaker of the corpus: a voice of one synthesiser with its own settings, drawn once (``_speakers``)."""
+
     id: str
     subset: str
     synthesiser: str  # a name in asr.synthesis.engines.SYNTHESISERS
@@ -154,7 +156,10 @@ class Speaker:
 
 
 @dataclass(frozen=True)
-class Utterance:
+class PlannedUtterance:
+    """One utterance as planned, before its audio exists: what is said, by which request, how it is rendered.
+    (Read back from the corpus, it is an :class:`asr.data.utterance.Utterance` like any other.)"""
+
     id: str
     sentences: tuple[str, ...]  # the transcript's sentences (asr.synthesis.books.Sentence.words)
     request: object  # the synthesiser's request (asr.synthesis.engines)
@@ -181,7 +186,7 @@ class Chapter:
     speaker: Speaker
     id: str
     book: str  # where its text comes from
-    utterances: tuple[Utterance, ...]
+    utterances: tuple[PlannedUtterance, ...]
     seed: tuple[int, ...]  # of its background noise
 
     @property
@@ -197,7 +202,7 @@ class Plan:
     chapters: list[Chapter]
     books: dict[str, list[str]] = field(default_factory=dict)  # subset -> the books it reads
 
-    def utterances(self, subset: str | None = None) -> Iterator[Utterance]:
+    def utterances(self, subset: str | None = None) -> Iterator[PlannedUtterance]:
         for chapter in self.chapters:
             if subset is None or chapter.subset == subset:
                 yield from chapter.utterances
@@ -367,7 +372,7 @@ class _Reader:
 def _read_chapter(reader: _Reader, speaker: Speaker, chapter_id: str, seconds: float, rng):
     """A chapter's utterances, drawn until their planned durations add up to ``seconds``."""
     book = reader.start_chapter()
-    utterances: list[Utterance] = []
+    utterances: list[PlannedUtterance] = []
     total = 0.0
     while total < seconds or not utterances:
         drawn = draw_seconds(rng)
@@ -379,7 +384,7 @@ def _read_chapter(reader: _Reader, speaker: Speaker, chapter_id: str, seconds: f
         text = " ".join(s.spoken for s in sentences)
         request = replace(request, text=text)
         utterances.append(
-            Utterance(
+            PlannedUtterance(
                 id=f"{speaker.id}-{chapter_id}-{len(utterances):04d}",
                 sentences=tuple(s.words for s in sentences),
                 request=request,
@@ -488,7 +493,7 @@ def _resample(waveforms: list[np.ndarray], rate: int) -> list[np.ndarray]:
     return [row[: -(-w.size * SAMPLE_RATE // rate)] for row, w in zip(resampled, waveforms, strict=True)]
 
 
-def _render(utterance: Utterance, speech: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+def _render(utterance: PlannedUtterance, speech: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
     """Speech scaled to its peak level, framed by silence, over the speaker's background noise: int16."""
     speech = speech * np.float32(10 ** (utterance.level_db / 20) / max(float(np.abs(speech).max()), 1e-9))
     lead = round(utterance.lead_seconds * SAMPLE_RATE)

@@ -9,11 +9,11 @@ engine and its voice files come from the ``ttspico`` package
 
 An engine carries state from one text to the next (the same text twice in a
 row does not give the same samples), but a fresh engine given the same
-sequence of texts always does. :class:`Speaker` therefore creates its engines
-when it is created: one :class:`Speaker` per corpus, fed in a fixed order,
+sequence of texts always does. :class:`PicoVoices` therefore creates its engines
+when it is created: one :class:`PicoVoices` per corpus, fed in a fixed order,
 makes the same corpus every time. :func:`speak_many` (and :class:`Pico`, its
 :class:`asr.synthesis.engines.Synthesiser`) speaks a list of requests with such
-a fresh :class:`Speaker` in a worker process, beside the caller's work.
+a fresh :class:`PicoVoices` in a worker process, beside the caller's work.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class PicoError(RuntimeError):
 
 @dataclass(frozen=True)
 class PicoRequest:
-    """One text for :meth:`Speaker.speak`: which voice, how fast and how high (percent of the voice's own)."""
+    """One text for :meth:`PicoVoices.speak`: which voice, how fast and how high (percent of the voice's own)."""
 
     text: str
     voice: str
@@ -71,7 +71,7 @@ def version() -> str:
         return "missing"
 
 
-class Speaker:
+class PicoVoices:
     """Fresh Pico engines for ``voices``; :meth:`speak` turns a request into float32 samples in [-1, 1]."""
 
     def __init__(self, voices: list[str]) -> None:
@@ -98,11 +98,11 @@ class Speaker:
 
 
 def speak_many(requests: Sequence[PicoRequest]) -> Iterator[np.ndarray]:
-    """Each request spoken, in order, by one fresh :class:`Speaker` in a worker process: float32 at 16 kHz.
+    """Each request spoken, in order, by one fresh :class:`PicoVoices` in a worker process: float32 at 16 kHz.
 
     The worker starts at once and speaks ahead of the caller (read on a
     thread, so a full pipe never stops it). The same list always gives the
-    same samples, the same as a fresh :class:`Speaker` in this process gives.
+    same samples, the same as a fresh :class:`PicoVoices` in this process gives.
     A request Pico rejects ends the iteration with :class:`PicoError` carrying
     the worker's message; closing the iterator early stops the worker.
     """
@@ -148,9 +148,9 @@ def _serve() -> None:
     out = sys.stdout.buffer
     try:
         job = json.loads(sys.stdin.buffer.read())
-        speaker = Speaker(job["voices"])
+        voices = PicoVoices(job["voices"])
         for request in job["requests"]:
-            samples = speaker.speak(PicoRequest(**request))
+            samples = voices.speak(PicoRequest(**request))
             # speak() divided the engine's int16 by 32768: multiplying back is exact
             workers.write_array(out, np.round(samples * 32768).astype("<i2"))
         out.flush()

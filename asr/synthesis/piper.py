@@ -17,8 +17,8 @@ A voice draws random noise inside the network (the variation of its sound and
 timing, ``noise_scale`` and ``noise_w_scale``), from a generator that lives as
 long as the loaded voice: the same text twice in a row does not give the same
 samples, but a freshly loaded voice given the same sequence of requests
-always does. :class:`Speaker` therefore loads its voices when it is created:
-one :class:`Speaker` per corpus, fed in a fixed order, makes the same corpus
+always does. :class:`PiperVoices` therefore loads its voices when it is created:
+one :class:`PiperVoices` per corpus, fed in a fixed order, makes the same corpus
 every time.
 """
 
@@ -51,7 +51,7 @@ class PiperError(RuntimeError):
 
 @dataclass(frozen=True)
 class PiperRequest:
-    """One text for :meth:`Speaker.speak`: which voice, how slow, and how much variation."""
+    """One text for :meth:`PiperVoices.speak`: which voice, how slow, and how much variation."""
 
     text: str
     voice: str
@@ -85,7 +85,7 @@ def _import(module: str):
         raise PiperError(f"Piper voices need {module.split('.')[0]} ({err}); install them with: {_INSTALL_HINT}") from err
 
 
-class Speaker:
+class PiperVoices:
     """Freshly loaded Piper voices; :meth:`speak` turns a request into float32 samples in [-1, 1].
 
     ``threads`` is how many threads onnxruntime may use per voice.
@@ -144,7 +144,7 @@ def speak_many(requests: Sequence[PiperRequest], processes: int | None = None) -
     """Each request spoken, in order, as float32 samples at :data:`SAMPLE_RATE`.
 
     The list is cut into chunks of :data:`CHUNK` requests, and each chunk is
-    spoken by voices loaded afresh for it (:class:`Speaker`). Chunks are dealt
+    spoken by voices loaded afresh for it (:class:`PiperVoices`). Chunks are dealt
     round robin to ``processes`` worker processes (default: one per CPU core,
     one onnxruntime thread each), which start at once and work ahead of the
     caller. The same list therefore always gives the same samples, however many
@@ -211,9 +211,9 @@ def _serve() -> None:
     try:
         job = json.loads(sys.stdin.buffer.read())
         for chunk in job["chunks"]:
-            speaker = Speaker(job["voices"], threads=1)  # fresh voices per chunk (see speak_many)
+            voices = PiperVoices(job["voices"], threads=1)  # fresh voices per chunk (see speak_many)
             for request in chunk:
-                workers.write_array(out, speaker.speak(PiperRequest(**request)).astype("<f4"))
+                workers.write_array(out, voices.speak(PiperRequest(**request)).astype("<f4"))
             out.flush()
     except (PiperError, ValueError) as err:
         print(err, file=sys.stderr)
