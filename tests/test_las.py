@@ -14,7 +14,7 @@ from asr.models.attention import AttentionConfig
 from asr.models.common import add_sos_eos
 from asr.models.las import LAS, LASConfig
 from asr.models.listener import ListenerConfig
-from asr.models.lnlstm import LNLSTMCell
+from asr.models.lnlstm import LNLSTM, CellSpec, LNLSTMCell, LNLSTMOptions
 from asr.models.speller import SpellerConfig
 
 from helpers import las_batch as random_batch
@@ -45,6 +45,24 @@ def test_layer_norm_value_builds_the_model_it_names(place, listener_ln, speller_
         name for name, m in model.named_modules() if "Norm" in type(m).__name__ and ".cells." not in name
     ]
     assert other_norms == []
+
+
+def test_every_lnlstm_option_of_the_recipe_reaches_every_lstm():
+    """The recipe's LN-LSTM options travel as one object (LASConfig.lnlstm_options): each reaches every
+    cell of the listener and the speller, and the layer norm follows ``layer_norm``'s placement."""
+    config = small_config(layer_norm="speller", lnlstm_variant="raw_gates", lnlstm_eps=1e-4, forget_bias=0.5,
+                          lnlstm_backend="reference", lnlstm_check="off", lnlstm_cuda_graphs=False)
+    model = LAS(config, input_dim=6, vocab_size=10)
+    for part, layer_norm in ((model.listener, False), (model.speller, True)):
+        cells = [m for m in part.modules() if isinstance(m, LNLSTMCell)]
+        assert cells
+        for cell in cells:
+            assert cell.spec == CellSpec("raw_gates", layer_norm, 1e-4, 0.5)
+            assert (cell.backend, cell.check) == ("reference", "off")
+    stacks = [m for m in model.modules() if isinstance(m, LNLSTM)]
+    assert len(stacks) == 3 and not any(stack.cuda_graphs for stack in stacks)
+    assert config.lnlstm_options() == LNLSTMOptions(variant="raw_gates", eps=1e-4, forget_bias=0.5,
+                                                    backend="reference", check="off", cuda_graphs=False)
 
 
 def test_ctc_head_exists_only_with_a_positive_weight_and_losses_combine():

@@ -8,6 +8,7 @@ import torch
 from asr.config import ConfigError, from_dict
 from asr.models.common import lengths_to_mask
 from asr.models.listener import Listener, ListenerConfig, stack_frames
+from asr.models.lnlstm import LNLSTMOptions
 
 DIM = 5
 
@@ -105,7 +106,8 @@ def test_empty_utterances_and_bad_lengths_are_clear_errors():
 
 def test_layer_norm_switch_reaches_every_layer():
     for layer_norm in (True, False):
-        listener = Listener(ListenerConfig(hidden_size=4, num_layers=3, pyramid_layers=2), DIM, layer_norm=layer_norm)
+        listener = Listener(ListenerConfig(hidden_size=4, num_layers=3, pyramid_layers=2), DIM,
+                            LNLSTMOptions(layer_norm=layer_norm))
         cells = [cell for lstm in listener.layers for cell in lstm.cells]
         assert len(cells) == 6  # 3 layers x 2 directions
         for cell in cells:

@@ -7,6 +7,7 @@ import torch
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.interface import reorder_nested
+from asr.models.lnlstm import LNLSTMOptions
 from asr.models.speller import Speller, SpellerConfig
 
 VOCAB, KEY = 11, 8
@@ -113,7 +114,7 @@ def test_scheduled_sampling_draws_from_the_model_distribution():
 def test_layer_norm_switch_reaches_every_cell():
     for layer_norm in (True, False):
         speller = Speller(SpellerConfig(num_layers=3, hidden_size=4, embedding_dim=3), AttentionConfig(dim=4), 9, 6,
-                          layer_norm=layer_norm)
+                          LNLSTMOptions(layer_norm=layer_norm))
         assert len(speller.cells) == 3
         for cell in speller.cells:
             assert cell.layer_norm is layer_norm

@@ -20,7 +20,7 @@ The loss is the joint CTC-attention loss every model shares, both terms per targ
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -33,7 +33,7 @@ from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorde
 from asr.models.joint import attention_loss, check_special_ids, ctc_only_output, joint_output
 from asr.models.listener import Listener, ListenerConfig
 from asr.models import overrides
-from asr.models.lnlstm import VARIANTS
+from asr.models.lnlstm import VARIANTS, LNLSTMOptions
 from asr.models.speller import Speller, SpellerConfig
 
 LAYER_NORM_PLACES = ("both", "listener", "speller", "none")
@@ -86,6 +86,13 @@ class LASConfig(ModelConfig):
         if not 0.0 < self.speller_cuda_graphs_memory <= 1.0:
             raise ValueError(f"speller_cuda_graphs_memory must be in (0, 1], got {self.speller_cuda_graphs_memory}")
 
+    def lnlstm_options(self) -> LNLSTMOptions:
+        """The LN-LSTMs' options of this recipe in one object, which the model hands down whole (the
+        listener's and the speller's layer norm set from ``layer_norm`` where each is built)."""
+        return LNLSTMOptions(variant=self.lnlstm_variant, eps=self.lnlstm_eps, forget_bias=self.forget_bias,
+                             backend=self.lnlstm_backend, check=self.lnlstm_check,
+                             cuda_graphs=self.lnlstm_cuda_graphs)
+
 
 class LAS(nn.Module):
     """Listen, Attend and Spell; implements :mod:`asr.models.interface`.
@@ -111,22 +118,19 @@ class LAS(nn.Module):
         self.vocab_size = vocab_size
         self.ctc_weight = config.ctc_weight
         self.label_smoothing = config.label_smoothing
-        lstm_options = {"forget_bias": config.forget_bias, "eps": config.lnlstm_eps, "variant": config.lnlstm_variant,
-                        "backend": config.lnlstm_backend, "check": config.lnlstm_check}
+        lstm = config.lnlstm_options()
         self.listener = Listener(
-            config.listener, input_dim, layer_norm=config.layer_norm in ("both", "listener"),
-            cuda_graphs=config.lnlstm_cuda_graphs, **lstm_options
+            config.listener, input_dim, replace(lstm, layer_norm=config.layer_norm in ("both", "listener"))
         )
         self.speller = Speller(
             config.speller,
             config.attention,
             vocab_size,
             self.listener.output_dim,
-            layer_norm=config.layer_norm in ("both", "speller"),
+            replace(lstm, layer_norm=config.layer_norm in ("both", "speller")),
             pad_id=pad_id,
             cuda_graphs=config.speller_cuda_graphs,
             cuda_graphs_memory=config.speller_cuda_graphs_memory,
-            **lstm_options,
         )
         if config.ctc_weight > 0:
             self.ctc = CTCHead(self.listener.output_dim, vocab_size, blank_id=pad_id)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asr.models.common import lengths_to_mask
-from asr.models.lnlstm import LNLSTM
+from asr.models.lnlstm import LNLSTM, LNLSTMOptions
 
 
 @dataclass
@@ -97,22 +97,11 @@ class Listener(nn.Module):
     Args:
         config: layer sizes, pyramid, frame stacking, projection, dropout.
         input_dim: D, size of a feature frame.
-        layer_norm: every LSTM layer is an LN-LSTM (True) or a plain LSTM.
-        forget_bias, eps, variant, backend, cuda_graphs, check: passed to every :class:`LNLSTM`.
+        lstm: the LSTM layers' :class:`~asr.models.lnlstm.LNLSTMOptions` (layer norm or a plain LSTM,
+            variant, backend, ...), handed to every :class:`LNLSTM` whole.
     """
 
-    def __init__(
-        self,
-        config: ListenerConfig,
-        input_dim: int,
-        layer_norm: bool = True,
-        forget_bias: float = 1.0,
-        eps: float | None = None,
-        variant: str = "ba2016",
-        backend: str = "auto",
-        cuda_graphs: bool = True,
-        check: str = "fallback",
-    ) -> None:
+    def __init__(self, config: ListenerConfig, input_dim: int, lstm: LNLSTMOptions = LNLSTMOptions()) -> None:
         super().__init__()
         self.config = config
         self.reduction = config.reduction
@@ -131,20 +120,7 @@ class Listener(nn.Module):
         for layer in range(config.num_layers):
             if layer > 0:
                 layer_input = 2 * config.hidden_size * (2 if self.reduce_before[layer] else 1)
-            self.layers.append(
-                LNLSTM(
-                    layer_input,
-                    config.hidden_size,
-                    bidirectional=True,
-                    layer_norm=layer_norm,
-                    forget_bias=forget_bias,
-                    eps=eps,
-                    variant=variant,
-                    backend=backend,
-                    cuda_graphs=cuda_graphs,
-                    check=check,
-                )
-            )
+            self.layers.append(LNLSTM(layer_input, config.hidden_size, bidirectional=True, options=lstm))
         self.dropout = nn.Dropout(config.dropout)
         self.register_buffer("active_layers", torch.tensor(config.num_layers, dtype=torch.long))
 

@@ -46,7 +46,7 @@ from torch import nn
 from asr.models import attention_fused, speller_graphs
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.interface import STATIC_STATE_KEY
-from asr.models.lnlstm import LNLSTMCell
+from asr.models.lnlstm import LNLSTMCell, LNLSTMOptions
 from asr.models.mocha import MonotonicChunkwiseAttention
 
 
@@ -78,8 +78,8 @@ class Speller(nn.Module):
         attention: the attention's config.
         vocab_size: V (characters or word pieces: only the size matters).
         context_dim: H, size of a listener state (the keys and the context).
-        layer_norm: LN-LSTM cells (True) or plain LSTM cells.
-        forget_bias, eps, variant, backend, check: passed to every :class:`LNLSTMCell`.
+        lstm: the cells' :class:`~asr.models.lnlstm.LNLSTMOptions` (LN-LSTM or plain LSTM cells, variant,
+            backend, ...), handed to every :class:`LNLSTMCell` whole.
         pad_id: embedding row kept at zero (padded decoder inputs).
         cuda_graphs: on CUDA, replay the loop as recorded CUDA graphs (:mod:`asr.models.speller_graphs`).
         cuda_graphs_memory: the share of the GPU's memory those recordings may hold.
@@ -104,15 +104,10 @@ class Speller(nn.Module):
         attention: AttentionConfig,
         vocab_size: int,
         context_dim: int,
-        layer_norm: bool = True,
-        forget_bias: float = 1.0,
-        eps: float | None = None,
-        variant: str = "ba2016",
+        lstm: LNLSTMOptions = LNLSTMOptions(),
         pad_id: int = 0,
-        backend: str = "auto",
         cuda_graphs: bool = True,
         cuda_graphs_memory: float = 0.25,
-        check: str = "fallback",
     ) -> None:
         super().__init__()
         self.config = config
@@ -124,16 +119,8 @@ class Speller(nn.Module):
         self.prior_width = attention.prior_width
         self.embedding = nn.Embedding(vocab_size, config.embedding_dim, padding_idx=pad_id)
         self.cells = nn.ModuleList(
-            LNLSTMCell(
-                (config.embedding_dim + context_dim) if layer == 0 else config.hidden_size,
-                config.hidden_size,
-                layer_norm=layer_norm,
-                forget_bias=forget_bias,
-                eps=eps,
-                variant=variant,
-                backend=backend,
-                check=check,
-            )
+            LNLSTMCell((config.embedding_dim + context_dim) if layer == 0 else config.hidden_size, config.hidden_size,
+                       lstm)
             for layer in range(config.num_layers)
         )
         if attention.type == "mocha":

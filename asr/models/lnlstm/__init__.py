@@ -26,13 +26,15 @@ One step, per direction and layer::
 The package (docs/architecture.md draws it):
 
 * :mod:`.variants`: the cells' equations, one class per variant (its norms and its step);
-* :mod:`.cells`: :class:`LNLSTMCell` (one direction's parameters, one step) and its frozen
-  :class:`CellSpec` (variant, LN on or off, epsilon, forget bias);
+* :mod:`.cells`: :class:`LNLSTMCell` (one direction's parameters, one step), its frozen
+  :class:`CellSpec` (variant, LN on or off, epsilon, forget bias) and :class:`LNLSTMOptions`, every
+  option of a model's LN-LSTMs in one frozen object (the spec's fields, the backend request, the
+  self-check, CUDA graphs), built once from the recipe and handed down whole;
 * :mod:`.reference`: the reference PyTorch path, a loop over time: the definition, on every
   device, dtype and variant, and what gradcheck and the conformance tests pin down;
 * :mod:`.stack`: :class:`LNLSTM` (layers, directions, dropout, length checks);
 * :mod:`.parameters`: one layer's per-direction tensors, gathered once for the fused backends;
-* :mod:`.backends`: one contract, three backends: the reference path; a fused C++ operator
+* :mod:`.backends`: one contract (:mod:`.backends.base`), three backends: the reference path; a fused C++ operator
   for CPU float32/float64 (``backends/csrc/lnlstm.cpp``, JIT-compiled for this CPU on first
   use and cached; its speed against torch.nn.LSTM is in docs/benchmarks.md); fused Triton
   kernels for CUDA and float32 parameters (autocast included), one kernel per time step, a
@@ -56,7 +58,7 @@ reference path instead, whatever the implementation switch says
 (:meth:`CellSpec.fused_by`), so raw_gates always runs there.
 """
 
-from asr.models.lnlstm.cells import CellSpec, LNLSTMCell
+from asr.models.lnlstm.cells import CellSpec, LNLSTMCell, LNLSTMOptions
 from asr.models.lnlstm.reference import reverse_padded
 from asr.models.lnlstm.selection import get_implementation, select_backend, set_implementation
 from asr.models.lnlstm.stack import LNLSTM, load_from_torch_lstm
@@ -67,6 +69,7 @@ __all__ = [
     "VARIANTS",
     "CellSpec",
     "LNLSTMCell",
+    "LNLSTMOptions",
     "get_implementation",
     "load_from_torch_lstm",
     "reverse_padded",

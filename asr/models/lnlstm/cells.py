@@ -1,9 +1,10 @@
-"""One direction of one layer: :class:`LNLSTMCell`, its parameters and its step; :class:`CellSpec`, what it computes."""
+"""One direction of one layer: :class:`LNLSTMCell`, its parameters and its step; :class:`CellSpec`, what it
+computes; :class:`LNLSTMOptions`, every option of a model's LN-LSTMs in one object."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -41,6 +42,64 @@ class CellSpec:
         """Whether some fused backend computes this cell (raw_gates: none; it always runs the reference path)."""
         return bool(self.math.fused_backends)
 
+    def cell(self, input_size: int, hidden_size: int, backend: str = "auto") -> LNLSTMCell:
+        """A fresh cell (freshly initialised weights) that computes this spec. The self-check
+        (:mod:`asr.models.lnlstm.selfcheck`) builds its tiny copies of a call with it, so that module
+        needs no import of this one (which imports it)."""
+        options = LNLSTMOptions(layer_norm=self.layer_norm, variant=self.variant, eps=self.eps,
+                                forget_bias=self.forget_bias, backend=backend)
+        return LNLSTMCell(input_size, hidden_size, options)
+
+
+@dataclass(frozen=True)
+class LNLSTMOptions:
+    """Every option of a model's LN-LSTMs, built once from the recipe (``LASConfig.lnlstm_options``) and
+    handed down whole: the listener and the speller to :class:`~asr.models.lnlstm.LNLSTM`, which hands it to
+    each :class:`LNLSTMCell`. A new LN-LSTM option is one field here.
+
+    Fields:
+        layer_norm: LN_x, LN_h and LN_c as in :mod:`asr.models.lnlstm`; False gives a plain LSTM.
+        variant: which LN-LSTM cell, ``ba2016`` (the package docstring), ``tf_contrib`` or ``raw_gates``
+            (:mod:`asr.models.lnlstm.variants`; ``model.lnlstm_variant``); ignored without layer_norm.
+        eps: epsilon of every layer norm of a cell; None: the variant's own (ba2016 1e-5).
+        forget_bias: added to the forget-gate pre-activation, so a fresh cell starts by remembering (1.0 as in
+            TensorFlow's LSTM cells; 0.0 matches torch.nn.LSTM, which has none).
+        backend: the backend request (``model.lnlstm_backend``): auto, reference, cpp or triton
+            (:mod:`asr.models.lnlstm.selection`).
+        check: what a fused backend's failed self-check does (``model.lnlstm_check``): fallback, strict or
+            off (:mod:`asr.models.lnlstm.selfcheck`).
+        cuda_graphs: whether the Triton backend may record a layer's time loops as CUDA graphs
+            (``model.lnlstm_cuda_graphs``); False runs them eagerly. A cell's single step ignores it.
+    """
+
+    layer_norm: bool = True
+    variant: str = "ba2016"
+    eps: float | None = None
+    forget_bias: float = 1.0
+    backend: str = "auto"
+    check: str = "fallback"
+    cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        check_variant(self.variant)
+        if self.eps is not None and self.eps <= 0.0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.check not in CHECK_MODES:
+            raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, got {self.check!r}")
+        # canonical types and spellings ("python" is the reference path's older name)
+        object.__setattr__(self, "layer_norm", bool(self.layer_norm))
+        object.__setattr__(self, "eps", None if self.eps is None else float(self.eps))
+        object.__setattr__(self, "forget_bias", float(self.forget_bias))
+        object.__setattr__(self, "backend", overrides.check_backend(self.backend))
+        object.__setattr__(self, "cuda_graphs", bool(self.cuda_graphs))
+
+    @property
+    def spec(self) -> CellSpec:
+        """What the cells compute: the :class:`CellSpec` of these options (eps resolved to the variant's
+        gate epsilon where None)."""
+        gate_eps = default_eps(self.variant)[0] if self.eps is None else self.eps
+        return CellSpec(self.variant, self.layer_norm, float(gate_eps), self.forget_bias)
+
 
 class LNLSTMCell(nn.Module):
     """One step of the (layer-normalised) LSTM; also holds one direction's parameters.
@@ -48,18 +107,9 @@ class LNLSTMCell(nn.Module):
     Args:
         input_size: I, size of x_t.
         hidden_size: H, size of h_t and c_t.
-        layer_norm: apply LN_x, LN_h, LN_c as in :mod:`asr.models.lnlstm`; False gives
-            a plain LSTM.
-        forget_bias: added to the forget-gate pre-activation, so a fresh cell
-            starts by remembering (1.0 as in TensorFlow's LSTM cells; use 0.0 to
-            match torch.nn.LSTM, which has none).
-        eps: epsilon of every layer norm of the cell; None: the variant's own
-            (ba2016 1e-5; see :mod:`asr.models.lnlstm.variants`).
-        variant: which LN-LSTM cell, ``ba2016`` (the package docstring),
-            ``tf_contrib`` or ``raw_gates`` (:mod:`asr.models.lnlstm.variants`);
-            ignored without layer_norm.
-        backend: the backend request of :meth:`forward` (``model.lnlstm_backend``): auto,
-            reference, cpp or triton (:mod:`asr.models.lnlstm.selection`).
+        options: the LN-LSTM's :class:`LNLSTMOptions` (layer norm, variant, eps, forget bias, backend
+            request of :meth:`forward`, self-check).
+        **fields: fields of :class:`LNLSTMOptions` that replace ``options``' (``layer_norm=False``).
 
     Parameters: ``weight_x`` (4H, I), ``weight_h`` (4H, H), ``bias`` (4H,), gate
     order ``i, j, f, o``; with layer_norm, ``ln_x`` and ``ln_h`` (nn.LayerNorm over
@@ -69,36 +119,26 @@ class LNLSTMCell(nn.Module):
     Norms a variant does not use are None.
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        hidden_size: int,
-        layer_norm: bool = True,
-        forget_bias: float = 1.0,
-        eps: float | None = None,
-        variant: str = "ba2016",
-        backend: str = "auto",
-        check: str = "fallback",
-    ) -> None:
+    def __init__(self, input_size: int, hidden_size: int, options: LNLSTMOptions = LNLSTMOptions(),
+                 **fields) -> None:
         super().__init__()
-        if check not in CHECK_MODES:
-            raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, got {check!r}")
-        self.check = check  # a fused backend's self-check (asr.models.lnlstm.selfcheck)
+        options = replace(options, **fields) if fields else options
+        self.check = options.check  # a fused backend's self-check (asr.models.lnlstm.selfcheck)
         if input_size <= 0 or hidden_size <= 0:
             raise ValueError(f"input_size and hidden_size must be positive, got {input_size}, {hidden_size}")
         self.input_size = input_size
         self.hidden_size = hidden_size
-        # The gate norms' epsilon (the fused paths read it; ba2016 uses one epsilon throughout).
-        gate_eps = float(default_eps(check_variant(variant))[0] if eps is None else eps)
-        self.spec = CellSpec(variant, bool(layer_norm), gate_eps, float(forget_bias))
-        self.backend = overrides.check_backend(backend)
+        # The gate norms' epsilon is the spec's (the fused paths read it; ba2016 uses one epsilon throughout).
+        self.spec = options.spec
+        self.backend = options.backend
+        variant = CELL_VARIANTS[options.variant]
         self.weight_x = nn.Parameter(torch.empty(4 * hidden_size, input_size))
         self.weight_h = nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
-        if not layer_norm or CELL_VARIANTS[variant].gate_bias:
+        if not options.layer_norm or variant.gate_bias:
             self.bias = nn.Parameter(torch.empty(4 * hidden_size))
         else:
             self.register_parameter("bias", None)
-        norms = CELL_VARIANTS[variant].build_norms(hidden_size, eps) if layer_norm else {}
+        norms = variant.build_norms(hidden_size, options.eps) if options.layer_norm else {}
         for name in ("ln_x", "ln_h", "ln_gates", "ln_c"):
             self.register_module(name, norms.get(name))
         self.reset_parameters()

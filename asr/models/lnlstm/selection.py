@@ -22,7 +22,9 @@ from collections.abc import Callable, Mapping
 import torch
 
 from asr.models import overrides
+from asr.models.lnlstm import selfcheck
 from asr.models.lnlstm.backends import Backend
+from asr.models.lnlstm.backends import backends as every_backend
 
 _programmatic: str | None = None  # set_implementation's override
 _calls: Counter[tuple[str, str]] = Counter()  # ("cpu", "cpp") -> calls computed there by that backend
@@ -88,13 +90,11 @@ def checked(request: str, spec, device: torch.device, dtype: torch.dtype, param_
     """:func:`select_backend` over every backend, past the overrides, with the self-check ``check``
     (``model.lnlstm_check``: fallback, strict or off; :mod:`asr.models.lnlstm.selfcheck`): what the
     LN-LSTM modules and the run's record call."""
-    from asr.models.lnlstm import selfcheck
-    from asr.models.lnlstm.backends import backends
 
     def passes(name: str) -> bool:
         return selfcheck.passes(name, spec, device, dtype, param_dtype, single_step, check)
 
-    return select_backend(effective_request(request), spec, device, dtype, param_dtype, backends(), single_step,
+    return select_backend(effective_request(request), spec, device, dtype, param_dtype, every_backend(), single_step,
                           passes)
 
 

@@ -27,6 +27,9 @@ import logging
 
 import torch
 
+from asr.models.lnlstm.backends import backends
+from asr.models.lnlstm.parameters import LayerParameters
+
 logger = logging.getLogger(__name__)
 
 CHECK_MODES = ("fallback", "strict", "off")
@@ -107,8 +110,6 @@ def _record(key: tuple, reason: str) -> dict:
 def _check(name: str, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
            single_step: bool, amp: torch.dtype | None) -> str | None:
     """None when ``name`` agrees with the reference path on a tiny call, else the reason it does not."""
-    from asr.models.lnlstm.backends import backends
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tensors this small gain nothing from threads, and lose to a busy machine's
     try:
@@ -143,12 +144,11 @@ _NAMES = ("output", "final hidden state", "final cell", "input gradient", "weigh
 
 
 def _cells(spec, input_size: int, hidden: int, count: int, device, param_dtype, generator):
-    from asr.models.lnlstm.cells import LNLSTMCell
-
+    # The spec builds its own cells (CellSpec.cell): this module, which the cells' module imports, never
+    # imports it back.
     cells = []
     for _ in range(count):
-        cell = LNLSTMCell(input_size, hidden, layer_norm=spec.layer_norm, forget_bias=spec.forget_bias,
-                          eps=spec.eps, variant=spec.variant, backend="reference")
+        cell = spec.cell(input_size, hidden, backend="reference")
         with torch.no_grad():
             for p in cell.parameters():
                 p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
@@ -157,8 +157,6 @@ def _cells(spec, input_size: int, hidden: int, count: int, device, param_dtype, 
 
 
 def _layer(backend, spec, device, dtype, param_dtype, generator):
-    from asr.models.lnlstm.parameters import LayerParameters
-
     cells = _cells(spec, 3, 4, 2, device, param_dtype, generator)
     x = torch.randn(2, 5, 3, generator=generator).to(device=device, dtype=dtype).requires_grad_()
     lengths = torch.tensor([5, 3], device=device)

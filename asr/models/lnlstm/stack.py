@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from asr.models.lnlstm import selection
 from asr.models.lnlstm.backends import backends
-from asr.models.lnlstm.cells import LNLSTMCell
+from asr.models.lnlstm.cells import LNLSTMCell, LNLSTMOptions
 from asr.models.lnlstm.parameters import LayerParameters
-from asr.models.lnlstm.selfcheck import CHECK_MODES
 
 
 class LNLSTM(nn.Module):
@@ -25,16 +26,13 @@ class LNLSTM(nn.Module):
             (B, T, H * directions) output.
         bidirectional: add a backward direction; each row's backward pass starts
             at its own last valid frame, not at the padding.
-        layer_norm: the LN-LSTM of the package docstring; False is a plain LSTM.
         dropout: dropout on every layer's output except the last (as nn.LSTM),
             only in training mode.
-        forget_bias: added to the forget-gate pre-activation (0.0 matches nn.LSTM).
-        eps: epsilon of every layer norm; None: the variant's own.
-        variant: the LN-LSTM cell of every layer (see :class:`LNLSTMCell`).
-        backend: which backend computes the layers (``model.lnlstm_backend``): auto,
-            reference, cpp or triton (:mod:`asr.models.lnlstm.selection`).
-        cuda_graphs: whether the Triton backend may record its time loops as CUDA graphs
-            (``model.lnlstm_cuda_graphs``); False runs them eagerly (profiling, debugging).
+        options: the LN-LSTM's :class:`~asr.models.lnlstm.cells.LNLSTMOptions`, handed to every cell
+            (layer norm, variant, eps, forget bias, backend request, self-check) and read here for
+            ``cuda_graphs`` (whether the Triton backend may record its time loops as CUDA graphs).
+        **fields: fields of :class:`~asr.models.lnlstm.cells.LNLSTMOptions` that replace ``options``'
+            (``layer_norm=False, backend="reference"``), as nn.LSTM takes its options by keyword.
 
     ``cells[layer * directions + d]`` is the :class:`LNLSTMCell` holding layer
     ``layer``, direction ``d`` (0 forward, 1 backward) -- the same order as
@@ -47,19 +45,13 @@ class LNLSTM(nn.Module):
         hidden_size: int,
         num_layers: int = 1,
         bidirectional: bool = False,
-        layer_norm: bool = True,
         dropout: float = 0.0,
-        forget_bias: float = 1.0,
-        eps: float | None = None,
-        variant: str = "ba2016",
-        backend: str = "auto",
-        cuda_graphs: bool = True,
-        check: str = "fallback",
+        options: LNLSTMOptions = LNLSTMOptions(),
+        **fields,
     ) -> None:
         super().__init__()
-        if check not in CHECK_MODES:
-            raise ValueError(f"check must be one of {', '.join(CHECK_MODES)}, got {check!r}")
-        self.check = check  # a fused backend's self-check (asr.models.lnlstm.selfcheck)
+        options = replace(options, **fields) if fields else options
+        self.check = options.check  # a fused backend's self-check (asr.models.lnlstm.selfcheck)
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if not 0.0 <= dropout < 1.0:
@@ -69,27 +61,18 @@ class LNLSTM(nn.Module):
         self.num_layers = num_layers
         self.bidirectional = bidirectional
         self.num_directions = 2 if bidirectional else 1
-        self.layer_norm = layer_norm
+        self.layer_norm = options.layer_norm
         self.dropout = float(dropout)
-        self.forget_bias = float(forget_bias)
+        self.forget_bias = options.forget_bias
         self.cells = nn.ModuleList(
-            LNLSTMCell(
-                input_size if layer == 0 else hidden_size * self.num_directions,
-                hidden_size,
-                layer_norm=layer_norm,
-                forget_bias=forget_bias,
-                eps=eps,
-                variant=variant,
-                backend=backend,
-                check=check,
-            )
+            LNLSTMCell(input_size if layer == 0 else hidden_size * self.num_directions, hidden_size, options)
             for layer in range(num_layers)
             for _ in range(self.num_directions)
         )
         self.variant = self.cells[0].variant
         self.eps = self.cells[0].eps
         self.backend = self.cells[0].backend
-        self.cuda_graphs = bool(cuda_graphs)
+        self.cuda_graphs = options.cuda_graphs
 
     @property
     def output_size(self) -> int:

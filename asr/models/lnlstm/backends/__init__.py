@@ -1,4 +1,4 @@
-"""The LN-LSTM's backends: one contract (:class:`Backend`), three implementations.
+"""The LN-LSTM's backends: one contract (:class:`~.base.Backend`, in :mod:`.base`), three implementations.
 
 * :mod:`.reference`: the PyTorch loop over time of :mod:`asr.models.lnlstm.reference`, the
   definition; every device, dtype and variant.
@@ -6,77 +6,23 @@
 * :mod:`.triton`: fused Triton kernels for CUDA (CPU under ``TRITON_INTERPRET=1``), float32
   parameters, and the single step the speller takes.
 
-Every backend's :meth:`Backend.layer` takes one layer's :class:`~asr.models.lnlstm.parameters.LayerParameters`
-(per-direction tensors gathered once), x (B, T, I), lengths (B,) or None, h0, c0 (D, B, H) and
-whether CUDA graphs may be recorded, and returns y (B, T, D * H) zero at padding and h_n, c_n
-(D, B, H). Which one runs is decided in :func:`asr.models.lnlstm.selection.select_backend` only.
-
-Both fused backends split a layer in the same place: their autograd Function takes the whole layer,
-:data:`LAYER_INPUTS` gathered by :func:`layer_inputs` (x and W_x, not precomputed input gates), and
-returns a gradient for each. Inside, the C++ operator computes the input products in chunks of frames
-and LN_x per row in cache; the Triton backend computes them for all frames at once with PyTorch ops
-(docs/architecture.md, "Where the fused backends split a layer").
+What every backend takes and returns is :mod:`.base`'s; which one runs is decided in
+:func:`asr.models.lnlstm.selection.select_backend` only. The backends import :mod:`.base`, never this
+package's ``__init__``, so it can import them here.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Protocol
 
-import torch
+from asr.models.lnlstm.backends import cpp, reference, triton
+from asr.models.lnlstm.backends.base import LAYER_INPUTS, LN_INPUTS, Backend, layer_inputs
 
-
-class Backend(Protocol):
-    name: str
-    # Device types on which "auto" picks this backend (where it is also supported and available).
-    auto_devices: tuple[str, ...]
-
-    def supports(self, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
-                 single_step: bool) -> bool:
-        """Whether it computes this call: a fact about the code (variant, device, dtypes), no probing."""
-
-    def available(self, device: torch.device, strict: bool = False) -> bool:
-        """Whether it can run on ``device`` here (builds or compiles on first call and remembers);
-        strict: raise RuntimeError with the reason instead of answering False (which warns once)."""
-
-    def layer(self, params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch.Tensor, c0: torch.Tensor,
-              cuda_graphs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One layer, all directions (see the module docstring)."""
-
-
-# What each fused backend's autograd Function takes of a layer, in this order, and gives gradients for:
-# the whole layer, input side included (x and W_x, not precomputed input gates), so that both fused
-# backends split a layer in the same place. The LN entries are absent without layer norm.
-# A tf_contrib layer (the C++ operator's only) has one norm per gate acting on W_x x + W_h h, and no b
-# and no LN_x: its four gate norms' gains and shifts, stacked (D, 4H) in gate order, take LN_h's slots
-# (the norm that meets the recurrent product), and b and LN_x are absent.
-LAYER_INPUTS = ("x", "weight_x", "weight_h", "bias", "ln_x_gain", "ln_x_bias", "ln_h_gain", "ln_h_bias",
-                "ln_c_gain", "ln_c_bias")
-LN_INPUTS = LAYER_INPUTS[4:]
-
-
-def layer_inputs(params, x: torch.Tensor, absent=None) -> dict:
-    """:data:`LAYER_INPUTS` of one layer by name, from its
-    :class:`~asr.models.lnlstm.parameters.LayerParameters` and x (B, T, I); ``absent`` stands for the
-    parameters a layer does not have (layer norm without it; b and LN_x for tf_contrib)."""
-    spec = params.spec
-    if spec.layer_norm and spec.variant == "tf_contrib":
-        gain, shift = params.ln_gates
-        ln_c_gain, ln_c_bias = params.ln_c
-        return {"x": x, "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": absent,
-                "ln_x_gain": absent, "ln_x_bias": absent, "ln_h_gain": gain, "ln_h_bias": shift,
-                "ln_c_gain": ln_c_gain, "ln_c_bias": ln_c_bias}
-    inputs = {"x": x, "weight_x": params.weight_x, "weight_h": params.weight_h, "bias": params.bias}
-    for norm in ("ln_x", "ln_h", "ln_c"):
-        gain, bias = getattr(params, norm) if spec.layer_norm else (absent, absent)
-        inputs[f"{norm}_gain"], inputs[f"{norm}_bias"] = gain, bias
-    return inputs
+__all__ = ["LAYER_INPUTS", "LN_INPUTS", "Backend", "backends", "layer_inputs"]
 
 
 @functools.cache
 def backends() -> dict[str, Backend]:
     """Every backend by name, in the order ``auto`` tries them (the reference path is never
     a candidate of ``auto``: it is what runs when no other does)."""
-    from asr.models.lnlstm.backends import cpp, reference, triton
-
     return {"triton": triton.BACKEND, "cpp": cpp.BACKEND, "reference": reference.BACKEND}

@@ -36,7 +36,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from asr.models import overrides
-from asr.models.lnlstm.backends import LAYER_INPUTS, LN_INPUTS, layer_inputs
+from asr.models.lnlstm.backends.base import LAYER_INPUTS, LN_INPUTS, Backend, layer_inputs
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
 # Built into the same library: the fused attention step (asr.models.attention_fused) and the math both share.
@@ -304,7 +304,7 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
     return _FusedLayer.apply(config, lengths_cpu, h0, c0, *(inputs[name] for name in LAYER_INPUTS))
 
 
-class CppBackend:
+class CppBackend(Backend):
     """The fused C++ operator behind the backend contract: CPU, float32 and float64, whole layers."""
 
     name = "cpp"

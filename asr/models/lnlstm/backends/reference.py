@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from asr.models.lnlstm.backends.base import Backend
 from asr.models.lnlstm.reference import reference_layer
 
 
-class ReferenceBackend:
+class ReferenceBackend(Backend):
     name = "reference"
     auto_devices: tuple[str, ...] = ()  # it is the fallback, never a candidate of "auto"
 

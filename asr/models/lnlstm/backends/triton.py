@@ -71,7 +71,7 @@ from torch.autograd.function import once_differentiable
 
 from asr.models import cuda_graphs as graphs
 from asr.models import overrides
-from asr.models.lnlstm.backends import LAYER_INPUTS, layer_inputs
+from asr.models.lnlstm.backends.base import LAYER_INPUTS, Backend, layer_inputs
 
 _lock = threading.Lock()
 _kernels = None
@@ -704,7 +704,7 @@ def cell_step(cell, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[
     return _CellStep.apply(gx, gh, c.contiguous(), *ln_params, config)
 
 
-class TritonBackend:
+class TritonBackend(Backend):
     """The Triton kernels behind the backend contract: CUDA (CPU under the interpreter), float32
     parameters (autocast included), whole layers and the single step of a cell."""
 
