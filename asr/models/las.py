@@ -56,6 +56,10 @@ class LASConfig(ModelConfig):
     # tf_contrib on C++ only, raw_gates none (the reference path).
     lnlstm_variant: Literal["ba2016", "tf_contrib", "raw_gates"] = "ba2016"
     lnlstm_eps: float | None = None  # epsilon of every layer norm inside the LN-LSTMs; None: the variant's own
+    # The initial gain of ba2016's norm of the recurrent term W_h h (LN_h); null: 1, as published. At 1 that
+    # norm undoes the LSTM's small recurrent initialisation and the listener's first gradients explode; a
+    # gain near the spread of W_h h at initialisation does not (docs/studies/ln_open_vocabulary.md).
+    lnlstm_recurrent_gain: float | None = None
     forget_bias: float = 1.0       # added to every LSTM's forget gate, so fresh cells remember (Jozefowicz et al. 2015)
     # Which code computes the LSTMs (asr/models/lnlstm/selection.py): auto (fused C++ on CPU, Triton
     # on CUDA, each where it builds and supports the variant and dtype; else the reference loop),
@@ -82,6 +86,12 @@ class LASConfig(ModelConfig):
             raise ValueError(f"lnlstm_variant must be one of {', '.join(VARIANTS)}, got {self.lnlstm_variant!r}")
         if self.lnlstm_eps is not None and self.lnlstm_eps <= 0.0:
             raise ValueError(f"lnlstm_eps must be positive, got {self.lnlstm_eps}")
+        if self.lnlstm_recurrent_gain is not None:
+            if self.lnlstm_recurrent_gain <= 0.0:
+                raise ValueError(f"lnlstm_recurrent_gain must be positive, got {self.lnlstm_recurrent_gain}")
+            if self.lnlstm_variant != "ba2016":
+                raise ValueError(f"lnlstm_recurrent_gain: only the ba2016 cell normalises W_h h alone with a gain, "
+                                 f"not {self.lnlstm_variant}")
         overrides.check_backend(self.lnlstm_backend, where="lnlstm_backend")
         if not 0.0 < self.speller_cuda_graphs_memory <= 1.0:
             raise ValueError(f"speller_cuda_graphs_memory must be in (0, 1], got {self.speller_cuda_graphs_memory}")
@@ -91,7 +101,7 @@ class LASConfig(ModelConfig):
         listener's and the speller's layer norm set from ``layer_norm`` where each is built)."""
         return LNLSTMOptions(variant=self.lnlstm_variant, eps=self.lnlstm_eps, forget_bias=self.forget_bias,
                              backend=self.lnlstm_backend, check=self.lnlstm_check,
-                             cuda_graphs=self.lnlstm_cuda_graphs)
+                             cuda_graphs=self.lnlstm_cuda_graphs, recurrent_gain=self.lnlstm_recurrent_gain)
 
 
 class LAS(nn.Module):

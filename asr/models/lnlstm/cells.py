@@ -70,6 +70,12 @@ class LNLSTMOptions:
             off (:mod:`asr.models.lnlstm.selfcheck`).
         cuda_graphs: whether the Triton backend may record a layer's time loops as CUDA graphs
             (``model.lnlstm_cuda_graphs``); False runs them eagerly. A cell's single step ignores it.
+        recurrent_gain: the initial gain of the recurrent term's norm ``LN_h`` (``ba2016``;
+            ``model.lnlstm_recurrent_gain``); None: 1, as published. ``LN_h`` divides ``W_h h`` by its
+            spread, which the LSTM's initialisation keeps small, so at gain 1 it undoes that initialisation
+            and the gradient stops decaying back through time; a gain near that spread keeps it
+            (docs/studies/ln_open_vocabulary.md). The cells without ``LN_h`` gains (``tf_contrib``,
+            ``raw_gates``) refuse it.
     """
 
     layer_norm: bool = True
@@ -79,9 +85,16 @@ class LNLSTMOptions:
     backend: str = "auto"
     check: str = "fallback"
     cuda_graphs: bool = True
+    recurrent_gain: float | None = None
 
     def __post_init__(self) -> None:
         check_variant(self.variant)
+        if self.recurrent_gain is not None:
+            if self.recurrent_gain <= 0.0:
+                raise ValueError(f"recurrent_gain must be positive, got {self.recurrent_gain}")
+            if not CELL_VARIANTS[self.variant].affine_recurrent_norm:
+                raise ValueError(f"recurrent_gain: the {self.variant} cell has no gain on a norm of W_h h alone")
+            object.__setattr__(self, "recurrent_gain", float(self.recurrent_gain))
         if self.eps is not None and self.eps <= 0.0:
             raise ValueError(f"eps must be positive, got {self.eps}")
         if self.check not in CHECK_MODES:
@@ -131,6 +144,7 @@ class LNLSTMCell(nn.Module):
         # The gate norms' epsilon is the spec's (the fused paths read it; ba2016 uses one epsilon throughout).
         self.spec = options.spec
         self.backend = options.backend
+        self.recurrent_gain = options.recurrent_gain  # reset_parameters starts LN_h's gain there
         variant = CELL_VARIANTS[options.variant]
         self.weight_x = nn.Parameter(torch.empty(4 * hidden_size, input_size))
         self.weight_h = nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
@@ -166,6 +180,8 @@ class LNLSTMCell(nn.Module):
             for module in norm.modules() if norm is not None else ():
                 if isinstance(module, nn.LayerNorm):
                     module.reset_parameters()
+        if self.recurrent_gain is not None and self.ln_h is not None:
+            nn.init.constant_(self.ln_h.weight, self.recurrent_gain)  # LNLSTMOptions.recurrent_gain says why
 
     def extra_repr(self) -> str:
         return (

@@ -90,6 +90,7 @@ class Ba2016:
     cell_eps = BA2016_EPS
     gate_bias = True
     affine_gate_norms = True
+    affine_recurrent_norm = True  # LN_h of W_h h alone, with a gain (LNLSTMOptions.recurrent_gain)
     # The fused backends that compute this variant's equations (CellSpec.fused_by); any other backend
     # asked for it runs the reference path. Both compute ba2016's (and the plain LSTM's).
     fused_backends: tuple[str, ...] = ("cpp", "triton")
@@ -134,6 +135,7 @@ class RawGates(Ba2016):
     gate_eps = RAW_GATES_GATE_EPS
     cell_eps = RAW_GATES_CELL_EPS
     affine_gate_norms = False
+    affine_recurrent_norm = False
     fused_backends = ()
 
 
@@ -144,6 +146,7 @@ class TfContrib(Ba2016):
     gate_eps = TF_CONTRIB_EPS
     cell_eps = TF_CONTRIB_EPS
     gate_bias = False
+    affine_recurrent_norm = False  # one norm per gate of W_x x + W_h h together
     # The C++ operator computes it (per-gate LN and the normalised cell carried: csrc/lnlstm.cpp);
     # the Triton kernels do not.
     fused_backends = ("cpp",)
