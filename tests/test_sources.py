@@ -18,9 +18,13 @@ from lhotse.kaldi import export_to_kaldi
 from lhotse.recipes import prepare_librispeech
 
 from asr.cli import check, evaluate, train
+from asr.data import sources
+from asr.data.audio import UnusableAudio, header_duration
 from asr.data.dataset import utterance_features
-from asr.data.report import SkipReport
-from asr.data.sources import read_source, source_form
+from asr.data.report import DataError, SkipReport
+from asr.data.sources import CorpusForm, read_source, source_form
+from asr.data.text import normalize_text
+from asr.data.utterance import Utterance
 from asr.data.validation import check_folders
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
@@ -78,6 +82,36 @@ def test_every_door_gives_the_same_utterances_and_features(doors, tmp_path):
     # asr.check reads every form the same way, and finds nothing to skip.
     reports = check_folders([str(p) for p in doors.values()], jobs=0)
     assert {name: len(r) for name, r in reports.items()} == {str(p): 0 for p in doors.values()}
+
+
+def read_tsv(path: Path, report: SkipReport, cache_dir, jobs) -> list[Utterance]:
+    """A toy corpus form, as a user would add one: ``<id>\\t<audio>\\t<transcript>`` lines, one speaker."""
+    utterances = []
+    for line in path.read_text().splitlines():
+        utt_id, audio, text = line.split("\t")
+        try:
+            utterances.append(Utterance(utt_id, Path(audio), normalize_text(text), header_duration(audio), "tsv"))
+        except UnusableAudio as err:
+            report.skip(err.reason, f"{path}: {err.message}")
+    return utterances
+
+
+def test_a_new_corpus_form_is_one_reader_and_one_row(doors, tmp_path, monkeypatch):
+    toy = CorpusForm("tsv", "this TSV list", lambda path: path.suffix == ".tsv", read_tsv)
+    monkeypatch.setattr(sources, "FORMS", [toy, *sources.FORMS])
+    reference = read_source(doors["librispeech"], cache_dir=tmp_path / "cache")
+    listing = tmp_path / "corpus.tsv"
+    listing.write_text("".join(f"{u.id}\t{u.audio}\t{u.text.lower()}\n" for u in reference))
+    assert source_form(listing) == "tsv" and source_form(doors["kaldi"]) == "kaldi"
+    read = read_source(listing)  # what every entry point reads data with
+    assert [(u.id, u.text, u.audio) for u in read] == [(u.id, u.text, u.audio) for u in reference]
+    assert [u.duration for u in read] == pytest.approx([u.duration for u in reference], abs=0.5 / 16000)
+    (tmp_path / "empty.tsv").write_text("")
+    with pytest.raises(DataError, match="empty.tsv: this TSV list lists no utterances"):
+        read_source(tmp_path / "empty.tsv")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(DataError, match="notes.txt is .*, not a corpus"):  # a file no form recognises
+        read_source(tmp_path / "notes.txt")
 
 
 def run(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
