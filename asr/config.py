@@ -32,6 +32,9 @@ def from_dict(cls: type, data: dict | None, path: str = "") -> Any:
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+    # A config of variants (a schedule, asr.training.shapes) is read as the variant its data names.
+    if hasattr(cls, "config_variant"):
+        cls = cls.config_variant(data, path)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:

@@ -30,16 +30,14 @@ import torch
 from asr.data.batching import batch_shapes
 from asr.experiment import ExperimentConfig, as_recipe, experiment_config_to_dict
 from asr.models import runtime
-from asr.models.interface import ScheduledRegularisation
 from asr.models.registry import build_model
-from asr.schedulers import warmup_updates
 from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import all_max, device_kind, init_distributed, resolve_device
 from asr.training.errors import TrainingError
 from asr.training.metrics import higher_is_better
 from asr.training.reporting import RunLog, RunRecord, held_records, setup_logging
 from asr.training.resume import read_resume_state, refusal, remove_stale_checkpoint_writes, restore, settings_record
-from asr.training.schedules import LearningRateSchedule, ScheduleSet, build_schedules, run_spent
+from asr.training.schedules import ScheduleSet, run_schedules
 from asr.training.state import Progress, seed_everything
 from asr.training.timing import RunClock
 from asr.training.trainer import RunParts, Trainer
@@ -129,22 +127,12 @@ def build_trainer(config: ExperimentConfig, resume: bool = False, overrides: lis
 
 def build_run_schedules(config: ExperimentConfig, model: torch.nn.Module, optimizer, batches_per_epoch: int,
                         minutes: Callable[[], float] | None = None) -> ScheduleSet:
-    """The run's schedules: the learning rate (``train.lr``, ``train.scheduler``), each of
-    ``train.schedules``, and a model's own regularisation schedule (the Transformer's DropHead).
-    ``minutes()``: the run's clock (minutes of training and validation so far), for a learning-rate
-    cooldown that ``train.max_minutes`` ends."""
+    """The run's schedules (:func:`asr.training.schedules.run_schedules`): the learning rate, each of
+    ``train.schedules`` and the model's own (the Transformer's DropHead). ``minutes()``: the run's clock
+    (minutes of training and validation so far), for a learning-rate cooldown that ``train.max_minutes`` ends."""
     cfg = config.train
-    total = planned_updates(cfg, batches_per_epoch)
-    lr = LearningRateSchedule(cfg.lr, cfg.scheduler, d_model=config.model.schedule_dim, total_updates=total,
-                              higher_is_better=higher_is_better, spent=run_spent(total, cfg.max_minutes, minutes))
-    regularisation = None
-    if isinstance(model, ScheduledRegularisation):
-        warmup = warmup_updates(cfg.scheduler)
-
-        def regularisation(step: int) -> dict[str, float]:
-            return model.set_regularisation_progress(step, total, warmup)
-
-    return build_schedules(cfg.schedules, lr, model, optimizer, regularisation)
+    return run_schedules(cfg, model, optimizer, planned_updates(cfg, batches_per_epoch),
+                         d_model=config.model.schedule_dim, higher_is_better=higher_is_better, minutes=minutes)
 
 
 def planned_updates(cfg, batches_per_epoch: int) -> int:

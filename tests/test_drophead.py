@@ -13,10 +13,11 @@ from asr.cli.train import main as train_main
 from asr.config import ConfigError, from_dict
 from asr.studies.curves import read_scalars
 from asr.experiment import TrainConfig
-from asr.models.drophead import drop_heads, scheduled_rate
-from asr.models.interface import ScheduledRegularisation
+from asr.models.drophead import drop_heads
 from asr.models.las import LAS, LASConfig
 from asr.models.transformer import MultiHeadAttention, TransformerConfig
+from asr.training.schedules import SchedulerConfig, build_schedules, learning_rate, model_default_schedules
+from asr.training.shapes import RunPlan, ScheduleConfig, build_shape
 from asr.run import planned_updates
 
 DROPHEAD = {"encoder": {"drophead": 0.5}, "decoder": {"drophead": 0.5}}
@@ -103,34 +104,79 @@ def test_the_expected_attention_output_is_preserved(rate):
     assert not ((mean - (1 - rate) * (expected - attention.out.bias)).abs() < 5 * error).all()
 
 
+def _old_scheduled_rate(peak: float, schedule: str, step: int, total_steps: int, warmup_steps: int) -> float:
+    """The DropHead rate as asr/models/drophead.py computed it before it became a schedule shape: the
+    reference the shapes must equal bit for bit."""
+    if schedule == "constant" or peak == 0.0:
+        return peak
+    if step < warmup_steps:
+        return peak * (1.0 - step / warmup_steps)
+    rise = max(total_steps - warmup_steps, 1)
+    return peak * min(1.0, (step - warmup_steps) / rise)
+
+
+def _rate(peak, schedule, total, warmup):
+    """``model.drophead_schedule`` mapped onto its shape, as a run builds it."""
+    return build_shape(from_dict(ScheduleConfig, {"shape": schedule, "scale": peak}),
+                       RunPlan(total_updates=total, warmup_steps=warmup)).value
+
+
 def test_vshape_schedule_falls_over_the_warmup_and_rises_back_by_the_end():
-    rate = lambda step: scheduled_rate(0.2, "vshape", step, total_steps=1000, warmup_steps=200)  # noqa: E731
+    rate = _rate(0.2, "vshape", total=1000, warmup=200)
     assert rate(0) == 0.2
     assert rate(100) == pytest.approx(0.1)
     assert rate(200) == 0.0
     assert rate(600) == pytest.approx(0.1)
     assert rate(1000) == pytest.approx(0.2)
     assert rate(1500) == pytest.approx(0.2)  # past the plan (a resumed run with more epochs): the peak
-    assert [scheduled_rate(0.2, "constant", s, 1000, 200) for s in (0, 200, 1000)] == [0.2, 0.2, 0.2]
-    assert scheduled_rate(0.2, "vshape", 0, 1000, 0) == 0.0  # without warmup it only rises
-    assert scheduled_rate(0.2, "vshape", 500, 1000, 0) == pytest.approx(0.1)
+    assert [_rate(0.2, "constant", 1000, 200)(s) for s in (0, 200, 1000)] == [0.2, 0.2, 0.2]
+    assert _rate(0.2, "vshape", 1000, 0)(0) == 0.0  # without warmup it only rises
+    assert _rate(0.2, "vshape", 1000, 0)(500) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("schedule", ["vshape", "constant"])
+@pytest.mark.parametrize("peak, total, warmup", [(0.2, 1000, 200), (0.1, 37, 0), (0.3, 50, 50), (0.0, 100, 10),
+                                                 (0.15, 20, 30)])
+def test_drophead_schedules_as_shapes_give_the_old_rates_bit_for_bit(schedule, peak, total, warmup):
+    rate = _rate(peak, schedule, total, warmup)
+    steps = list(range(2 * total + warmup + 2))
+    assert [rate(s) for s in steps] == [_old_scheduled_rate(peak, schedule, s, total, warmup) for s in steps]
+
+
+def _schedules(model, total=1000, scheduler=None, schedules=None):
+    scheduler = scheduler or SchedulerConfig(kind="noam", warmup_steps=200)
+    run = RunPlan(total_updates=total, d_model=16, warmup_steps=scheduler.warmup_steps)
+    return build_schedules(schedules or {}, learning_rate(1.0, scheduler, run), model, None, run)
 
 
 def test_the_model_moves_every_attention_to_its_stacks_rate():
     model = make_model(encoder={"drophead": 0.2}, decoder={"drophead": 0.1})
-    assert isinstance(model, ScheduledRegularisation)
-    assert not isinstance(LAS(LASConfig(), 10, 8), ScheduledRegularisation)
-    rates = model.set_regularisation_progress(100, 1000, 200)
-    assert rates == pytest.approx({"drophead_encoder": 0.1, "drophead_decoder": 0.05})
+    assert {"drophead_encoder", "drophead_decoder"} <= set(model.scheduled())
+    assert not {"drophead_encoder", "drophead_decoder"} & set(LAS(LASConfig(), 10, 8).scheduled())
+    rates = _schedules(model).apply(100)
+    assert {k: v for k, v in rates.items() if k != "lr"} == pytest.approx({"drophead_encoder": 0.1, "drophead_decoder": 0.05})
     assert {m.drophead for m in model.encoder.modules() if isinstance(m, MultiHeadAttention)} == {rates["drophead_encoder"]}
     assert {m.drophead for m in model.decoder.modules() if isinstance(m, MultiHeadAttention)} == {rates["drophead_decoder"]}
-    assert make_model().set_regularisation_progress(100, 1000, 200) == {}  # nothing to schedule, nothing logged
+    assert set(_schedules(make_model()).apply(100)) == {"lr"}  # nothing to schedule, nothing logged
+    assert model_default_schedules(make_model(encoder={"drophead": 0.2}, drophead_schedule="constant")) == {
+        "drophead_encoder": from_dict(ScheduleConfig, {"shape": "constant", "scale": 0.2})}
+
+
+def test_a_recipes_drophead_schedule_of_any_shape_replaces_the_models_own():
+    model = make_model(encoder={"drophead": 0.2}, decoder={"drophead": 0.1})
+    cosine = from_dict(ScheduleConfig, {"shape": "cosine", "scale": 0.4}, "train.schedules.drophead_decoder")
+    schedules = _schedules(model, total=100, schedules={"drophead_decoder": cosine})
+    assert schedules.apply(0)["drophead_decoder"] == pytest.approx(0.4, rel=1e-3)
+    assert schedules.apply(99)["drophead_decoder"] == pytest.approx(0.0)
+    assert schedules.apply(0)["drophead_encoder"] == 0.2  # the model's vshape, at its peak at the start
+    assert {m.drophead for m in model.decoder.modules() if isinstance(m, MultiHeadAttention)} == {
+        schedules.apply(0)["drophead_decoder"]}
 
 
 def test_at_rate_zero_training_is_exactly_training_without_drophead():
     plain, dropping = make_model(), make_model(**DROPHEAD)
     dropping.load_state_dict(plain.state_dict())
-    dropping.set_regularisation_progress(200, 1000, 200)  # the end of the warmup: rate 0
+    _schedules(dropping, total=1000).apply(200)  # the end of the warmup: rate 0
     plain.train(), dropping.train()
     batch = random_batch([40, 31], [5, 3])
     torch.manual_seed(3)
@@ -158,7 +204,7 @@ def test_drophead_and_layerdrop_train_from_the_command_line_and_log_the_schedule
     assert sorted(logged) == list(range(1, total + 1)) and total > 2 * warmup
     # Logged after update s: the rate that update was made with, after s - 1 completed ones.
     for step, value in logged.items():
-        assert value == pytest.approx(scheduled_rate(peak, "vshape", step - 1, total, warmup))
+        assert value == pytest.approx(_old_scheduled_rate(peak, "vshape", step - 1, total, warmup))
     assert logged[1] == pytest.approx(peak) and logged[warmup + 1] == 0.0
     assert logged[total] == pytest.approx(peak * (total - 1 - warmup) / (total - warmup))
     assert {step: value for _, step, value in scalars["train/drophead_decoder"]}[1] == pytest.approx(0.1)

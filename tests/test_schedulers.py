@@ -1,124 +1,236 @@
-"""Learning-rate schedules (asr/schedulers.py)."""
+"""The learning rate's shapes (asr/training/shapes.py) against the LambdaLR multipliers they replaced.
+
+``_old_*`` below is the code of asr/schedulers.py and LearningRateSchedule before the learning rate,
+the points and DropHead's rate became shapes of one vocabulary, kept here as the reference the shapes
+must equal bit for bit, at every update, with and without a cooldown, and across a resume.
+"""
 
 import math
+import pickle
+import typing
 
 import pytest
 import torch
 
 from asr.config import ConfigError, from_dict
-from asr.schedulers import (
-    SchedulerConfig,
-    build_scheduler,
-    cosine_lambda,
-    inverse_sqrt_lambda,
-    linear_warmup_lambda,
-    noam_lambda,
-)
+from asr.training.schedules import SchedulerConfig, build_scheduler, learning_rate, warmup_updates
+from asr.training.shapes import RunPlan, build_shape, run_spent, shape_config_class, shape_names
+
+# ---------------------------------------------------------------- the reference: the code before the shapes
 
 
-def _lrs(factor, steps):
-    return [factor(step) for step in range(steps)]
+def _old_noam(d_model, warmup_steps):
+    return lambda step: d_model**-0.5 * min((step + 1) ** -0.5, (step + 1) * warmup_steps**-1.5)
+
+
+def _old_inverse_sqrt(warmup_steps):
+    return lambda step: min((step + 1) / warmup_steps, (warmup_steps / (step + 1)) ** 0.5)
+
+
+def _old_linear_warmup(warmup_steps):
+    return lambda step: min((step + 1) / warmup_steps, 1.0)
+
+
+def _old_cosine(warmup_steps, total_updates, final_factor=0.0):
+    def factor(step):
+        s = step + 1
+        if s <= warmup_steps:
+            return s / warmup_steps
+        done = min((s - warmup_steps) / (total_updates - warmup_steps), 1.0)
+        return final_factor + (1.0 - final_factor) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+    return factor
+
+
+def _old_lr_factor(config, d_model, total_updates):
+    return {
+        "noam": lambda: _old_noam(d_model, config.warmup_steps),
+        "inverse_sqrt": lambda: _old_inverse_sqrt(config.warmup_steps),
+        "linear_warmup": lambda: _old_linear_warmup(config.warmup_steps),
+        "plateau": lambda: _old_linear_warmup(config.warmup_steps),
+        "cosine": lambda: _old_cosine(config.warmup_steps, total_updates, config.final_factor),
+        "constant": lambda: (lambda step: 1.0),
+    }[config.kind]()
+
+
+def _old_cooldown_factor(spent, cooldown, final_factor):
+    left = 1.0 - spent
+    if cooldown <= 0.0 or left >= cooldown:
+        return 1.0
+    return final_factor + (1.0 - final_factor) * max(left, 0.0) / cooldown
+
+
+class _OldLearningRateSchedule:
+    def __init__(self, base_lr, config, d_model, total_updates, spent=None):
+        self.base_lr, self.config = base_lr, config
+        self.factor = _old_lr_factor(config, d_model, total_updates)
+        self.spent = spent or (lambda step: min((step + 1) / total_updates, 1.0))
+        self.decays, self.best, self.without_improvement = 0, None, 0
+
+    def value(self, step):
+        config = self.config
+        decay = max(config.decay_factor**self.decays, config.min_factor) if self.decays else 1.0
+        cooldown = _old_cooldown_factor(self.spent(step), config.cooldown, config.final_factor) if config.cooldown else 1.0
+        return self.base_lr * self.factor(step) * decay * cooldown
+
+    def observe(self, step, metrics):
+        config = self.config
+        if config.kind != "plateau" or config.plateau_metric not in metrics:
+            return None
+        value = metrics[config.plateau_metric]
+        if not math.isfinite(value):
+            return None
+        if self.best is None or value < self.best - config.plateau_threshold * abs(self.best):
+            self.best, self.without_improvement = value, 0
+            return None
+        self.without_improvement += 1
+        if self.without_improvement < config.plateau_patience or step < config.warmup_steps:
+            return None
+        if config.decay_factor**self.decays <= config.min_factor:
+            return None
+        self.decays += 1
+        self.without_improvement = 0
+        return "decayed"
+
+
+# Every kind, with the options each takes, as recipes set them.
+SETTINGS = [
+    dict(kind="noam", warmup_steps=25),
+    dict(kind="noam", warmup_steps=1),
+    dict(kind="inverse_sqrt", warmup_steps=40),
+    dict(kind="linear_warmup", warmup_steps=10),
+    dict(kind="linear_warmup", warmup_steps=10, cooldown=0.3, final_factor=0.1),
+    dict(kind="cosine", warmup_steps=7, final_factor=0.1),
+    dict(kind="cosine", warmup_steps=1),
+    dict(kind="constant", warmup_steps=0),
+    dict(kind="constant", warmup_steps=500, cooldown=0.25),  # a constant rate ignores the warmup
+    dict(kind="plateau", warmup_steps=5, decay_factor=0.5, min_factor=0.2, plateau_patience=2, cooldown=0.5),
+]
+TOTAL, D_MODEL = 300, 144
+STEPS = list(range(0, 2 * TOTAL)) + [10**4, 10**6]
+# validation losses heard at the end of each "epoch" of 30 updates
+LOSSES = [3.0, 2.0, 2.1, 2.05, 1.9, 1.95, 1.95, 1.99, 1.8, 1.85, 1.9, 1.9]
+
+
+@pytest.mark.parametrize("options", SETTINGS, ids=lambda o: "-".join(f"{v}" for v in o.values()))
+def test_every_scheduler_setting_gives_the_old_rates_bit_for_bit(options):
+    config = SchedulerConfig(**options)
+    old = _OldLearningRateSchedule(0.7, config, D_MODEL, TOTAL)
+    new = learning_rate(0.7, config, RunPlan(total_updates=TOTAL, d_model=D_MODEL))
+    for epoch, loss in enumerate(LOSSES):
+        steps = range(30 * epoch, 30 * epoch + 30)
+        assert [new.value(s) for s in steps] == [old.value(s) for s in steps], epoch
+        assert (new.observe(steps[-1], {"valid_loss": loss}) is None) == (old.observe(steps[-1], {"valid_loss": loss}) is None)
+    assert [new.value(s) for s in STEPS] == [old.value(s) for s in STEPS]
+    if config.kind == "plateau":
+        assert old.decays >= 2  # the comparison saw the plateau decay, down to its floor
+
+
+@pytest.mark.parametrize("options", [o for o in SETTINGS if o.get("cooldown")], ids=lambda o: o["kind"])
+def test_a_cooldown_on_the_clock_gives_the_old_rates(options):
+    minutes = [0.0]
+    spent = run_spent(10_000, max_minutes=60.0, minutes=lambda: minutes[0])
+    config = SchedulerConfig(**options)
+    old = _OldLearningRateSchedule(2.0, config, None, 10_000, spent=spent)
+    new = learning_rate(2.0, config, RunPlan(total_updates=10_000, spent=spent))
+    for now in (0.0, 30.0, 45.0, 50.0, 52.5, 59.9, 60.0, 75.0):
+        minutes[0] = now
+        assert [new.value(s) for s in (0, 10, 7_000, 9_999)] == [old.value(s) for s in (0, 10, 7_000, 9_999)]
+
+
+def test_a_plateau_resumed_from_its_state_continues_as_the_run_that_was_not_interrupted():
+    config = SchedulerConfig(kind="plateau", warmup_steps=3, plateau_patience=2, decay_factor=0.5, min_factor=0.1)
+    run = RunPlan(total_updates=TOTAL)
+    through, interrupted = learning_rate(1.0, config, run), learning_rate(1.0, config, run)
+    for epoch, loss in enumerate(LOSSES[:6]):
+        for lr in (through, interrupted):
+            lr.observe(30 * epoch + 29, {"valid_loss": loss})
+    resumed = learning_rate(1.0, config, run)
+    resumed.load_state_dict(pickle.loads(pickle.dumps(interrupted.state_dict())))  # as last.pt keeps it
+    assert resumed.state_dict() == through.state_dict() and through.state_dict()["decays"] == 1
+    for epoch, loss in enumerate(LOSSES[6:], start=6):
+        steps = range(30 * epoch, 30 * epoch + 30)
+        assert [resumed.value(s) for s in steps] == [through.value(s) for s in steps]
+        assert resumed.observe(steps[-1], {"valid_loss": loss}) == through.observe(steps[-1], {"valid_loss": loss})
+    assert resumed.state_dict() == through.state_dict() and through.state_dict()["decays"] >= 2
+
+
+def test_the_stateless_shapes_have_nothing_to_resume_and_an_old_lambdalr_state_changes_nothing():
+    old_state = torch.optim.lr_scheduler.LambdaLR(_optimizer(), lambda s: 1.0).state_dict()
+    for options in SETTINGS:
+        lr = learning_rate(1.0, SchedulerConfig(**options), RunPlan(total_updates=TOTAL, d_model=D_MODEL))
+        before = [lr.value(s) for s in STEPS]
+        lr.load_state_dict(old_state)
+        assert [lr.value(s) for s in STEPS] == before
+        if options["kind"] != "plateau":
+            assert lr.state_dict() == {}
+
+
+def test_every_lr_kind_is_a_shape_of_the_one_vocabulary_taking_the_options_it_declares():
+    assert set(typing.get_args(typing.get_type_hints(SchedulerConfig)["kind"])) <= set(shape_names())
+    assert {"points", "vshape"} <= set(shape_names())
+    options = learning_rate(0.5, SchedulerConfig(kind="plateau", warmup_steps=9, decay_factor=0.3), RunPlan()).config
+    assert (options.shape, options.scale, options.warmup_steps, options.decay_factor) == ("plateau", 0.5, 9, 0.3)
+    assert not hasattr(shape_config_class("noam")(), "cooldown")  # noam has no flat phase to cool down from
+    assert warmup_updates(SchedulerConfig(kind="constant", warmup_steps=500)) == 0
+
+
+def _optimizer(lr=1.0):
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
 
 
 def test_noam_peaks_at_warmup_with_the_paper_value():
     d_model, warmup = 256, 100
-    values = _lrs(noam_lambda(d_model, warmup), 1000)
+    noam = build_shape(shape_config_class("noam")(warmup_steps=warmup), RunPlan(d_model=d_model))
+    values = [noam.value(step) for step in range(1000)]
     peak_step = max(range(len(values)), key=values.__getitem__)
-    # LambdaLR's step index w-1 is the w-th update.
-    assert peak_step == warmup - 1
+    assert peak_step == warmup - 1  # the w-th update, after w - 1 completed ones
     assert values[peak_step] == pytest.approx(d_model**-0.5 * warmup**-0.5)
     assert values[0] > 0  # the first update already moves the weights
-
-
-def test_noam_warms_up_linearly_then_decays_as_inverse_sqrt():
-    warmup = 50
-    factor = noam_lambda(64, warmup)
-    # Before the peak: proportional to the update number s = step + 1.
-    ramp = [factor(step) / (step + 1) for step in range(warmup)]
-    assert max(ramp) == pytest.approx(min(ramp))
-    # After the peak: factor * sqrt(s) is constant, i.e. decay proportional to s^-0.5.
-    decay = [factor(step) * math.sqrt(step + 1) for step in range(warmup - 1, 20 * warmup)]
-    assert max(decay) == pytest.approx(min(decay))
-    assert factor(4 * warmup - 1) == pytest.approx(factor(warmup - 1) / 2)
-
-
-def test_inverse_sqrt_is_noam_normalised_to_peak_one():
-    d_model, warmup = 128, 40
-    noam = noam_lambda(d_model, warmup)
-    inverse_sqrt = inverse_sqrt_lambda(warmup)
-    assert inverse_sqrt(warmup - 1) == pytest.approx(1.0)
-    assert max(_lrs(inverse_sqrt, 500)) == pytest.approx(1.0)
-    for step in (0, 10, warmup - 1, warmup, 333):
-        assert inverse_sqrt(step) == pytest.approx(noam(step) * math.sqrt(d_model * warmup))
-
-
-def test_linear_warmup_ramps_then_holds():
-    factor = linear_warmup_lambda(10)
-    assert [factor(step) for step in range(12)] == pytest.approx([0.1 * s for s in range(1, 11)] + [1.0, 1.0])
-    assert factor(10_000) == 1.0
+    assert values[4 * warmup - 1] == pytest.approx(values[warmup - 1] / 2)  # decay as s^-0.5
 
 
 def test_cosine_is_torchs_linear_warmup_then_cosine_annealing():
     lr, warmup, total, final = 0.5, 7, 60, 0.1
-    parameter = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.SGD([parameter], lr=lr)
+    optimizer = _optimizer(lr)
     reference = torch.optim.lr_scheduler.SequentialLR(optimizer, [
         torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1 / warmup, total_iters=warmup - 1),
         torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total - warmup, eta_min=final * lr),
     ], milestones=[warmup - 1])
     expected = []
-    for _ in range(total):  # torch's cosine turns back up after T_max; ours holds (below)
+    for _ in range(total):  # torch's cosine turns back up after T_max; ours holds
         expected.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         reference.step()
-    factor = cosine_lambda(warmup, total, final)
-    assert [lr * factor(step) for step in range(total)] == pytest.approx(expected, abs=1e-9)
+    cosine = learning_rate(lr, SchedulerConfig(kind="cosine", warmup_steps=warmup, final_factor=final),
+                           RunPlan(total_updates=total))
+    assert [cosine.value(step) for step in range(total)] == pytest.approx(expected, abs=1e-9)
+    assert cosine.value(total) == cosine.value(10 * total) == pytest.approx(final * lr)
 
 
-def test_cosine_reaches_its_floor_at_the_last_planned_update_and_stays():
-    warmup, total = 10, 110
-    factor = cosine_lambda(warmup, total, 0.2)
-    assert factor(warmup - 1) == 1.0
-    assert factor(warmup - 1 + (total - warmup) // 2) == pytest.approx(0.6)  # halfway down
-    after_warmup = _lrs(factor, total)[warmup - 1 :]
-    assert all(a > b for a, b in zip(after_warmup, after_warmup[1:]))
-    assert after_warmup[-1] == pytest.approx(0.2)
-    assert factor(total) == factor(10 * total) == pytest.approx(0.2)
-    assert cosine_lambda(warmup, total)(total - 1) == pytest.approx(0.0)
-    with pytest.raises(ValueError, match="warmup"):
-        cosine_lambda(100, 100)
-
-
-def test_build_scheduler_drives_the_optimizer():
-    parameter = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.SGD([parameter], lr=2.0)
-    scheduler = build_scheduler(optimizer, SchedulerConfig(kind="noam", warmup_steps=5), d_model=16)
-    factor = noam_lambda(16, 5)
-    seen = []
-    for _ in range(12):
-        seen.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    assert seen == pytest.approx([2.0 * factor(step) for step in range(12)])
-
-    optimizer = torch.optim.SGD([parameter], lr=0.5)
-    scheduler = build_scheduler(optimizer, SchedulerConfig(kind="constant", warmup_steps=0))
-    for _ in range(3):
-        optimizer.step()
-        scheduler.step()
-    assert optimizer.param_groups[0]["lr"] == 0.5
+def test_build_scheduler_drives_the_optimizer_as_the_old_lambdalr_did():
+    for options in SETTINGS:
+        config = SchedulerConfig(**options)
+        new, old = _optimizer(2.0), _optimizer(2.0)
+        scheduler = build_scheduler(new, config, d_model=16, total_updates=40)
+        reference = torch.optim.lr_scheduler.LambdaLR(old, _OldLearningRateSchedule(1.0, config, 16, 40).value)
+        for _ in range(50):
+            assert new.param_groups[0]["lr"] == old.param_groups[0]["lr"]
+            for optimizer, lr_scheduler in ((new, scheduler), (old, reference)):
+                optimizer.step()
+                lr_scheduler.step()
 
 
 def test_bad_settings_are_rejected_with_the_key_named():
     with pytest.raises(ValueError, match="d_model"):
-        build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), SchedulerConfig(kind="noam"))
+        build_scheduler(_optimizer(), SchedulerConfig(kind="noam"))
     with pytest.raises(ConfigError, match="scheduler.kind"):
         from_dict(SchedulerConfig, {"kind": "cosin"}, "scheduler")
     with pytest.raises(ConfigError, match="final_factor"):
         from_dict(SchedulerConfig, {"kind": "cosine", "final_factor": 1.5}, "scheduler")
     with pytest.raises(ValueError, match="planned number of updates"):
-        build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), SchedulerConfig(kind="cosine"))
+        build_scheduler(_optimizer(), SchedulerConfig(kind="cosine"))
     with pytest.raises(ConfigError, match="warmup_steps"):
         from_dict(SchedulerConfig, {"kind": "inverse_sqrt", "warmup_steps": 0}, "scheduler")
-    with pytest.raises(ValueError, match="warmup_steps"):
-        noam_lambda(256, 0)
+    with pytest.raises(ConfigError, match="more updates than its warmup_steps"):
+        learning_rate(1.0, SchedulerConfig(kind="cosine", warmup_steps=100), RunPlan(total_updates=100))

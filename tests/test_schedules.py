@@ -8,21 +8,20 @@ import torch
 
 from asr.config import ConfigError, from_dict
 from asr.experiment import TrainConfig, load_experiment_config
-from asr.schedulers import SchedulerConfig, cooldown_factor, linear_warmup_lambda
 from asr.training.plan import PlannedIndex, plan_epoch
-from asr.training.schedules import (
-    LearningRateSchedule,
-    PiecewiseSchedule,
-    ScheduleConfig,
-    ScheduleSet,
-    build_schedules,
-    run_spent,
-)
+from asr.training.schedules import SchedulerConfig, ScheduleSet, build_schedules, learning_rate
+from asr.training.shapes import Points, PointsConfig, RunPlan, cooldown_factor, run_spent
 from helpers import LAS_RECIPE
 
 
 def piecewise(points, interpolation="hold"):
-    return PiecewiseSchedule(ScheduleConfig(points=points, interpolation=interpolation))
+    return Points(PointsConfig(points=points, interpolation=interpolation))
+
+
+def LearningRateSchedule(lr, config, d_model, total_updates, higher_is_better=None, spent=None):  # noqa: N802
+    """The learning rate as the trainer builds it (asr.training.schedules.run_schedules)."""
+    return learning_rate(lr, config, RunPlan(total_updates=total_updates, d_model=d_model, spent=spent,
+                                             higher_is_better=higher_is_better))
 
 
 def test_held_points_change_value_exactly_at_their_update():
@@ -80,10 +79,10 @@ def _optimizer(lr=1.0):
 def test_the_set_drives_the_optimizer_and_the_model_once_per_update():
     model, optimizer = _Model({"ctc_weight": 0.3}), _optimizer()
     lr = LearningRateSchedule(0.01, SchedulerConfig(kind="linear_warmup", warmup_steps=4), None, None)
-    schedules = build_schedules({"ctc_weight": ScheduleConfig([[0, 0.5], [2, 0.3]])}, lr, model, optimizer)
+    schedules = build_schedules({"ctc_weight": PointsConfig([[0, 0.5], [2, 0.3]])}, lr, model, optimizer)
     for step in range(6):
         values = schedules.apply(step)
-        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * linear_warmup_lambda(4)(step))
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * min((step + 1) / 4, 1.0))
         assert values["lr"] == optimizer.param_groups[0]["lr"]
         assert model.set["ctc_weight"] == values["ctc_weight"] == (0.5 if step < 2 else 0.3)
 
@@ -91,7 +90,7 @@ def test_the_set_drives_the_optimizer_and_the_model_once_per_update():
 def test_a_model_target_the_model_does_not_offer_is_a_config_error_naming_it():
     lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant", warmup_steps=0), None, None)
     with pytest.raises(ConfigError, match="train.schedules.ctc_weight: the model .* has no 'ctc_weight'"):
-        build_schedules({"ctc_weight": ScheduleConfig([[0, 0.5]])}, lr, _Model({"label_smoothing": 0.1}), _optimizer())
+        build_schedules({"ctc_weight": PointsConfig([[0, 0.5]])}, lr, _Model({"label_smoothing": 0.1}), _optimizer())
 
 
 def test_null_removes_a_recipes_schedule_and_the_value_it_moved_then_holds():
@@ -119,8 +118,8 @@ def _plateau(**options):
 def test_plateau_warms_up_then_halves_after_each_plateau_down_to_its_floor():
     lr = _plateau(plateau_patience=2)
     assert [lr.value(s) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
-    lines = [lr.observe(10, {"valid_loss": v}) for v in (3.0, 2.0, 2.5, 2.1)]
-    assert lines[:3] == [None, None, None] and "learning rate x0.5" in lines[3]
+    lines = [ScheduleSet({"lr": lr}).observe(10, {"valid_loss": v}) for v in (3.0, 2.0, 2.5, 2.1)]
+    assert lines[:3] == [[], [], []] and lines[3][0].startswith("learning rate x0.5 (now 0.5): valid_loss")
     assert lr.value(11) == 0.5
     lr.observe(12, {"valid_loss": 2.0})
     assert lr.observe(13, {"valid_loss": 2.0}) is not None and lr.value(14) == 0.25
@@ -151,7 +150,7 @@ def test_a_cooldown_falls_linearly_to_the_final_factor_over_the_last_share_of_th
 
 
 def test_a_lambdalr_of_the_config_takes_the_cooldown_as_the_trainer_does():
-    from asr.schedulers import build_scheduler
+    from asr.training.schedules import build_scheduler
 
     config = SchedulerConfig(kind="linear_warmup", warmup_steps=5, cooldown=0.3, final_factor=0.2)
     optimizer = _optimizer(lr=0.5)
@@ -263,8 +262,8 @@ def test_the_recipes_schedules_load_and_are_recorded_with_the_run_config():
     assert set(config.train.schedules) == {"ctc_weight", "max_duration", "attention_prior", "spec_augment", "label_smoothing"}
     again = experiment_config_from_dict(experiment_config_to_dict(config))
     assert again.train.schedules == config.train.schedules
-    prior = PiecewiseSchedule(config.train.schedules["attention_prior"])
-    ctc = PiecewiseSchedule(config.train.schedules["ctc_weight"])
+    prior = Points(config.train.schedules["attention_prior"])
+    ctc = Points(config.train.schedules["ctc_weight"])
     assert ctc.value(0) == 1.0 and ctc.value(10**6) == config.model.ctc_weight < 1.0
     # the prior holds while the CTC-only phase rests the speller, and fades once the speller trains
     lifted = min(step for step, _ in config.train.schedules["ctc_weight"].points if ctc.value(step) < 1.0)
@@ -300,3 +299,99 @@ def test_a_ctc_weight_of_one_rests_the_decoder_and_decodes_by_ctc_until_the_sche
         assert search(model, encoder, DecodingOptions(beam_size=3)) == ctc_best_path(encoder, model.pad_id)
     model.set_scheduled("ctc_weight", 0.5)
     assert not model.ctc_only and model(*batch).attention_loss is not None
+
+
+# ---------------------------------------------------------------- shapes by name, and one from outside
+
+
+def test_a_schedule_names_any_shape_and_is_recorded_with_the_run_config():
+    from asr.experiment import experiment_config_from_dict, experiment_config_to_dict
+    from asr.training.shapes import CosineConfig
+
+    config = load_experiment_config(LAS_RECIPE.parent / "rehearsal_las.yaml", [
+        "train.schedules.label_smoothing={shape: cosine, scale: 0.1, final_factor: 0.2}"])
+    smoothing = config.train.schedules["label_smoothing"]
+    assert smoothing == CosineConfig(scale=0.1, final_factor=0.2)
+    again = experiment_config_from_dict(experiment_config_to_dict(config))
+    assert again.train.schedules == config.train.schedules  # config.yaml reads back as the same shapes
+    model = _Model({"label_smoothing": 0.1})
+    schedules = build_schedules({"label_smoothing": smoothing}, None, model, _optimizer(), RunPlan(total_updates=101))
+    values = [schedules.apply(step)["label_smoothing"] for step in range(0, 101, 25)]
+    assert values[0] < 0.1 and values[-1] == pytest.approx(0.02) and values == sorted(values, reverse=True)
+    assert model.set["label_smoothing"] == values[-1]
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ("{shape: cosin}", r"train.schedules.label_smoothing.shape: 'cosin' is not one of .*cosine"),
+    ("{shape: cosine, points: [[0, 1]]}", "unknown config key 'train.schedules.label_smoothing.points'"),
+    ("{shape: cosine, scale: 1.5}", r"train.schedules.label_smoothing: the cosine shape goes from 0.0 to 1.5, outside"),
+    ("{shape: constant, cooldown: 1.0}", r"cooldown must be within \[0, 1\)"),
+])
+def test_a_shape_that_is_unknown_misspelt_or_out_of_range_is_refused_naming_the_key(schedule, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment_config(LAS_RECIPE.parent / "rehearsal_las.yaml", [f"train.schedules.label_smoothing={schedule}"])
+
+
+# A shape written outside the package: the one class, its options, one registry line.
+
+from dataclasses import dataclass  # noqa: E402
+from typing import Literal  # noqa: E402
+
+from asr.training import shapes  # noqa: E402
+
+
+@dataclass
+class HalvingConfig(shapes.ScheduleConfig):
+    scale: float = 1.0   # the first value
+    every: int = 10      # updates between two halvings
+    shape: Literal["halving"] = "halving"
+
+    def extremes(self):
+        return 0.0, self.scale
+
+
+class Halving(shapes.Shape):
+    """Halves every ``every`` updates, and once more after each validation that did not improve
+    (state, which a resume must keep)."""
+
+    def __init__(self, config: HalvingConfig, run: shapes.RunPlan):
+        self.config, self.extra, self.best = config, 0, math.inf
+
+    def value(self, step):
+        return self.config.scale * 0.5 ** (step // self.config.every + self.extra)
+
+    def observe(self, step, metrics):
+        if metrics["valid_loss"] < self.best:
+            self.best = metrics["valid_loss"]
+            return None
+        self.extra += 1
+        return "halved"
+
+    def state_dict(self):
+        return {"extra": self.extra, "best": self.best}
+
+    def load_state_dict(self, state):
+        self.extra, self.best = state["extra"], state["best"]
+
+
+@pytest.fixture
+def halving(monkeypatch):
+    monkeypatch.setattr(shapes, "_SHAPES", dict(shapes._SHAPES))  # the registry as it was, after the test
+    shapes.register_shape("halving", HalvingConfig, Halving)
+
+
+def test_a_shape_registered_from_outside_drives_a_scheduled_value_from_the_recipe_and_resumes(halving):
+    config = load_experiment_config(LAS_RECIPE.parent / "rehearsal_las.yaml", [
+        "train.schedules.attention_prior={shape: halving, scale: 4.0, every: 3}"])
+    assert config.train.schedules["attention_prior"] == HalvingConfig(scale=4.0, every=3)
+    offered = {"attention_prior": 0.0, "ctc_weight": 0.5, "label_smoothing": 0.1}
+    model = _Model(offered)
+    schedules = build_schedules(config.train.schedules, None, model, _optimizer(), RunPlan(total_updates=50))
+    assert [schedules.apply(step)["attention_prior"] for step in (0, 2, 3, 7)] == [4.0, 4.0, 2.0, 1.0]
+    assert model.set["attention_prior"] == 1.0
+    assert schedules.observe(8, {"valid_loss": 2.0}) == [] and schedules.observe(9, {"valid_loss": 2.5}) == ["attention_prior halved"]
+    resumed = build_schedules(config.train.schedules, None, _Model(offered), _optimizer(), RunPlan(total_updates=50))
+    resumed.load_state_dict(pickle.loads(pickle.dumps(schedules.state_dict())))
+    assert [resumed.apply(s)["attention_prior"] for s in range(9, 30)] == [schedules.apply(s)["attention_prior"] for s in range(9, 30)]
+    with pytest.raises(ConfigError, match="the halving shape goes from 0.0 to 3.0, outside"):
+        load_experiment_config(LAS_RECIPE, ["train.schedules={ctc_weight: {shape: halving, scale: 3.0}}"])

@@ -24,10 +24,11 @@ from asr.checkpointing import load_checkpoint
 from asr.cli.train import main
 from asr.studies.curves import read_scalars, run_curves
 from asr.experiment import load_experiment_config
-from asr.schedulers import cosine_lambda
 from asr.run import build_trainer
 from asr.training import TrainingError
 from asr.training.data import build_training_data, make_loader
+from asr.training.schedules import SchedulerConfig, learning_rate
+from asr.training.shapes import RunPlan
 from asr.training.skips import SkipReason
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("tiny_demo_corpus")]  # every test here trains
@@ -509,9 +510,10 @@ def test_the_cosine_schedule_ends_at_its_floor_on_the_runs_last_update(tmp_path)
     logged = {step: value for _, step, value in read_scalars(tmp_path / "exp")["train/lr"]}
     total = max(logged)  # the updates the run planned: epochs of accumulated batches
     assert sorted(logged) == list(range(1, total + 1)) and total > 2 * warmup
-    factor = cosine_lambda(warmup, total, final)
-    # Logged at update s: the rate update s was made with (LambdaLR's factor at its counter s - 1).
-    assert [logged[s] for s in sorted(logged)] == pytest.approx([lr * factor(s - 1) for s in sorted(logged)])
+    rate = learning_rate(lr, SchedulerConfig(kind="cosine", warmup_steps=warmup, final_factor=final),
+                         RunPlan(total_updates=total)).value
+    # Logged at update s: the rate update s was made with, after s - 1 completed ones.
+    assert [logged[s] for s in sorted(logged)] == pytest.approx([rate(s - 1) for s in sorted(logged)])
     assert logged[total] == pytest.approx(lr * final) and logged[warmup] == pytest.approx(lr)
 
 

@@ -45,7 +45,7 @@ class MultiHeadAttention(nn.Module):
     self-attention cache per token.
 
     ``drophead`` is the current DropHead rate (moved along its schedule by
-    :meth:`Transformer.set_regularisation_progress`): in training, whole heads
+    :meth:`Transformer.set_scheduled`): in training, whole heads
     of each example are dropped after attending and before the output
     projection joins them (:func:`asr.models.drophead.drop_heads`).
     """

@@ -16,9 +16,12 @@ has no meaning), which leaves the expectation at exactly 1. Unlike dropout's
 fixed ``1 / (1 - rate)``, ``H / K`` keeps the sum of the head weights at ``H``
 in every draw, so the output's scale does not jump when many heads fall.
 
-The schedule (``model.drophead_schedule``). ``vshape`` is the paper's: the
-rate falls linearly from its peak ``p`` to 0 over the learning-rate warmup,
+The schedule (``model.drophead_schedule``) names a schedule shape of
+:mod:`asr.training.shapes`, scaled by each stack's peak ``p``: ``vshape`` is the
+paper's, the rate falls linearly from ``p`` to 0 over the learning-rate warmup,
 then rises linearly back to ``p`` at the last update; ``constant`` keeps ``p``.
+The trainer sets the rates as scheduled settings (``drophead_encoder``,
+``drophead_decoder``), which ``train.schedules`` may give any other shape.
 """
 
 from __future__ import annotations
@@ -47,20 +50,3 @@ def drop_heads(heads: Tensor, rate: float) -> Tensor:
     scale = keep.to(heads.dtype) * (num_heads / kept).to(heads.dtype)
     return heads * scale[:, :, None, None]
 
-
-def scheduled_rate(peak: float, schedule: str, step: int, total_steps: int, warmup_steps: int) -> float:
-    """The DropHead rate for the update after ``step`` completed ones.
-
-    ``vshape``: ``peak * (1 - step / warmup)`` during the warmup, then
-    ``peak * (step - warmup) / (total - warmup)``, capped at ``peak``; so
-    ``peak`` at step 0, 0 at the end of warmup, ``peak`` at ``total_steps``.
-    Without warmup (``warmup_steps == 0``) it only rises. ``constant``: ``peak``.
-    """
-    if schedule not in DROPHEAD_SCHEDULES:
-        raise ValueError(f"drophead_schedule must be one of {DROPHEAD_SCHEDULES}, got {schedule!r}")
-    if schedule == "constant" or peak == 0.0:
-        return peak
-    if step < warmup_steps:
-        return peak * (1.0 - step / warmup_steps)
-    rise = max(total_steps - warmup_steps, 1)
-    return peak * min(1.0, (step - warmup_steps) / rise)

@@ -123,7 +123,9 @@ class SpeechModel(Protocol):
 @runtime_checkable
 class Scheduled(Protocol):
     """Settings a schedule may move during training (:mod:`asr.training.schedules`): ``ctc_weight``,
-    ``label_smoothing``, and whatever else the model names."""
+    ``label_smoothing``, and whatever else the model names (the Transformer's DropHead rates). A model
+    may also give schedules of its own config's, as ``train.schedules`` entries in plain data, for the
+    settings a recipe does not schedule: ``default_schedules() -> {name: {"shape": ..., ...}}``."""
 
     def scheduled(self) -> dict[str, float]:
         """The names this model lets a schedule set, each with its value from the config."""
@@ -131,20 +133,6 @@ class Scheduled(Protocol):
 
     def set_scheduled(self, name: str, value: float) -> None:
         """Set ``name`` (one of :meth:`scheduled`'s) for the coming update."""
-        ...
-
-
-@runtime_checkable
-class ScheduledRegularisation(Protocol):
-    """Regularisers whose strength follows training progress (the Transformer's scheduled DropHead).
-
-    :class:`asr.training.Trainer` calls this before every training batch.
-    """
-
-    def set_regularisation_progress(self, step: int, total_steps: int, warmup_steps: int) -> dict[str, float]:
-        """Set the rates for the update after ``step`` completed ones, of ``total_steps`` planned, with a
-        learning-rate warmup of ``warmup_steps`` (0: none). Returns the rates now in force by name
-        (e.g. ``{"drophead_encoder": 0.05}``) for the training log; empty when there is nothing to schedule."""
         ...
 
 

@@ -25,8 +25,8 @@ Regularisers besides dropout, per stack: LayerDrop (``layerdrop``, Fan et al.
 2019) skips a whole layer per training batch, and the layers of a model trained
 with it can be pruned at inference (:mod:`asr.models.pruning`); DropHead
 (``drophead``, Zhou et al. 2020, :mod:`asr.models.drophead`) drops whole
-attention heads per example, on a schedule the trainer drives through
-:meth:`Transformer.set_regularisation_progress`.
+attention heads per example, at a rate that is a scheduled setting like the others
+(``drophead_encoder``, ``drophead_decoder``; ``model.drophead_schedule`` gives its default shape).
 
 Every norm is an attribute with a fixed name so placement can be inspected:
 ``layer.self_attn_norm``, ``layer.cross_attn_norm`` (decoder), ``layer.ff_norm``
@@ -57,7 +57,7 @@ from asr.models.blocks import (  # noqa: F401 (Conv2dSubsampling, sinusoidal_pos
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.conformer import ConformerEncoder
 from asr.models.ctc import CTCHead
-from asr.models.drophead import DROPHEAD_SCHEDULES, scheduled_rate
+from asr.models.drophead import DROPHEAD_SCHEDULES
 from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
 from asr.models.joint import check_special_ids, ctc_only_output, joint_output
 from asr.models.norms import CONV_NORMS, NORM_TYPES, FixNorm, make_norm
@@ -147,8 +147,9 @@ class TransformerConfig(ModelConfig):
     scale_embedding: bool = True   # token embedding * sqrt(d_model), so it is not drowned by the positions
     tie_embeddings: bool = True    # output projection = decoder input embedding (one Parameter)
     eps: float = 1e-5              # added inside every LayerNorm / lower bound of the ScaleNorm/FixNorm length
-    # How the DropHead rate moves: "vshape" (the paper's) falls from the peak to 0 over the
-    # learning-rate warmup and rises back to the peak by the last update; "constant" keeps the peak.
+    # How the DropHead rate moves, a schedule shape scaled by each stack's drophead (asr.training.shapes): "vshape"
+    # (the paper's) falls from the peak to 0 over the learning-rate warmup and rises back to the peak by the last
+    # update; "constant" keeps the peak. train.schedules.drophead_encoder (or _decoder) takes any shape instead.
     drophead_schedule: Literal["vshape", "constant"] = "vshape"
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
@@ -378,32 +379,29 @@ class Transformer(nn.Module):
         offered = {"label_smoothing": self.config.label_smoothing}
         if self.ctc is not None:
             offered["ctc_weight"] = self.config.ctc_weight
+        offered["drophead_encoder"] = self.config.encoder.drophead
+        offered["drophead_decoder"] = self.config.decoder.drophead
         return offered
 
     def set_scheduled(self, name: str, value: float) -> None:
         if name not in self.scheduled():
             raise KeyError(f"the Transformer has no scheduled setting {name!r}")
-        setattr(self, name, value)
-
-    # Optional capabilities (asr.models.interface): scheduled DropHead and LayerDrop pruning.
-
-    def set_regularisation_progress(self, step: int, total_steps: int, warmup_steps: int) -> dict[str, float]:
-        """Move every attention module's DropHead rate to ``model.drophead_schedule``'s value after
-        ``step`` of ``total_steps`` updates (warmup: ``warmup_steps``). Returns
-        ``{"drophead_encoder": r, "drophead_decoder": r}`` for the stacks that use DropHead."""
-        rates = {}
-        for name, stack, peak in (
-            ("encoder", self.encoder, self.config.encoder.drophead),
-            ("decoder", self.decoder, self.config.decoder.drophead),
-        ):
-            if peak == 0.0:
-                continue
-            rate = scheduled_rate(peak, self.config.drophead_schedule, step, total_steps, warmup_steps)
+        if name.startswith("drophead_"):  # the rate of every attention in that stack
+            stack = self.encoder if name == "drophead_encoder" else self.decoder
             for module in stack.modules():
                 if isinstance(module, MultiHeadAttention):
-                    module.drophead = rate
-            rates[f"drophead_{name}"] = rate
-        return rates
+                    module.drophead = value
+        else:
+            setattr(self, name, value)
+
+    def default_schedules(self) -> dict[str, dict]:
+        """``model.drophead_schedule``'s shape, scaled by the peak, for each stack with DropHead (plain data,
+        as ``train.schedules`` takes it; a recipe's own ``train.schedules.drophead_*`` replaces it)."""
+        return {f"drophead_{name}": {"shape": self.config.drophead_schedule, "scale": stack.drophead}
+                for name, stack in (("encoder", self.config.encoder), ("decoder", self.config.decoder))
+                if stack.drophead > 0.0}
+
+    # Optional capability (asr.models.interface): LayerDrop pruning.
 
     def layer_stacks(self) -> dict[str, LayerStack]:
         return {

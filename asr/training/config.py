@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from asr.config import ConfigError
-from asr.schedulers import SchedulerConfig
 from asr.training.metrics import check_metric_name
-from asr.training.schedules import ScheduleConfig, check_schedule_values
+from asr.training.schedules import ScheduleConfig, SchedulerConfig, check_schedule_values
 
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch
@@ -33,12 +32,14 @@ class TrainConfig:
     lr: float = 1e-3                    # peak rate for inverse_sqrt/linear_warmup; for noam the constant k (peak = k / sqrt(d_model * warmup))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's moment decay rates
     weight_decay: float = 0.0           # an L2 penalty (adam) or a decoupled decay (adamw); 0 = none
-    # Learning-rate schedule (asr.schedulers): noam | inverse_sqrt | linear_warmup | cosine | constant | plateau.
+    # Learning-rate schedule, a shape (asr.training.shapes) scaled by lr: noam | inverse_sqrt | linear_warmup |
+    # cosine | constant | plateau.
     # Post-norm Transformers need warmup; see docs/normalization.md.
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
     # Everything else that moves over the updates, by target: ctc_weight, label_smoothing,
-    # sampling_probability, attention_prior, listener_layers, spec_augment, max_duration (asr.training.schedules),
-    # each {points: [[update, value], ...], interpolation: hold | linear}; null removes a recipe's
+    # sampling_probability, attention_prior, listener_layers, drophead_encoder, drophead_decoder, spec_augment,
+    # max_duration (asr.training.schedules), each {points: [[update, value], ...], interpolation: hold | linear}
+    # or any shape with its options, {shape: cosine, scale: 0.1, ...} (asr.training.shapes); null removes a recipe's
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     grad_clip: float = 5.0              # max global gradient norm; LSTMs need it
     accum_grad: int = 1                 # batches per optimizer step

@@ -1,18 +1,17 @@
-"""Schedules: everything that moves while a run trains, as one kind of object.
+"""Schedules: everything that moves while a run trains, each a shape (:mod:`asr.training.shapes`).
 
-A :class:`Schedule` is asked once per optimiser update for its value, given the
-number of updates already made (``step``: 0 for the first update). It may also
-hear the validation metrics at the end of each epoch (:meth:`Schedule.observe`,
-for a rate that decays on a plateau), and its state goes into ``last.pt`` with
-the run, as a PyTorch LR scheduler's does. The trainer holds them in one
-:class:`ScheduleSet` and never names a quantity itself: a new thing that changes
-during training is a new schedule target, not a new branch in the loop.
+Every scheduled value is a :class:`~asr.training.shapes.Shape`, asked once per optimiser update for its
+value given the number of updates already made (``step``: 0 for the first), told the validation metrics
+at the end of each epoch (a rate that decays on a plateau listens), and saved into ``last.pt`` with the
+run, as a PyTorch LR scheduler is. The trainer holds them in one :class:`ScheduleSet` and never names a
+quantity itself: a new thing that changes during training is a new schedule target, and a new way for it
+to change is a new shape, not a new branch in the loop.
 
 Targets, each set in the recipe (``train.schedules.<name>``), with what drives them:
 
 =======================  =========================================================================
-``lr``                   the optimiser's learning rate: ``train.lr`` times ``train.scheduler``'s
-                         factor (:mod:`asr.schedulers`; its ``plateau`` kind observes validation)
+``lr``                   the optimiser's learning rate: ``train.scheduler``'s shape (``kind``) with
+                         ``train.lr`` as its scale (its ``plateau`` kind observes validation)
 ``ctc_weight``           the CTC share of the loss (a model target; the model needs its CTC head,
                          so ``model.ctc_weight`` must be above 0)
 ``label_smoothing``      of the attention loss (model target)
@@ -21,24 +20,28 @@ Targets, each set in the recipe (``train.schedules.<name>``), with what drives t
                          teacher forcing (model target; wav2letter's SoftPretrainWindow)
 ``listener_layers``      LAS: how many listener layers run, the rest bypassed (model target; rounded
                          to a whole layer, at most ``model.listener.num_layers``; Zeyer et al. 2018)
+``drophead_encoder``,    the Transformer's DropHead rate in each stack (model targets): by default
+``drophead_decoder``     ``model.drophead_schedule``'s shape scaled by the stack's ``drophead``
 ``spec_augment``         the share of training utterances SpecAugment masks (data target; 1 = all,
                          what ``features.spec_augment.enabled`` alone gives)
 ``max_duration``         the longest training utterance, in seconds, a batch may hold (data target):
                          batches with a longer one are left out of the epoch (a length curriculum)
 =======================  =========================================================================
 
-A schedule in the recipe is a list of ``[update, value]`` points::
+A schedule in the recipe names its shape and that shape's options; without ``shape`` it is a list of
+``[update, value]`` points::
 
     train:
       schedules:
         ctc_weight: {points: [[0, 0.5], [4000, 0.5], [6000, 0.3]], interpolation: linear}
         spec_augment: {points: [[0, 0], [2000, 1]]}    # off, then on from update 2000
         max_duration: {points: [[0, 8], [1500, 1e9]]}  # utterances of at most 8 s until update 1500
+        label_smoothing: {shape: cosine, scale: 0.1}   # from 0.1 down to 0 at the run's last update
 
 Before the first point the value is the first point's, after the last the last's; between two
 points it holds the earlier one (``interpolation: hold``, the default) or moves linearly
-(``linear``). Model targets without a schedule keep the model config's value; ``spec_augment`` is
-1 and ``max_duration`` unbounded.
+(``linear``). Model targets without a schedule keep the model config's value (but for a model's own
+defaults, DropHead's); ``spec_augment`` is 1 and ``max_duration`` unbounded.
 
 Data targets are evaluated where a batch is planned, not where it is trained (:mod:`asr.training.plan`):
 an epoch's batches are planned when it starts, each with the update it is expected to serve, so that
@@ -49,17 +52,26 @@ from __future__ import annotations
 
 import logging
 import math
-from abc import ABC, abstractmethod
-from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Callable, Literal
 
-from asr.config import ConfigError
-from asr.schedulers import SchedulerConfig, cooldown_factor, lr_factor, planned_share
+from asr.config import ConfigError, from_dict
+from asr.training.shapes import (
+    PointsConfig,
+    RunPlan,
+    ScheduleConfig,
+    Shape,
+    build_shape,
+    run_spent,
+    shape_config_class,
+)
+
+# A shape in a file of its own registers itself (register_shape at its end) when imported here, one line each.
 
 logger = logging.getLogger("asr.train")
 
-MODEL_TARGETS = ("ctc_weight", "label_smoothing", "sampling_probability", "attention_prior", "listener_layers")
+MODEL_TARGETS = ("ctc_weight", "label_smoothing", "sampling_probability", "attention_prior", "listener_layers",
+                 "drophead_encoder", "drophead_decoder")
 DATA_TARGETS = ("spec_augment", "max_duration")
 TARGETS = MODEL_TARGETS + DATA_TARGETS
 
@@ -70,156 +82,91 @@ _RANGES = {
     "sampling_probability": (0.0, 1.0, True),
     "attention_prior": (0.0, math.inf, False),
     "listener_layers": (1.0, math.inf, False),
+    "drophead_encoder": (0.0, 1.0, False),
+    "drophead_decoder": (0.0, 1.0, False),
     "spec_augment": (0.0, 1.0, True),
     "max_duration": (0.0, math.inf, True),
 }
 
+# How the log names a target whose shape changes course (a plateau): "learning rate x0.5 (now ...)"
+_LOG_NAMES = {"lr": "learning rate"}
+
+SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau")
+COOLDOWN_KINDS = ("linear_warmup", "constant", "plateau")
+
 
 @dataclass
-class ScheduleConfig:
-    """``train.schedules.<target>``: a value over optimiser updates, as ``[update, value]`` points."""
+class SchedulerConfig:
+    """``train.scheduler``: how the learning rate moves over updates. ``kind`` is the shape
+    (:mod:`asr.training.shapes`) and ``train.lr`` its scale; each kind takes the options below it has."""
 
-    points: list[list[float]] = field(default_factory=list)
-    interpolation: Literal["hold", "linear"] = "hold"
+    # how the rate moves over the updates: warmup and decay as each shape's function says
+    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau"] = "noam"
+    # Where the peak falls as a share of the run matters, not the count: 25k updates put it at
+    # ~80% of recipes/librispeech100_transformer.yaml's 100 epochs (see the recipe); on small data
+    # sets use a few hundred to a few thousand so the peak is reached at all.
+    warmup_steps: int = 25000
+    final_factor: float = 0.0  # cosine and cooldown: the share of the peak rate left at the end of the run
+    # linear_warmup, constant and plateau: the last share of the run (its planned updates or train.max_minutes,
+    # whichever runs out first) over which the rate falls linearly to final_factor; 0: no cooldown
+    cooldown: float = 0.0
+    # plateau only: the validation metric watched (any registered name, asr.training.metrics), how many
+    # validations without a relative improvement above the threshold make a plateau, what each plateau
+    # multiplies the rate by, and the lowest share of the peak rate it may reach
+    plateau_metric: str = "valid_loss"
+    plateau_patience: int = 1
+    plateau_threshold: float = 0.0
+    decay_factor: float = 0.5
+    min_factor: float = 0.01
 
     def __post_init__(self) -> None:
-        if not self.points:
-            raise ValueError("points: give at least one [update, value] pair")
-        for point in self.points:
-            if len(point) != 2:
-                raise ValueError(f"points: each point is [update, value], got {point!r}")
-            # .nan compares false with everything, so it would pass the order check below unseen
-            if not all(math.isfinite(number) for number in point):
-                raise ValueError(f"points: each update and value must be a finite number, got {point!r}")
-        updates = [p[0] for p in self.points]
-        if any(u < 0 for u in updates) or updates != sorted(updates):
-            raise ValueError(f"points: the updates must be >= 0 and increasing, got {updates}")
-        if self.interpolation not in ("hold", "linear"):
-            raise ValueError(f"interpolation must be 'hold' or 'linear', got {self.interpolation!r}")
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"kind must be one of {SCHEDULE_KINDS}, got {self.kind!r}")
+        if self.warmup_steps < 1 and self.kind != "constant":
+            raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
+        if not 0.0 <= self.final_factor <= 1.0:
+            raise ValueError(f"final_factor must be within [0, 1], got {self.final_factor}")
+        if not 0.0 <= self.cooldown < 1.0:
+            raise ValueError(f"cooldown must be within [0, 1), got {self.cooldown}")
+        if self.cooldown > 0 and self.kind not in COOLDOWN_KINDS:
+            raise ValueError(f"cooldown is for the kinds with a flat phase {COOLDOWN_KINDS}, not {self.kind!r} "
+                             "(cosine decays by itself)")
+        if self.plateau_patience < 1:
+            raise ValueError(f"plateau_patience must be >= 1, got {self.plateau_patience}")
+        if self.plateau_threshold < 0:
+            raise ValueError(f"plateau_threshold must be >= 0, got {self.plateau_threshold}")
+        if not 0.0 < self.decay_factor < 1.0:
+            raise ValueError(f"decay_factor must be in (0, 1), got {self.decay_factor}")
+        if not 0.0 < self.min_factor <= 1.0:
+            raise ValueError(f"min_factor must be in (0, 1], got {self.min_factor}")
 
 
-class Schedule(ABC):
-    """A value asked for once per optimiser update."""
-
-    @abstractmethod
-    def value(self, step: int) -> float:
-        """The value for the update made after ``step`` completed ones."""
-
-    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
-        """Hear the validation ``metrics`` after ``step`` updates; return a line for the log when the
-        schedule changes course because of them (None otherwise)."""
-        return None
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
+def warmup_updates(config: SchedulerConfig) -> int:
+    """The updates over which ``config`` warms the learning rate up (0 for ``constant``, which has no warmup)."""
+    return 0 if config.kind == "constant" else config.warmup_steps
 
 
-class PiecewiseSchedule(Schedule):
-    """:class:`ScheduleConfig`'s points, held or linearly interpolated. A pure function of the step."""
-
-    def __init__(self, config: ScheduleConfig):
-        self.updates = [float(u) for u, _ in config.points]
-        self.values = [float(v) for _, v in config.points]
-        self.linear = config.interpolation == "linear"
-
-    def value(self, step: int) -> float:
-        index = bisect_right(self.updates, step) - 1
-        if index < 0:
-            return self.values[0]
-        if index == len(self.updates) - 1 or not self.linear:
-            return self.values[index]
-        start, end = self.updates[index], self.updates[index + 1]
-        share = (step - start) / (end - start)
-        return self.values[index] + share * (self.values[index + 1] - self.values[index])
+def learning_rate_shape(config: SchedulerConfig, lr: float) -> ScheduleConfig:
+    """``train.scheduler`` as the options of its shape, scaled by ``train.lr``: each shape takes the
+    settings it declares (noam its warmup, plateau its warmup, cooldown and plateau settings, ...)."""
+    options = shape_config_class(config.kind, "train.scheduler")
+    taken = {f.name for f in fields(options)} - {"shape", "scale"}
+    return options(scale=lr, **{name: getattr(config, name) for name in taken})
 
 
-class LearningRateSchedule(Schedule):
-    """``train.lr`` times the factor of ``train.scheduler`` (:func:`asr.schedulers.lr_factor`).
-
-    The ``plateau`` kind (warmup, a flat rate, then decay on a plateau: RETURNN's and SpeechBrain's
-    NewBob, ESPnet's decay when validation stops improving) multiplies the rate by ``decay_factor``
-    each time ``plateau_metric`` has failed to improve by more than ``plateau_threshold`` (relative)
-    for ``plateau_patience`` validations in a row, down to ``min_factor``. Its state (the decays so
-    far, the best value, the validations without improvement) is saved with the run.
-
-    ``cooldown`` then brings the rate down to ``final_factor`` over the run's last share: ``spent(step)``
-    says how much of the run the update after ``step`` completed ones has used, from 0 to 1 (the trainer's
-    :func:`run_spent`: planned updates or the clock, whichever is further on); without it, the planned
-    updates alone (``total_updates``).
-    """
-
-    def __init__(self, base_lr: float, config: SchedulerConfig, d_model: int | None, total_updates: int | None,
-                 higher_is_better: Callable[[str], bool] | None = None,
-                 spent: Callable[[int], float] | None = None):
-        self.base_lr = base_lr
-        self.config = config
-        self.factor = lr_factor(config, d_model=d_model, total_updates=total_updates)
-        if spent is None and config.cooldown > 0:
-            if total_updates is None:
-                raise ValueError("a cooldown needs the run's planned updates or its clock")
-            spent = run_spent(total_updates)
-        self.spent = spent
-        self._higher_is_better = higher_is_better or (lambda name: False)
-        self.decays = 0
-        self.best: float | None = None
-        self.without_improvement = 0
-
-    def value(self, step: int) -> float:
-        config = self.config
-        decay = max(config.decay_factor**self.decays, config.min_factor) if self.decays else 1.0
-        cooldown = cooldown_factor(self.spent(step), config.cooldown, config.final_factor) if config.cooldown else 1.0
-        return self.base_lr * self.factor(step) * decay * cooldown
-
-    def observe(self, step: int, metrics: dict[str, float]) -> str | None:
-        config = self.config
-        if config.kind != "plateau" or config.plateau_metric not in metrics:
-            return None
-        value = metrics[config.plateau_metric]
-        if not math.isfinite(value):
-            return None
-        sign = -1.0 if self._higher_is_better(config.plateau_metric) else 1.0
-        if self.best is None or sign * value < sign * self.best - config.plateau_threshold * abs(self.best):
-            self.best, self.without_improvement = value, 0
-            return None
-        self.without_improvement += 1
-        if self.without_improvement < config.plateau_patience or step < config.warmup_steps:
-            return None
-        if config.decay_factor**self.decays <= config.min_factor:
-            return None
-        self.decays += 1
-        self.without_improvement = 0
-        from asr.training.metrics import format_value  # the best as train.log shows it (WER in percent)
-
-        return (f"learning rate x{config.decay_factor} (now {self.value(step):.3g}): {config.plateau_metric} "
-                f"has not improved on {format_value(config.plateau_metric, self.best)} for "
-                f"{config.plateau_patience} validation(s)")
-
-    def state_dict(self) -> dict:
-        return {"decays": self.decays, "best": self.best, "without_improvement": self.without_improvement}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "decays" not in state:
-            return  # a LambdaLR's state (runs of older versions): its rate is a function of the step alone
-        self.decays = int(state["decays"])
-        self.best = state["best"]
-        self.without_improvement = int(state["without_improvement"])
+def learning_rate(lr: float, config: SchedulerConfig, run: RunPlan | None = None) -> Shape:
+    """The learning rate of ``train.lr`` and ``train.scheduler`` in ``run``."""
+    return build_shape(learning_rate_shape(config, lr), run)
 
 
-def run_spent(total_updates: int, max_minutes: float | None = None,
-              minutes: Callable[[], float] | None = None) -> Callable[[int], float]:
-    """``spent(step)``: the share of the run the update after ``step`` completed ones uses, from 0 to 1:
-    ``(step + 1) / total_updates``, or the minutes run so far over ``max_minutes`` when that is further on
-    (a run on a slow or busy machine, which its time budget will end before its planned updates)."""
-    def spent(step: int) -> float:
-        share = planned_share(step, total_updates)
-        if max_minutes and minutes is not None:
-            share = max(share, min(minutes() / max_minutes, 1.0))
-        return share
+def build_scheduler(optimizer, config: SchedulerConfig, d_model: int | None = None,
+                    total_updates: int | None = None):
+    """A ``LambdaLR`` of ``train.scheduler``'s shape at scale 1 (with its cooldown over ``total_updates``),
+    for loops of their own such as tests; the trainer asks :func:`run_schedules` instead, which also
+    knows the run's clock and the validations."""
+    from torch.optim.lr_scheduler import LambdaLR  # torch only here: reading a recipe needs none
 
-    return spent
+    return LambdaLR(optimizer, learning_rate(1.0, config, RunPlan(total_updates=total_updates, d_model=d_model)).value)
 
 
 def check_schedule_target(name: str) -> None:
@@ -229,20 +176,31 @@ def check_schedule_target(name: str) -> None:
 
 
 def check_schedule_values(name: str, config: ScheduleConfig) -> None:
-    """Refuse values outside ``name``'s range, naming ``train.schedules.<name>``."""
+    """Refuse values outside ``name``'s range, naming ``train.schedules.<name>``: each point's, or the
+    extremes a shape says it reaches."""
     check_schedule_target(name)
     low, high, high_allowed = _RANGES[name]
-    for update, value in config.points:
-        if not (low <= value < high or (high_allowed and value == high)):
-            bracket = "]" if high_allowed else ")"
+    bracket = "]" if high_allowed else ")"
+
+    def within(value: float) -> bool:
+        return low <= value < high or (high_allowed and value == high)
+
+    if isinstance(config, PointsConfig):
+        for update, value in config.points:
+            if not within(value):
+                raise ConfigError(
+                    f"train.schedules.{name}: value {value} at update {update} is outside [{low}, {high}{bracket}"
+                )
+        if name == "ctc_weight" and config.points[-1][1] >= 1.0:
             raise ConfigError(
-                f"train.schedules.{name}: value {value} at update {update} is outside [{low}, {high}{bracket}"
+                f"train.schedules.ctc_weight: the last value is {config.points[-1][1]}: a weight of 1.0 leaves the "
+                "attention decoder idle (a CTC-only phase), so the schedule must end below it"
             )
-    if name == "ctc_weight" and config.points[-1][1] >= 1.0:
-        raise ConfigError(
-            f"train.schedules.ctc_weight: the last value is {config.points[-1][1]}: a weight of 1.0 leaves the "
-            "attention decoder idle (a CTC-only phase), so the schedule must end below it"
-        )
+        return
+    extremes = config.extremes()
+    if extremes is not None and not all(within(value) for value in extremes):
+        raise ConfigError(f"train.schedules.{name}: the {config.shape} shape goes from {extremes[0]} to "
+                          f"{extremes[1]}, outside [{low}, {high}{bracket}")
 
 
 @dataclass
@@ -253,16 +211,14 @@ class ScheduleSet:
     ``optimizer``: whose param groups get ``lr``. Values are set in :meth:`apply`, once per update.
     """
 
-    schedules: dict[str, Schedule]
+    schedules: dict[str, Shape]
     model: object = None
     optimizer: object = None
     model_targets: tuple[str, ...] = ()
-    # A model's own regularisation schedule (the Transformer's DropHead: step -> its rates by name)
-    regularisation: Callable[[int], dict[str, float]] | None = None
 
     def apply(self, step: int) -> dict[str, float]:
         """Set every schedule's value for the update after ``step`` completed ones; returns them by name."""
-        values = dict(self.regularisation(step)) if self.regularisation is not None else {}
+        values = {}
         for name, schedule in self.schedules.items():
             value = schedule.value(step)
             values[name] = value
@@ -278,7 +234,12 @@ class ScheduleSet:
         return default if schedule is None else schedule.value(step)
 
     def observe(self, step: int, metrics: dict[str, float]) -> list[str]:
-        return [line for s in self.schedules.values() if (line := s.observe(step, metrics)) is not None]
+        lines = []
+        for name, schedule in self.schedules.items():
+            line = schedule.observe(step, metrics)
+            if line is not None:
+                lines.append(f"{_LOG_NAMES.get(name, name)} {line}")
+        return lines
 
     def state_dict(self) -> dict:
         return {"schedules": {name: s.state_dict() for name, s in self.schedules.items()}}
@@ -294,16 +255,26 @@ class ScheduleSet:
                 schedule.load_state_dict(saved[name])
 
 
-def build_schedules(configs: dict[str, ScheduleConfig], lr: LearningRateSchedule, model, optimizer,
-                    regularisation: Callable[[int], dict[str, float]] | None = None) -> ScheduleSet:
-    """The run's :class:`ScheduleSet`: ``lr`` and one schedule per ``train.schedules`` entry.
+def model_default_schedules(model) -> dict[str, ScheduleConfig]:
+    """The schedules a model's own config asks for (``model.default_schedules()``, plain data as in
+    ``train.schedules``: the Transformer's ``model.drophead_schedule``), read as shapes."""
+    if not hasattr(model, "default_schedules"):
+        return {}
+    return {name: from_dict(ScheduleConfig, data, f"model's {name} schedule")
+            for name, data in model.default_schedules().items()}
+
+
+def build_schedules(configs: dict[str, ScheduleConfig], lr: Shape | None, model, optimizer,
+                    run: RunPlan | None = None) -> ScheduleSet:
+    """The run's :class:`ScheduleSet`: ``lr``, one schedule per ``train.schedules`` entry, and the
+    model's own defaults (:func:`model_default_schedules`) for the targets the recipe leaves alone.
 
     Model targets must be ones the model offers (``model.scheduled()``, name -> the config's value);
-    those it offers without a recipe schedule are held at that value.
+    those it offers without a schedule are held at that value.
     """
     offered = dict(model.scheduled()) if hasattr(model, "scheduled") else {}
-    schedules: dict[str, Schedule] = {"lr": lr}
-    for name, config in configs.items():
+    schedules: dict[str, Shape] = {} if lr is None else {"lr": lr}
+    for name, config in {**model_default_schedules(model), **configs}.items():
         check_schedule_values(name, config)
         if name in MODEL_TARGETS and name not in offered:
             known = ", ".join(offered) or "none"
@@ -311,6 +282,18 @@ def build_schedules(configs: dict[str, ScheduleConfig], lr: LearningRateSchedule
                 f"train.schedules.{name}: the model ({type(model).__name__}) has no '{name}' to schedule "
                 f"(it offers: {known})"
             )
-        schedules[name] = PiecewiseSchedule(config)
+        schedules[name] = build_shape(config, run)
     return ScheduleSet(schedules, model=model, optimizer=optimizer,
-                       model_targets=tuple(n for n in schedules if n in offered), regularisation=regularisation)
+                       model_targets=tuple(n for n in schedules if n in offered))
+
+
+def run_schedules(train, model, optimizer, total_updates: int, d_model: int | None = None,
+                  higher_is_better: Callable[[str], bool] | None = None,
+                  minutes: Callable[[], float] | None = None) -> ScheduleSet:
+    """A run's schedules from its ``train:`` section: the learning rate (``train.lr``,
+    ``train.scheduler``), each of ``train.schedules`` and the model's own (DropHead's), in a run of
+    ``total_updates`` planned updates whose model is ``d_model`` wide. ``minutes()``: the run's clock
+    (minutes of training and validation so far), for a cooldown that ``train.max_minutes`` ends."""
+    run = RunPlan(total_updates=total_updates, d_model=d_model, warmup_steps=warmup_updates(train.scheduler),
+                  spent=run_spent(total_updates, train.max_minutes, minutes), higher_is_better=higher_is_better)
+    return build_schedules(train.schedules, learning_rate(train.lr, train.scheduler, run), model, optimizer, run)
