@@ -35,7 +35,8 @@ from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import all_max, device_kind, init_distributed, resolve_device
 from asr.training.errors import TrainingError
 from asr.training.metrics import higher_is_better
-from asr.training.reporting import RunLog, RunRecord, held_records, setup_logging
+from asr.training.hooks import Hook
+from asr.training.reporting import Reporting, RunLog, RunRecord, held_records, setup_logging
 from asr.training.resume import read_resume_state, refusal, remove_stale_checkpoint_writes, restore, settings_record
 from asr.training.schedules import ScheduleSet, run_schedules
 from asr.training.state import Progress, seed_everything
@@ -47,11 +48,12 @@ logger = logging.getLogger("asr.train")
 
 
 def build_trainer(config: ExperimentConfig, resume: bool = False, overrides: list[str] | None = None,
-                  command: str | None = None, verbose: bool = False) -> Trainer:
+                  command: str | None = None, verbose: bool = False, hooks: list[Hook] | None = None) -> Trainer:
     """The run of ``config`` (overrides applied), ready for :meth:`Trainer.fit`. ``overrides``
     (``key.sub=value``) and ``command`` are what the run was started with, recorded in ``train.log`` and
     TensorBoard. ``verbose`` logs every entry of the runtime record (which code computes the model), not
-    only its one-line summary."""
+    only its one-line summary. ``hooks`` (:mod:`asr.training.hooks`) are called after the run's own
+    (``config.yaml``'s record, then ``train.log`` and TensorBoard)."""
     train = config.train
     dist = init_distributed(device_kind(train.device))
     device = resolve_device(train.device, dist.local_rank)
@@ -121,7 +123,7 @@ def build_trainer(config: ExperimentConfig, resume: bool = False, overrides: lis
     return Trainer(RunParts(
         train=train, exp_dir=exp_dir, config=resolved, data=data, raw_model=raw_model, model=model,
         optimizer=optimizer, schedules=schedules, device=device, dist=dist, loader=loader, clock=clock,
-        progress=progress, dev=config.data.dev, log=log, record=record,
+        progress=progress, dev=config.data.dev, hooks=[record, Reporting(log, train.best_metric), *(hooks or [])],
     ))
 
 

@@ -55,9 +55,10 @@ from asr.config import flatten
 from asr.console import ProgressBarHandler
 from asr.models import runtime
 
+from asr.training.hooks import Hook, RunEnd, Update, Validated
 from asr.training.metrics import as_shown, format_value, in_percent
 from asr.training.state import Progress
-from asr.training.validation import alignment_file_name
+from asr.training.validation import alignment_figures, alignment_file_name
 from asr.writing import atomic_write, writing
 
 logger = logging.getLogger("asr.train")
@@ -193,12 +194,46 @@ class RunLog:
         return Path(getattr(writer, "_file_name", self.exp_dir / "tensorboard"))
 
 
-class RunRecord:
+class Reporting(Hook):
+    """The run's reporting as a hook (:mod:`asr.training.hooks`): each logged update and every validation
+    (with the attention pictures of a few dev utterances) in ``train.log`` and TensorBoard, through
+    :class:`RunLog`, and the closing summary (:func:`end_summary`) when the run ends."""
+
+    def __init__(self, log: RunLog, best_metric: str):
+        self.log, self.best_metric = log, best_metric
+        self.last_metrics: dict[str, float] = {}  # of the latest validation, for the summary
+
+    def detailed(self, step: int) -> bool:
+        return self.log.logs_step(step)
+
+    def on_update(self, trainer, update: Update) -> None:
+        self.log.step(update.epoch, update.step, update.loss, update.grad_norm, update.group_norms, update.values,
+                      update.epochs_done, update.timing)
+
+    def on_validation(self, trainer, validated: Validated) -> None:
+        epoch, metrics = validated.epoch, validated.metrics
+        figures = []
+        if self.log.writer is not None and metrics:
+            when = f"after epoch {epoch}" if validated.at_epoch_end else f"step {validated.step} (in epoch {epoch})"
+            figures = alignment_figures(trainer.raw_model, trainer.data.valid_set, trainer.tokenizer, trainer.device,
+                                        when=when)
+        self.log.validation(epoch, trainer.progress, metrics, figures, validated.epochs_done)
+        self.last_metrics = metrics
+
+    def on_run_end(self, trainer, end: RunEnd) -> None:
+        self.log.summary(end_summary(trainer.exp_dir, trainer.progress, end.why, self.best_metric, self.last_metrics,
+                                     end.epochs_done))
+
+    def close(self, trainer) -> None:
+        self.log.close()
+
+
+class RunRecord(Hook):
     """``config.yaml``: the run's settings (the resolved recipe, with the ``history`` of its resumes:
     :func:`asr.training.resume.settings_record`) and under ``runtime:`` which code computes its model
-    (:func:`asr.models.runtime.describe`). It is written when the run is built; when the run ends,
-    :meth:`finish` adds what ran (:func:`asr.models.runtime.ran`: backends, fallbacks, CUDA graphs
-    recorded), which only then is known. Loading it as a recipe ignores both records."""
+    (:func:`asr.models.runtime.describe`). It is written when the run is built; when the run ends, what
+    ran joins it (:func:`asr.models.runtime.ran`: backends, fallbacks, CUDA graphs recorded), which only
+    then is known. Loading it as a recipe ignores both records."""
 
     def __init__(self, path: Path, settings: dict, described: dict, device, main: bool, verbose: bool = False):
         self.path, self.settings, self.runtime, self.device = path, settings, described, device
@@ -214,8 +249,8 @@ class RunRecord:
                 record["history"] = history
             atomic_write(self.path, yaml.safe_dump(record, sort_keys=False))
 
-    def finish(self) -> None:
-        """The run ended: what ran joins the runtime record (in ``train.log`` too, with ``--verbose``)."""
+    def on_run_end(self, trainer, end: RunEnd) -> None:
+        """What ran joins the runtime record (in ``train.log`` too, with ``--verbose``)."""
         ran = runtime.ran(since=self._before, device=self.device)
         self.runtime.update(ran)
         if self.verbose:

@@ -1,15 +1,23 @@
-"""The training loop: epochs of :class:`~asr.training.step.TrainingStep`, validation, checkpoints, resume.
+"""The training loop: epochs of :class:`~asr.training.step.TrainingStep`, validation, checkpoints, and the
+events that hooks answer.
 
-The loop is small on purpose; what it consults lives beside it, one concern to a module:
+The run is built above the loop (:func:`asr.run.build_trainer` turns the recipe into data, model, optimiser
+and schedules, and a resumed run's state put back) and handed over as :class:`RunParts`; this module
+imports nothing above :mod:`asr.training`. What the loop consults lives beside it, one concern to a module:
 
 - :mod:`asr.training.schedules`: everything that moves over the updates (learning rate, CTC weight,
   label smoothing, scheduled sampling, the attention prior, SpecAugment, the length cap), asked once
   per update and saved with the run;
 - :mod:`asr.training.plan`: an epoch's batches, planned with the data schedules when it starts;
+- :mod:`asr.training.skips`: a step that did not reach the weights, by its reason;
+- :mod:`asr.training.timing`: the run's clock, and the limits (``train.max_steps``, ``train.max_minutes``);
 - :mod:`asr.training.validation` and :mod:`asr.training.metrics`: the validation and its metrics, each
   of which says whether higher is better;
 - :mod:`asr.training.epoch_end`: ranking an epoch, early stopping, its checkpoints;
-- :mod:`asr.training.reporting`: ``train.log`` and TensorBoard.
+- :mod:`asr.training.hooks`: the events (update, validation, epoch end, run end) that whatever watches or
+  steers the run answers; ``train.log`` and TensorBoard (:mod:`asr.training.reporting`) and ``config.yaml``
+  are hooks too;
+- :mod:`asr.training.resume`: finding what to resume from, and putting it back.
 
 The experiment directory (``exp_dir``) receives the resolved ``config.yaml``, ``train.log``,
 TensorBoard event files (:mod:`asr.training.reporting` lists what is in them), ``last.pt`` (everything
@@ -24,10 +32,10 @@ pipeline, so any of them can be used for inference. ``asr.train`` holds ``train.
 fails loses no training: ``--resume`` validates that epoch again. A run that ``train.max_steps`` or
 ``train.max_minutes`` stops inside an epoch is validated there too, at its last step (logged, not ranked: the epoch is not done),
 so its curves end where it did. The run ends with a summary (:func:`asr.training.reporting.end_summary`).
-A run refused (:func:`refusal`) writes nothing into its folder, nor does a resume whose settings differ from
-its checkpoint's where they may not (:mod:`asr.training.resume`). A run started or resumed removes the
-temporary files of checkpoint writes that a killed run left, logging each. A stop signal ends the loop at the
-next step boundary with ``last.pt`` written (:mod:`asr.training.signals`); a batch that runs out of
+A run refused (:func:`asr.training.resume.refusal`) writes nothing into its folder, nor does a resume whose
+settings differ from its checkpoint's where they may not (:mod:`asr.training.resume`). A run started or resumed
+removes the temporary files of checkpoint writes that a killed run left, logging each. A stop signal ends the
+loop at the next step boundary with ``last.pt`` written (:mod:`asr.training.signals`); a batch that runs out of
 CUDA memory is skipped like a non-finite one, logged with its size and counted with the epoch's
 skipped utterances.
 """
@@ -36,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -50,15 +58,15 @@ from asr.training.data import TrainingData
 from asr.training.distributed import Distributed, all_agree
 from asr.training.epoch_end import EpochEnd
 from asr.training.errors import TrainingError
+from asr.training.hooks import EpochDone, Hook, RunEnd, Update, Validated
 from asr.training.plan import plan_epoch
-from asr.training.reporting import RunLog, RunRecord, end_summary
 from asr.training.schedules import ScheduleSet
 from asr.training.signals import StopSignals, TrainingStopped
-from asr.training.state import Progress, rng_state, set_rng_state
 from asr.training.skips import SkipPolicy
+from asr.training.state import Progress, rng_state, set_rng_state
 from asr.training.step import TrainingStep
 from asr.training.timing import LoaderClock, RunClock
-from asr.training.validation import Validation, alignment_figures, validate, validation_options
+from asr.training.validation import Validation, validate, validation_options
 
 logger = logging.getLogger("asr.train")
 
@@ -83,12 +91,11 @@ class RunParts:
     clock: RunClock
     progress: Progress           # where the run is: a new run's, or a resumed one's as its checkpoint left it
     dev: list                    # data.dev, named when no dev utterance can be read
-    log: RunLog
-    record: RunRecord            # config.yaml
+    hooks: list[Hook] = field(default_factory=list)  # called in this order at each event (asr.training.hooks)
 
 
 class Trainer:
-    """Runs the loop over what the builder made (:class:`RunParts`); one instance per process."""
+    """Runs the loop over what the builder made (:class:`RunParts`) and calls its hooks; one instance per process."""
 
     def __init__(self, parts: RunParts):
         self.parts = parts
@@ -96,8 +103,7 @@ class Trainer:
         self.raw_model, self.model, self.device = parts.raw_model, parts.model, parts.device
         self.optimizer, self.schedules, self.clock = parts.optimizer, parts.schedules, parts.clock
         self.tokenizer, self.pipeline = parts.data.tokenizer, parts.data.pipeline
-        self.progress, self.log = parts.progress, parts.log
-        self.last_metrics: dict[str, float] = {}  # of the latest validation, for the run's summary
+        self.progress, self.hooks = parts.progress, parts.hooks
         self._planned = 0  # batches planned for the epoch in progress
         self.stop_signals = StopSignals()  # installed while fit() runs
         cfg = self.train_cfg
@@ -108,11 +114,6 @@ class Trainer:
         self.skips = SkipPolicy(cfg.max_nonfinite_in_a_row, cfg.max_oom_batches_in_a_row)
         self.epoch_end = EpochEnd(self.exp_dir, cfg.best_metric, cfg.keep_best, cfg.keep_last,
                                   cfg.early_stopping_patience, self.dist.is_main)
-
-    @property
-    def writer(self):
-        """The TensorBoard writer (None off rank 0)."""
-        return self.log.writer
 
     # ------------------------------------------------------------------ loops
 
@@ -126,13 +127,19 @@ class Trainer:
                     if self._train_epoch():
                         why = f"early stopping: train.early_stopping_patience={self.train_cfg.early_stopping_patience}"
                         break
+            self._call("on_run_end", RunEnd(self.clock.ended_by or why, self.progress.step, self._epochs_done()))
         finally:
-            self.log.close()
-        why = self.clock.ended_by or why
-        self.parts.record.finish()
-        self.log.summary(end_summary(self.exp_dir, self.progress, why, self.train_cfg.best_metric, self.last_metrics,
-                                     self._epochs_done()))
+            for hook in self.hooks:
+                hook.close(self)
         return self.progress
+
+    def _call(self, event: str, payload) -> None:
+        for hook in self.hooks:
+            getattr(hook, event)(self, payload)
+
+    def _detailed(self, step: int) -> bool:
+        """Whether a hook reports update ``step`` in detail (asr.training.hooks.Hook.detailed)."""
+        return any(hook.detailed(step) for hook in self.hooks)
 
     def _epochs_done(self) -> float:
         """Epochs done, with the share of the one in progress (a run that train.max_steps stopped inside it)."""
@@ -195,7 +202,7 @@ class Trainer:
             if accumulated < cfg.accum_grad and progress.batch_in_epoch != planned:
                 continue
             accumulated = 0
-            update = self.step.update(group_norms=self.log.logs_step(progress.step + 1))
+            update = self.step.update(group_norms=self._detailed(progress.step + 1))
             if update.skipped:
                 self.skips.step(progress, update.skipped, batch.ids)
                 continue
@@ -206,9 +213,9 @@ class Trainer:
             # refresh=False: the bar redraws at most every 0.1 s (tqdm's mininterval), not at every update
             bar.set_postfix(loss=f"{outcome.loss:.3f}", utt_per_s=f"{utterances / max(time.time() - start, 1e-9):.1f}",
                             refresh=False)
-            self.log.step(number, progress.step, outcome.loss, update.grad_norm, update.group_norms, values,
-                          epoch + progress.batch_in_epoch / planned,
-                          clock.read() if self.log.logs_step(progress.step) else None)
+            self._call("on_update", Update(number, progress.step, outcome.loss, update.grad_norm, values,
+                                           epoch + progress.batch_in_epoch / planned, update.group_norms,
+                                           clock.read() if self._detailed(progress.step) else {}))
             if cfg.save_every_steps and progress.step % cfg.save_every_steps == 0:
                 self._save_last()
             if self.clock.limit_reached(progress.step):
@@ -274,6 +281,7 @@ class Trainer:
         progress.skipped_in_epoch = {}
         self.epoch_end.checkpoint(epoch, progress, metrics, self._payload, self._training_state())
         self._save_last()
+        self._call("on_epoch_end", EpochDone(epoch, progress.step, metrics))
         if len(self.data.valid_set) > 0 and validation.utterances == 0 and self.dist.is_main:
             raise TrainingError(
                 f"none of the {len(self.data.valid_set)} dev utterances could be read (data.dev={self.parts.dev}); "
@@ -282,16 +290,10 @@ class Trainer:
         return self.epoch_end.should_stop(progress)
 
     def _report(self, epoch: int, validation: Validation, epochs_done: float) -> None:
-        """A validation in train.log and TensorBoard (with attention pictures) after ``epochs_done`` epochs,
-        in epoch number ``epoch``; the run's clock is brought up to it."""
-        progress, metrics = self.progress, validation.metrics
-        self.clock.read(progress)
-        figures = []
-        if self.writer is not None and metrics:
-            when = f"after epoch {epoch}" if epochs_done == epoch else f"step {progress.step} (in epoch {epoch})"
-            figures = alignment_figures(self.raw_model, self.data.valid_set, self.tokenizer, self.device, when=when)
-        self.log.validation(epoch, progress, metrics, figures, epochs_done)
-        self.last_metrics = metrics
+        """A validation after ``epochs_done`` epochs, in epoch number ``epoch``, to the hooks; the run's clock
+        is brought up to it."""
+        self.clock.read(self.progress)
+        self._call("on_validation", Validated(epoch, self.progress.step, validation, epochs_done))
 
     # ------------------------------------------------------------------ checkpoints
 
