@@ -25,7 +25,7 @@ from asr.cli.train import main
 from asr.studies.curves import read_scalars, run_curves
 from asr.experiment import load_experiment_config
 from asr.run import build_trainer
-from asr.training import TrainingError
+from asr.training.errors import TrainingError
 from asr.training.data import build_training_data, make_loader
 from asr.training.schedules import SchedulerConfig, learning_rate
 from asr.training.shapes import RunPlan

@@ -1,23 +1,9 @@
-"""Training: the one training step, the loop around it, and what a run keeps to resume.
+"""Training: the loop and what it consults, one concern to a module.
 
-The names below are imported when first used, so that the recipe's config (:mod:`asr.experiment`)
-can read the schedules and metrics defined here without importing the trainer.
+``trainer`` (the loop, :class:`~asr.training.trainer.Trainer`), ``step`` (the one training step, shared with
+speaker adaptation), ``hooks`` (the events that what watches or steers a run answers), ``config`` (the
+``train:`` section), ``data``, ``plan``, ``schedules``, ``skips``, ``timing``, ``validation``, ``metrics``,
+``epoch_end``, ``reporting``, ``resume``, ``state``, ``signals``, ``runlock``, ``distributed``, ``errors``.
+Names are imported from their modules (``from asr.training.trainer import Trainer``); the run is built
+above this package (:mod:`asr.run`), which nothing here imports, nor :mod:`asr.experiment`.
 """
-
-__all__ = ["StepOutcome", "Trainer", "TrainingError", "TrainingStep"]
-
-
-def __getattr__(name: str):
-    if name in ("StepOutcome", "TrainingStep"):
-        from asr.training import step
-
-        return getattr(step, name)
-    if name == "Trainer":
-        from asr.training import trainer
-
-        return trainer.Trainer
-    if name == "TrainingError":
-        from asr.training import errors
-
-        return errors.TrainingError
-    raise AttributeError(f"module 'asr.training' has no attribute {name!r}")

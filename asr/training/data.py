@@ -5,21 +5,31 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.utils.data import DataLoader
 
 from asr.data.batching import BucketBatchSampler, collate_padded
+from asr.data.config import DataConfig
 from asr.data.corpus import build_tokenizer, load_split
 from asr.data.dataset import SpeechDataset, cached_global_stats, prepare_utterances
 from asr.data.report import DataError, SkipReport
 from asr.data.tokenizer import Tokenizer, tokenizer_from_state_dict
-from asr.experiment import ExperimentConfig
+from asr.training.config import TrainConfig
 from asr.training.signals import ignore_stop_signals
-from features.config import resolve_compute_on
+from features.config import FeatureConfig, resolve_compute_on
 from features.pipeline import FeaturePipeline
 
 logger = logging.getLogger("asr.train")
+
+
+class Recipe(Protocol):
+    """What of a recipe its training data is read with (an :class:`asr.experiment.ExperimentConfig`)."""
+
+    data: DataConfig
+    features: FeatureConfig
+    train: TrainConfig
 
 
 @dataclass
@@ -33,7 +43,7 @@ class TrainingData:
 
 
 def build_training_data(
-    config: ExperimentConfig, resume_state: dict | None, world_size: int = 1, rank: int = 0
+    config: Recipe, resume_state: dict | None, world_size: int = 1, rank: int = 0
 ) -> TrainingData:
     """Read, filter and batch the training and dev splits of ``config``.
 
