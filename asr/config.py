@@ -35,6 +35,10 @@ def from_dict(cls: type, data: dict | None, path: str = "") -> Any:
     # A config of variants (a schedule, asr.training.shapes) is read as the variant its data names.
     if hasattr(cls, "config_variant"):
         cls = cls.config_variant(data, path)
+    # A config may read its data first: refuse a key naming why, or leave out what older versions wrote
+    # (an encoder kind's keys, asr.models.encoder_registry).
+    if hasattr(cls, "config_data"):
+        data = cls.config_data(data, path)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:

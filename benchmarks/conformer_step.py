@@ -43,7 +43,8 @@ from torchaudio.models import Conformer as TorchaudioConformer
 from asr.config import from_dict, to_dict
 from asr.experiment import load_experiment_config
 from asr.models.common import lengths_to_mask
-from asr.models.conformer import ConformerEncoder, RelativeMultiHeadAttention, relative_positions
+from asr.models.conformer import ConformerEncoder
+from asr.models.relative_attention import RelativeMultiHeadAttention, relative_positions
 from asr.models.transformer import TransformerConfig
 
 ROOT = Path(__file__).resolve().parents[1]

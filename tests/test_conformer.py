@@ -14,9 +14,9 @@ from asr.config import ConfigError, from_dict
 from asr.decoding import DecodingOptions, decode
 from asr.models.blocks import sinusoidal_positions
 from asr.models.common import lengths_to_mask
-from asr.models.conformer import ConformerEncoder, RelativeMultiHeadAttention, relative_positions
+from asr.models.conformer import ConformerEncoder
 from asr.models.norms import ChannelLayerNorm, MaskedBatchNorm1d, MaskedGroupNorm
-from asr.models.relative_attention import relative_attention
+from asr.models.relative_attention import RelativeMultiHeadAttention, relative_attention, relative_positions
 from asr.models.transformer import Transformer, TransformerConfig
 
 D_MODEL, HEADS, FF, KERNEL, LAYERS, FEATURES = 16, 4, 32, 5, 2, 23
@@ -362,8 +362,8 @@ def test_the_post_norm_block_normalises_after_each_residual_sum():
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("conv_norm", "layernorm", "encoder.conv_norm is a Conformer key"),
-    ("positions", "absolute", "encoder.positions is a Conformer key"),
+    ("conv_norm", "layernorm", "'model.encoder.conv_norm' for encoder kind 'transformer'; it is a key of 'conformer'"),
+    ("positions", "absolute", "'model.encoder.positions' for encoder kind 'transformer'; it is a key of 'conformer'"),
 ])
 def test_a_conformer_key_on_a_transformer_encoder_is_an_error_naming_it(key, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -60,11 +60,12 @@ def test_the_ranking_keeps_the_highest_when_higher_is_better(tmp_path):
 def test_las_offers_every_diagnostic_and_the_transformer_those_it_can():
     las = LAS(small_las_config(), 6, VOCAB)
     assert {m.name for m in metrics_for(las)} == set(METRICS) - {"valid_batchnorm_gap"}  # LAS has no BatchNorm
-    from asr.models.transformer import EncoderConfig, Transformer, TransformerConfig
+    from asr.models.conformer import ConformerConfig
+    from asr.models.transformer import Transformer, TransformerConfig
 
     names = {m.name for m in metrics_for(Transformer(TransformerConfig(d_model=16, heads=2), 8, VOCAB))}
     assert names == {"valid_loss", "valid_wer", "valid_cer", "valid_ctc_cer"}
-    conformer = TransformerConfig(d_model=16, heads=2, encoder=EncoderConfig(kind="conformer", conv_kernel=3))
+    conformer = TransformerConfig(d_model=16, heads=2, encoder=ConformerConfig(conv_kernel=3))
     names = {m.name for m in metrics_for(Transformer(conformer, 8, VOCAB))}
     assert names == {"valid_loss", "valid_wer", "valid_cer", "valid_ctc_cer", "valid_batchnorm_gap"}
 

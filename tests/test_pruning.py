@@ -24,7 +24,8 @@ from asr.inference import DecodeSettings, load_recogniser, settings_from_dict
 from asr.models.las import LASConfig
 from asr.models.pruning import EVERY_OTHER, LayerPruning, parse_pruning, pruning_from_config, prune_model
 from asr.models.registry import build_model
-from asr.models.transformer import DecoderConfig, EncoderConfig, TransformerConfig
+from asr.models.transformer import DecoderConfig, TransformerConfig
+from asr.models.transformer_encoder import TransformerEncoderConfig
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
@@ -163,7 +164,7 @@ def checkpoints(tmp_path_factory):
     utterances = read_subset(valid)
     transformer = TransformerConfig(
         d_model=16, heads=2,
-        encoder=EncoderConfig(num_layers=4, ff_dim=32, layerdrop=0.2),
+        encoder=TransformerEncoderConfig(num_layers=4, ff_dim=32, layerdrop=0.2),
         decoder=DecoderConfig(num_layers=2, ff_dim=32, layerdrop=0.2),
     )
     return (

@@ -20,10 +20,10 @@ from asr.models.interface import EncoderOutput
 from asr.models.norms import FixNorm, ScaleNorm
 from asr.models.transformer import (
     Conv2dSubsampling,
-    EncoderLayer,
     TransformerConfig,
     sinusoidal_positions,
 )
+from asr.models.transformer_encoder import EncoderLayer
 from asr.schedulers import SchedulerConfig, build_scheduler
 
 from helpers import EOS, INPUT_DIM, PAD, SOS, VOCAB, teacher_forced

@@ -1,5 +1,5 @@
 """The Transformer's layers against PyTorch's own: ``EncoderLayer`` / ``DecoderLayer``
-(asr/models/transformer.py) with their weights copied into ``torch.nn.TransformerEncoderLayer`` /
+(asr/models/transformer_encoder.py, asr/models/transformer.py) with their weights copied into ``torch.nn.TransformerEncoderLayer`` /
 ``TransformerDecoderLayer`` give the same outputs on every valid position, to the last bit.
 
 Mask conventions differ: here True = may attend / valid; PyTorch's boolean ``key_padding_mask``
@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from asr.config import from_dict
-from asr.models.transformer import DecoderLayer, EncoderLayer, MultiHeadAttention, TransformerConfig
+from asr.models.transformer import DecoderLayer, MultiHeadAttention, TransformerConfig
+from asr.models.transformer_encoder import EncoderLayer
 
 D_MODEL, HEADS, FF = 32, 4, 48
 

@@ -1,7 +1,7 @@
 """Building blocks the encoder-decoder model's encoders and decoder share: sinusoidal positions,
 multi-head attention on SDPA, the position-wise feed-forward, the pre/post-norm residual wiring, the
-x4 convolutional subsampling front and the encoder frame around a stack of layers (:mod:`asr.models.transformer`, :mod:`asr.models.transformer_encoder`,
-:mod:`asr.models.conformer`).
+x4 convolutional subsampling front, the encoder frame around a stack of layers, and the checks of the keys
+every stack has (:mod:`asr.models.transformer`, :mod:`asr.models.transformer_encoder`, :mod:`asr.models.conformer`).
 
 Masks follow the toolkit convention (``asr.models.common``): boolean, True = may attend / valid.
 """
@@ -21,6 +21,21 @@ from asr.models.drophead import drop_heads
 from asr.models.norms import make_norm
 
 ACTIVATIONS = {"relu": F.relu, "swish": F.silu}
+
+LAYER_NORM_PLACEMENTS = ("pre", "post")
+
+
+def check_stack(config, name: str) -> None:
+    """Check the keys every layer stack has (``model.encoder``, ``model.decoder``); errors name ``name.key``."""
+    if config.num_layers < 1:
+        raise ValueError(f"{name}.num_layers must be >= 1, got {config.num_layers}")
+    if config.ff_dim < 1:
+        raise ValueError(f"{name}.ff_dim must be >= 1, got {config.ff_dim}")
+    if config.layer_norm not in LAYER_NORM_PLACEMENTS:
+        raise ValueError(f"{name}.layer_norm must be one of {LAYER_NORM_PLACEMENTS}, got {config.layer_norm!r}")
+    for regulariser in ("layerdrop", "drophead"):
+        if not 0.0 <= getattr(config, regulariser) < 1.0:
+            raise ValueError(f"{name}.{regulariser} must be in [0, 1), got {getattr(config, regulariser)}")
 
 
 def sinusoidal_positions(positions: Tensor, dim: int) -> Tensor:

@@ -38,79 +38,49 @@ ESPnet's pre-norm Conformer adds one more LayerNorm after the last block, on top
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from asr.models.blocks import FeedForward, MultiHeadAttention, SubsampledEncoder, sinusoidal_positions
-from asr.models.drophead import drop_heads
-from asr.models.norms import make_conv_norm, make_norm
-from asr.models.relative_attention import relative_attention
+from asr.models.blocks import FeedForward, MultiHeadAttention, SubsampledEncoder
+from asr.models.encoder_registry import EncoderConfig, EncoderHost
+from asr.models.norms import CONV_NORMS, make_conv_norm, make_norm
+from asr.models.relative_attention import RelativeMultiHeadAttention, relative_positions
 
-if TYPE_CHECKING:
-    from asr.models.transformer import EncoderConfig, TransformerConfig
-
-
-def relative_positions(frames: int, dim: int, device: torch.device) -> Tensor:
-    """(2T - 1, D) sinusoidal embeddings of the relative distances ``T - 1, T - 2, .., -(T - 1)``."""
-    return sinusoidal_positions(torch.arange(frames - 1, -frames, -1, device=device), dim)
+POSITIONS = ("relative", "absolute")
 
 
-class RelativeMultiHeadAttention(MultiHeadAttention):
-    """Self-attention with Transformer-XL relative positions (Dai et al. 2019), as the Conformer uses it.
+@dataclass
+class ConformerConfig(EncoderConfig):
+    """The Conformer's keys (``model.encoder`` with ``kind: conformer``) besides those every encoder has.
+    docs/normalization.md draws every setting. ``layer_norm`` is its blocks' placement: pre as published,
+    post as Squeezeformer."""
 
-    The score of query frame ``i`` for key frame ``j`` is
-    ``((q_i + u) . k_j + (q_i + v) . W_pos r_{i-j}) / sqrt(D/H)``, ``r`` the sinusoidal embedding of
-    the distance ``i - j`` and ``u``, ``v`` learned per head (ESPnet's ``pos_bias_u``/``pos_bias_v``).
-    Masking, dropout and DropHead are :class:`MultiHeadAttention`'s. On CUDA and under autocast the
-    position term goes into SDPA as an additive bias (:meth:`_through_sdpa`); on the CPU, where that keeps
-    SDPA on its unfused path, :func:`asr.models.relative_attention.relative_attention` computes the same.
-    """
+    kind: Literal["conformer"] = "conformer"
+    conv_kernel: int = 31          # the depthwise convolution's frames after the x4 subsampling (Gulati et al., ESPnet: 31)
+    # The convolution module's norm: batchnorm as published; layernorm (per frame over channels) or
+    # groupnorm (per utterance) do not depend on the batch. Padded frames never enter the statistics.
+    conv_norm: Literal["batchnorm", "layernorm", "groupnorm", "none"] = "batchnorm"
+    conv_norm_groups: int = 1      # groups of conv_norm: groupnorm (1: torchaudio's use_group_norm)
+    final_norm: bool = True        # each block's closing norm (as published); a pre-norm stack without it gets one after the last block
+    positions: Literal["relative", "absolute"] = "relative"  # Transformer-XL relative self-attention (as published) or sinusoids added once
 
-    def __init__(self, d_model: int, heads: int, dropout: float, drophead: float = 0.0) -> None:
-        super().__init__(d_model, heads, dropout, drophead)
-        self.position = nn.Linear(d_model, d_model, bias=False)
-        self.bias_u = nn.Parameter(torch.empty(heads, self.head_dim))
-        self.bias_v = nn.Parameter(torch.empty(heads, self.head_dim))
-        nn.init.xavier_uniform_(self.bias_u)
-        nn.init.xavier_uniform_(self.bias_v)
-        # False: SDPA on the CPU too (benchmarks/conformer_step.py times the two; not a recipe setting,
-        # since both compute the same function)
-        self.cpu_node = True
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
+            raise ValueError(f"encoder.conv_kernel must be a positive odd number (centred, 'same' length), got {self.conv_kernel}")
+        if self.conv_norm not in CONV_NORMS:
+            raise ValueError(f"encoder.conv_norm must be one of {CONV_NORMS}, got {self.conv_norm!r}")
+        if self.conv_norm_groups < 1:
+            raise ValueError(f"encoder.conv_norm_groups must be >= 1, got {self.conv_norm_groups}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"encoder.positions must be one of {POSITIONS}, got {self.positions!r}")
 
-    def forward(self, x: Tensor, positions: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
-        """x: (B, T, D); positions: (2T - 1, D) from :func:`relative_positions`; mask: (B, 1, 1, T)
-        True = valid key. Returns (B, T, D)."""
-        batch, frames, _ = x.shape
-        queries = self.query(x).view(batch, frames, self.heads, self.head_dim)
-        keys, values = self.project_kv(x)
-        embedded = self.position(positions).view(-1, self.heads, self.head_dim).transpose(0, 1)  # (H, 2T-1, D/H)
-        with_v = (queries + self.bias_v).transpose(1, 2)  # (B, H, T, D/H)
-        dropout = self.dropout if self.training else 0.0
-        with_u = (queries + self.bias_u).transpose(1, 2)
-        if self.cpu_node and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
-            # the same function in one autograd node (asr.models.relative_attention): SDPA cannot fuse it here
-            attended = relative_attention(with_u, with_v, keys, values, embedded, mask, dropout)
-        else:
-            attended = self._through_sdpa(with_u, with_v, keys, values, embedded, mask, dropout)
-        if self.training:
-            attended = drop_heads(attended, self.drophead)
-        return self.out(attended.transpose(1, 2).reshape(batch, frames, self.heads * self.head_dim))
-
-    def _through_sdpa(self, with_u: Tensor, with_v: Tensor, keys: Tensor, values: Tensor, embedded: Tensor,
-                      mask: Tensor, dropout: float) -> Tensor:
-        """The position term as SDPA's additive mask (autograd keeps its intermediates): CUDA, autocast, ``cpu_node`` False."""
-        batch, _, frames, _ = with_u.shape
-        by_distance = with_v @ embedded.transpose(-2, -1)  # (B, H, T, 2T-1): column k is distance T-1-k
-        # Row i, column j reads distance i - j, at column T - 1 - i + j.
-        steps = torch.arange(frames, device=with_u.device)
-        index = frames - 1 - steps[:, None] + steps
-        bias = by_distance.gather(-1, index.expand(batch, self.heads, frames, frames)) / math.sqrt(self.head_dim)
-        bias = bias.masked_fill(~mask, float("-inf"))
-        return F.scaled_dot_product_attention(with_u, keys, values, attn_mask=bias.to(with_u.dtype), dropout_p=dropout)
+    def check_model(self, model: EncoderHost) -> None:
+        if model.d_model % self.conv_norm_groups:
+            raise ValueError(f"encoder.conv_norm_groups must divide d_model={model.d_model}, got {self.conv_norm_groups}")
 
 
 class ConvolutionModule(nn.Module):
@@ -139,7 +109,7 @@ class ConvolutionModule(nn.Module):
 class ConformerBlock(nn.Module):
     """One macaron block; the module docstring gives its two placements."""
 
-    def __init__(self, config: TransformerConfig, stack: EncoderConfig) -> None:
+    def __init__(self, config: EncoderHost, stack: ConformerConfig) -> None:
         super().__init__()
         d_model, norm = config.d_model, config.norm_type
         self.pre_norm = stack.layer_norm == "pre"
@@ -183,7 +153,7 @@ class ConformerEncoder(SubsampledEncoder):
 
     kind = "Conformer"
 
-    def __init__(self, config: TransformerConfig, input_dim: int) -> None:
+    def __init__(self, config: EncoderHost, input_dim: int) -> None:
         stack = config.encoder
         closing = stack.layer_norm == "pre" and not stack.final_norm
         super().__init__(config, input_dim, lambda: [ConformerBlock(config, stack) for _ in range(stack.num_layers)],

@@ -1,6 +1,8 @@
-"""Transformer-XL relative self-attention (the Conformer's) on the CPU, with a backward pass written out.
+"""Transformer-XL relative self-attention (the Conformer's), a block any encoder may use: the
+module (:class:`RelativeMultiHeadAttention`, with the embeddings of the distances, :func:`relative_positions`),
+and its CPU computation with a backward pass written out (:func:`relative_attention`).
 
-:class:`asr.models.conformer.RelativeMultiHeadAttention` adds the position term to the content scores.
+:class:`RelativeMultiHeadAttention` adds the position term to the content scores.
 Handed to ``scaled_dot_product_attention`` as an additive mask that needs a gradient, that term keeps
 SDPA's CPU kernel on its unfused math path, and autograd then keeps every intermediate (the gathered
 term, its scaled and masked copies) and walks them back one by one. :func:`relative_attention` computes
@@ -18,8 +20,14 @@ tests/test_conformer.py checks it against the autograd formulation: outputs and 
 
 from __future__ import annotations
 
+import math
+
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from asr.models.blocks import MultiHeadAttention, sinusoidal_positions
+from asr.models.drophead import drop_heads
 
 
 CHUNKS = 4  # query blocks of the position term: each reads only the distances its rows reach
@@ -127,3 +135,62 @@ def relative_attention(q_u: Tensor, q_v: Tensor, keys: Tensor, values: Tensor, e
         keep = None
     return _RelativeAttention.apply(q_u, q_v, keys, values, embedded, valid_keys, keep, dropout,
                                     q_u.shape[-1] ** -0.5)
+
+
+def relative_positions(frames: int, dim: int, device: torch.device) -> Tensor:
+    """(2T - 1, D) sinusoidal embeddings of the relative distances ``T - 1, T - 2, .., -(T - 1)``."""
+    return sinusoidal_positions(torch.arange(frames - 1, -frames, -1, device=device), dim)
+
+
+class RelativeMultiHeadAttention(MultiHeadAttention):
+    """Self-attention with Transformer-XL relative positions (Dai et al. 2019), as the Conformer uses it.
+
+    The score of query frame ``i`` for key frame ``j`` is
+    ``((q_i + u) . k_j + (q_i + v) . W_pos r_{i-j}) / sqrt(D/H)``, ``r`` the sinusoidal embedding of
+    the distance ``i - j`` and ``u``, ``v`` learned per head (ESPnet's ``pos_bias_u``/``pos_bias_v``).
+    Masking, dropout and DropHead are :class:`MultiHeadAttention`'s. On CUDA and under autocast the
+    position term goes into SDPA as an additive bias (:meth:`_through_sdpa`); on the CPU, where that keeps
+    SDPA on its unfused path, :func:`asr.models.relative_attention.relative_attention` computes the same.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float, drophead: float = 0.0) -> None:
+        super().__init__(d_model, heads, dropout, drophead)
+        self.position = nn.Linear(d_model, d_model, bias=False)
+        self.bias_u = nn.Parameter(torch.empty(heads, self.head_dim))
+        self.bias_v = nn.Parameter(torch.empty(heads, self.head_dim))
+        nn.init.xavier_uniform_(self.bias_u)
+        nn.init.xavier_uniform_(self.bias_v)
+        # False: SDPA on the CPU too (benchmarks/conformer_step.py times the two; not a recipe setting,
+        # since both compute the same function)
+        self.cpu_node = True
+
+    def forward(self, x: Tensor, positions: Tensor, mask: Tensor) -> Tensor:  # type: ignore[override]
+        """x: (B, T, D); positions: (2T - 1, D) from :func:`relative_positions`; mask: (B, 1, 1, T)
+        True = valid key. Returns (B, T, D)."""
+        batch, frames, _ = x.shape
+        queries = self.query(x).view(batch, frames, self.heads, self.head_dim)
+        keys, values = self.project_kv(x)
+        embedded = self.position(positions).view(-1, self.heads, self.head_dim).transpose(0, 1)  # (H, 2T-1, D/H)
+        with_v = (queries + self.bias_v).transpose(1, 2)  # (B, H, T, D/H)
+        dropout = self.dropout if self.training else 0.0
+        with_u = (queries + self.bias_u).transpose(1, 2)
+        if self.cpu_node and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu"):
+            # the same function in one autograd node (asr.models.relative_attention): SDPA cannot fuse it here
+            attended = relative_attention(with_u, with_v, keys, values, embedded, mask, dropout)
+        else:
+            attended = self._through_sdpa(with_u, with_v, keys, values, embedded, mask, dropout)
+        if self.training:
+            attended = drop_heads(attended, self.drophead)
+        return self.out(attended.transpose(1, 2).reshape(batch, frames, self.heads * self.head_dim))
+
+    def _through_sdpa(self, with_u: Tensor, with_v: Tensor, keys: Tensor, values: Tensor, embedded: Tensor,
+                      mask: Tensor, dropout: float) -> Tensor:
+        """The position term as SDPA's additive mask (autograd keeps its intermediates): CUDA, autocast, ``cpu_node`` False."""
+        batch, _, frames, _ = with_u.shape
+        by_distance = with_v @ embedded.transpose(-2, -1)  # (B, H, T, 2T-1): column k is distance T-1-k
+        # Row i, column j reads distance i - j, at column T - 1 - i + j.
+        steps = torch.arange(frames, device=with_u.device)
+        index = frames - 1 - steps[:, None] + steps
+        bias = by_distance.gather(-1, index.expand(batch, self.heads, frames, frames)) / math.sqrt(self.head_dim)
+        bias = bias.masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(with_u, keys, values, attn_mask=bias.to(with_u.dtype), dropout_p=dropout)

@@ -1,5 +1,6 @@
 """The encoder-decoder model for speech (Vaswani et al. 2017) with a pre/post-norm switch, and an
-encoder slot: ``model.encoder.kind`` picks the audio stack, one file each.
+encoder slot: ``model.encoder.kind`` picks the audio stack, one file each with its own keys, named in the
+encoder table (:mod:`asr.models.encoders`); this file imports none of them.
 
 * ``transformer`` (:mod:`asr.models.transformer_encoder`): convolutional subsampling x4 in time
   (two 3x3 Conv2d with stride 2 and ReLU, as ESPnet's ``Conv2dSubsampling``) -> times
@@ -52,68 +53,15 @@ from torch import Tensor, nn
 
 from asr.models import sdpa
 from asr.models.blocks import (  # noqa: F401 (Conv2dSubsampling, sinusoidal_positions: also imported from here)
-    Conv2dSubsampling, FeedForward, MultiHeadAttention, ResidualLayer, sinusoidal_positions,
+    Conv2dSubsampling, FeedForward, MultiHeadAttention, ResidualLayer, check_stack, sinusoidal_positions,
 )
 from asr.models.common import add_sos_eos, lengths_to_mask
-from asr.models.conformer import ConformerEncoder
 from asr.models.ctc import CTCHead
 from asr.models.drophead import DROPHEAD_SCHEDULES
+from asr.models.encoders import EncoderConfig, TransformerEncoderConfig, build_encoder
 from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
 from asr.models.joint import check_special_ids, ctc_only_output, joint_output
-from asr.models.norms import CONV_NORMS, NORM_TYPES, FixNorm, make_norm
-from asr.models.transformer_encoder import EncoderLayer, TransformerEncoder  # noqa: F401
-
-ENCODERS = {"transformer": TransformerEncoder, "conformer": ConformerEncoder}
-
-LAYER_NORM_PLACEMENTS = ("pre", "post")
-
-
-ENCODER_KINDS = ("transformer", "conformer")
-POSITIONS = ("relative", "absolute")
-
-
-@dataclass
-class EncoderConfig:
-    """The audio stack (``model.encoder``)."""
-
-    kind: Literal["transformer", "conformer"] = "transformer"  # the encoder (asr/models/transformer_encoder.py, conformer.py)
-    num_layers: int = 12           # ESPnet's LibriSpeech Transformer uses 12 encoder layers
-    ff_dim: int = 2048             # feed-forward inner size, 8 x d_model at the default d_model (each macaron half's in a Conformer)
-    # "pre" trains without learning-rate warmup and stays stable when deep;
-    # "post" is the original paper's placement and needs warmup (docs/normalization.md).
-    layer_norm: Literal["pre", "post"] = "pre"
-    layerdrop: float = 0.0         # probability of skipping a whole layer per training batch (Fan et al. 2019)
-    # Peak probability of dropping a self-attention head per example (DropHead, Zhou et al. 2020);
-    # the paper's best machine-translation setting is 0.1-0.2. Its schedule: model.drophead_schedule.
-    drophead: float = 0.0
-    # The Conformer's own keys (kind: conformer; an error on a Transformer encoder). docs/normalization.md
-    # draws every setting. layer_norm above is its blocks' placement: pre as published, post as Squeezeformer.
-    conv_kernel: int = 31          # the depthwise convolution's frames after the x4 subsampling (Gulati et al., ESPnet: 31)
-    # The convolution module's norm: batchnorm as published; layernorm (per frame over channels) or
-    # groupnorm (per utterance) do not depend on the batch. Padded frames never enter the statistics.
-    conv_norm: Literal["batchnorm", "layernorm", "groupnorm", "none"] = "batchnorm"
-    conv_norm_groups: int = 1      # groups of conv_norm: groupnorm (1: torchaudio's use_group_norm)
-    final_norm: bool = True        # each block's closing norm (as published); a pre-norm stack without it gets one after the last block
-    positions: Literal["relative", "absolute"] = "relative"  # Transformer-XL relative self-attention (as published) or sinusoids added once
-
-    def __post_init__(self) -> None:
-        _check_stack(self, "encoder")
-        if self.kind not in ENCODER_KINDS:
-            raise ValueError(f"encoder.kind must be one of {ENCODER_KINDS}, got {self.kind!r}")
-        if self.kind == "transformer":
-            defaults = EncoderConfig.__dataclass_fields__
-            for name in ("conv_kernel", "conv_norm", "conv_norm_groups", "final_norm", "positions"):
-                if getattr(self, name) != defaults[name].default:
-                    raise ValueError(f"encoder.{name} is a Conformer key; it needs encoder.kind: conformer")
-            return
-        if self.conv_kernel < 1 or self.conv_kernel % 2 == 0:
-            raise ValueError(f"encoder.conv_kernel must be a positive odd number (centred, 'same' length), got {self.conv_kernel}")
-        if self.conv_norm not in CONV_NORMS:
-            raise ValueError(f"encoder.conv_norm must be one of {CONV_NORMS}, got {self.conv_norm!r}")
-        if self.conv_norm_groups < 1:
-            raise ValueError(f"encoder.conv_norm_groups must be >= 1, got {self.conv_norm_groups}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"encoder.positions must be one of {POSITIONS}, got {self.positions!r}")
+from asr.models.norms import NORM_TYPES, FixNorm, make_norm
 
 
 @dataclass
@@ -127,7 +75,7 @@ class DecoderConfig:
     drophead: float = 0.0          # the same for the decoder's self- and cross-attention heads
 
     def __post_init__(self) -> None:
-        _check_stack(self, "decoder")
+        check_stack(self, "decoder")
 
 
 @dataclass
@@ -151,7 +99,7 @@ class TransformerConfig(ModelConfig):
     # (the paper's) falls from the peak to 0 over the learning-rate warmup and rises back to the peak by the last
     # update; "constant" keeps the peak. train.schedules.drophead_encoder (or _decoder) takes any shape instead.
     drophead_schedule: Literal["vshape", "constant"] = "vshape"
-    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    encoder: EncoderConfig = field(default_factory=TransformerEncoderConfig)  # the config class its kind names
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     # Which backends scaled_dot_product_attention may use (asr/models/sdpa.py): auto leaves cuDNN out on CUDA,
     # whose attention builds a plan for every new shape, unless an epoch's batch shapes are few; a name pins one
@@ -177,22 +125,9 @@ class TransformerConfig(ModelConfig):
             raise ValueError(f"norm_type must be one of {NORM_TYPES}, got {self.norm_type!r}")
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
-        if self.encoder.kind == "conformer" and self.d_model % self.encoder.conv_norm_groups:
-            raise ValueError(f"encoder.conv_norm_groups must divide d_model={self.d_model}, got {self.encoder.conv_norm_groups}")
+        self.encoder.check_model(self)
         if self.drophead_schedule not in DROPHEAD_SCHEDULES:
             raise ValueError(f"drophead_schedule must be one of {DROPHEAD_SCHEDULES}, got {self.drophead_schedule!r}")
-
-
-def _check_stack(config: EncoderConfig | DecoderConfig, name: str) -> None:
-    if config.num_layers < 1:
-        raise ValueError(f"{name}.num_layers must be >= 1, got {config.num_layers}")
-    if config.ff_dim < 1:
-        raise ValueError(f"{name}.ff_dim must be >= 1, got {config.ff_dim}")
-    if config.layer_norm not in LAYER_NORM_PLACEMENTS:
-        raise ValueError(f"{name}.layer_norm must be one of {LAYER_NORM_PLACEMENTS}, got {config.layer_norm!r}")
-    for regulariser in ("layerdrop", "drophead"):
-        if not 0.0 <= getattr(config, regulariser) < 1.0:
-            raise ValueError(f"{name}.{regulariser} must be in [0, 1), got {getattr(config, regulariser)}")
 
 
 class DecoderLayer(ResidualLayer):
@@ -354,7 +289,7 @@ class Transformer(nn.Module):
         self.config = config
         self.vocab_size = vocab_size
         self.pad_id, self.sos_id, self.eos_id = pad_id, sos_id, eos_id
-        self.encoder = ENCODERS[config.encoder.kind](config, input_dim)
+        self.encoder = build_encoder(config, input_dim)
         self.decoder = TransformerDecoder(config, vocab_size)
         self.ctc = CTCHead(config.d_model, vocab_size, blank_id=pad_id) if config.ctc_weight > 0 else None
         self.ctc_weight = config.ctc_weight            # a schedule may move these (asr.training.schedules)

@@ -7,21 +7,28 @@ self-attention and feed-forward, each with a residual and a norm placed by ``mod
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
 from torch import Tensor
 
 from asr.models.blocks import FeedForward, MultiHeadAttention, ResidualLayer, SubsampledEncoder
+from asr.models.encoder_registry import EncoderConfig, EncoderHost
 from asr.models.norms import make_norm
 
-if TYPE_CHECKING:
-    from asr.models.transformer import EncoderConfig, TransformerConfig
+
+@dataclass
+class TransformerEncoderConfig(EncoderConfig):
+    """The Transformer encoder's keys (``model.encoder`` with ``kind: transformer``, the default): those
+    every encoder has, and no more."""
+
+    kind: Literal["transformer"] = "transformer"  # the encoder, a kind of the table in asr/models/encoders.py
 
 
 class EncoderLayer(ResidualLayer):
     """Self-attention then feed-forward, each with a residual and a norm."""
 
-    def __init__(self, config: TransformerConfig, stack: EncoderConfig) -> None:
+    def __init__(self, config: EncoderHost, stack: EncoderConfig) -> None:
         super().__init__(stack.layer_norm, config.dropout)
         d_model = config.d_model
         self.self_attn_norm = make_norm(config.norm_type, d_model, config.eps)
@@ -43,7 +50,7 @@ class TransformerEncoder(SubsampledEncoder):
 
     kind = "Transformer"
 
-    def __init__(self, config: TransformerConfig, input_dim: int) -> None:
+    def __init__(self, config: EncoderHost, input_dim: int) -> None:
         stack = config.encoder
         # Pre-norm leaves the residual stream unnormalised; the closing norm gives the
         # decoder's cross-attention (and the CTC head) normalised input.
