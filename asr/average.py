@@ -1,4 +1,4 @@
-"""``python -m asr.average``: an alias of :mod:`asr.cli.average` (averaging itself is :mod:`asr.averaging`)."""
+"""``python -m asr.average``: an alias of :mod:`asr.cli.average` (averaging itself is :mod:`asr.checkpoints.averaging`)."""
 
 import sys
 

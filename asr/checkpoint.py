@@ -1,4 +1,4 @@
-"""``python -m asr.checkpoint``: an alias of :mod:`asr.cli.checkpoint` (the checkpoint code is in :mod:`asr.checkpointing`)."""
+"""``python -m asr.checkpoint``: an alias of :mod:`asr.cli.checkpoint` (the checkpoint code is in :mod:`asr.checkpoints.io`)."""
 
 import sys
 

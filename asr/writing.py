@@ -1,6 +1,6 @@
 """Writing a run's files so that a full disk or a denied write ends in one clear error naming the file.
 
-Every file the toolkit writes whole (checkpoints through :func:`asr.checkpointing.save_checkpoint`,
+Every file the toolkit writes whole (checkpoints through :func:`asr.checkpoints.io.save_checkpoint`,
 ``config.yaml``, evaluation outputs) is written to a temporary file in the same folder and
 renamed over its target, so a failed write leaves the previous version in place and no partial
 file behind. The :class:`WriteError` it raises carries the path and the system's reason;

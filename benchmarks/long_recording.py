@@ -40,7 +40,7 @@ from asr.data.utterance import InMemoryAudio, Utterance  # noqa: E402
 from asr.decoding import DecodingOptions  # noqa: E402
 from asr.inference import load_recogniser  # noqa: E402
 from asr.inference.segmentation import FRAME_SECONDS, cut_points, frame_levels, plan_pieces, read_piece  # noqa: E402
-from asr.metrics import error_rates  # noqa: E402
+from asr.decoding.scoring import error_rates  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "fsdd" / "recordings"
 

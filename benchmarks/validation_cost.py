@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from asr.checkpointing import load_checkpoint
+from asr.checkpoints.io import load_checkpoint
 from asr.decoding import DecodingOptions
 from asr.experiment import experiment_config_from_dict
 from asr.models.registry import build_model

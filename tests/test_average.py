@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from asr.averaging import average_checkpoints, select_checkpoints
+from asr.checkpoints.averaging import average_checkpoints, select_checkpoints
 from asr.cli.average import main
-from asr.checkpointing import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
+from asr.checkpoints.io import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
@@ -162,7 +162,7 @@ def test_checkpoints_whose_tokenizer_or_front_end_differ_are_not_averaged(tmp_pa
 def test_other_global_statistics_are_refused_and_other_augmentation_is_not(tmp_path):
     from dataclasses import replace
 
-    from asr.averaging import front_end_difference
+    from asr.checkpoints.averaging import front_end_difference
     from features.mvn import GlobalStats
 
     one, other = (FeaturePipeline(FeatureConfig(num_mel_bins=4, mvn="global")) for _ in range(2))

@@ -17,7 +17,7 @@ from helpers import LAS_RECIPE as RECIPE
 from helpers import SHARED_DATA, TINY, prepare_tiny_demo, require_shared_data, subprocess_env, tiny_valid
 
 from asr.cli import average, check, evaluate, transcribe
-from asr.checkpointing import CheckpointError, load_checkpoint
+from asr.checkpoints.io import CheckpointError, load_checkpoint
 from asr.data import report as reasons
 from asr.data.batching import collate
 from asr.data.dataset import SpeechDataset, compute_global_stats
@@ -312,7 +312,7 @@ def test_an_old_last_pt_is_refused_until_converted_by_a_user_who_trusts_it(run_o
 def test_rng_state_round_trips_through_a_safe_checkpoint(tmp_path):
     import random
 
-    from asr.checkpointing import save_checkpoint
+    from asr.checkpoints.io import save_checkpoint
 
     np.random.seed(5)
     random.seed(5)

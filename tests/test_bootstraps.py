@@ -8,7 +8,7 @@ import yaml
 
 from helpers import tiny_run, tiny_valid
 
-from asr.checkpointing import load_checkpoint
+from asr.checkpoints.io import load_checkpoint
 from asr.cli.train import main
 from asr.studies.curves import read_scalars
 

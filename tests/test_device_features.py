@@ -11,7 +11,7 @@ import torch
 import yaml
 from helpers import PROJECT_ROOT, prepare_tiny_demo, subprocess_env, tiny_run
 
-from asr.checkpointing import load_checkpoint
+from asr.checkpoints.io import load_checkpoint
 from asr.cli.train import main
 from asr.config import ConfigError
 from asr.data.batching import collate, with_features

@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import tiny_run
 
-from asr.checkpointing import CheckpointError, load_checkpoint, save_checkpoint
+from asr.checkpoints.io import CheckpointError, load_checkpoint, save_checkpoint
 from asr.cli import average, evaluate, options, transcribe
 from asr.cli.train import main as train_main
 from asr.data.dataset import compute_global_stats

@@ -22,7 +22,7 @@ from asr.data.fsdd import build_digit_recording, read_fsdd
 from asr.data.utterance import Utterance
 from asr.decoding import DecodingOptions
 from asr.inference import load_recogniser
-from asr.metrics import error_rates
+from asr.decoding.scoring import error_rates
 
 pytestmark = pytest.mark.slow
 

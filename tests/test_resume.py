@@ -75,7 +75,7 @@ def test_show_config_marks_the_keys_that_may_change_on_resume(capsys):
 @pytest.mark.slow
 @pytest.mark.usefixtures("tiny_demo_corpus")
 def test_a_refused_resume_writes_nothing_and_an_allowed_one_keeps_the_record(tmp_path, capsys):
-    from asr.checkpointing import load_checkpoint
+    from asr.checkpoints.io import load_checkpoint
     from asr.cli.train import main
 
     args = tiny_run(tmp_path, "train.max_epochs=2", "train.max_steps=2")

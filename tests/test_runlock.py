@@ -11,7 +11,7 @@ import torch
 
 from helpers import TRANSFORMER_RECIPE as RECIPE  # no demo corpus to prepare: these runs never start
 
-from asr.checkpointing import save_checkpoint
+from asr.checkpoints.io import save_checkpoint
 from asr.cli.average import main as average_main
 from asr.cli.train import build_parser
 from asr.cli.train import main as train_main

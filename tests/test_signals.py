@@ -8,8 +8,8 @@ import signal
 import pytest
 import torch
 
-import asr.checkpointing
-from asr.checkpointing import load_checkpoint, save_checkpoint
+import asr.checkpoints.io
+from asr.checkpoints.io import load_checkpoint, save_checkpoint
 from asr.training.signals import STOP_SIGNALS, StopNow, StopSignals
 
 
@@ -43,7 +43,7 @@ def test_a_second_signal_during_a_save_keeps_the_previous_checkpoint(tmp_path, m
     with StopSignals() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.received == signal.SIGTERM
-        monkeypatch.setattr(asr.checkpointing.torch, "save", save_then_signal)
+        monkeypatch.setattr(asr.checkpoints.io.torch, "save", save_then_signal)
         with pytest.raises(StopNow):
             save_checkpoint(target, {"config": {}, "model": {"w": torch.ones(256, 256)}})
     monkeypatch.undo()

@@ -219,7 +219,7 @@ def test_an_update_that_would_make_a_weight_non_finite_is_undone_with_the_optimi
 
 
 def test_a_checkpoint_with_a_non_finite_weight_is_not_written(tmp_path):
-    from asr.checkpointing import CheckpointError, save_checkpoint
+    from asr.checkpoints.io import CheckpointError, save_checkpoint
 
     weights = {"layer.weight": torch.tensor([1.0, math.inf]), "count": torch.tensor(3)}
     with pytest.raises(CheckpointError, match=r"cannot save model.layer.weight: 1 of its 2 values are NaN or infinite"):

@@ -9,7 +9,7 @@ from helpers import LAS_RECIPE as RECIPE
 from helpers import TINY, read_png
 
 from asr.studies import grid as study
-from asr.checkpointing import load_checkpoint
+from asr.checkpoints.io import load_checkpoint
 from asr.cli import study as study_cli
 from asr.experiment import load_experiment_config
 from asr.studies.grid import StudyError, folder_name, parse_grid, split_values
@@ -191,7 +191,7 @@ def test_a_study_of_two_held_out_speakers_trains_evaluates_pools_and_resumes(tin
 
 
 def test_a_resumed_runs_minutes_are_the_trainers_clock_over_every_attempt(tmp_path):
-    from asr.checkpointing import save_checkpoint
+    from asr.checkpoints.io import save_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
@@ -618,7 +618,7 @@ def test_a_run_held_by_another_process_is_reported_held_not_failed_and_its_log_l
 
 @pytest.mark.parametrize("damage", ["", "{\"train_sec", "[1, 2]"])
 def test_a_damaged_study_time_json_is_named_and_rebuilt_from_the_run(tmp_path, caplog, damage):
-    from asr.checkpointing import save_checkpoint
+    from asr.checkpoints.io import save_checkpoint
 
     save_checkpoint(tmp_path / "last.pt", {"config": {}, "model": {}, "training": {"progress": {"seconds": 720.0}}})
     timing = tmp_path / "study_time.json"

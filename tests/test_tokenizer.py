@@ -51,7 +51,7 @@ def test_normalize_text():
 def test_one_unicode_form_before_tokenising_in_training_and_scoring_alike():
     """issue 81: ONE + a combining accent lost the accent, the precomposed ONÉ was skipped as unknown
     characters, and fullwidth ＯＮＥ stayed as it was. NFKC makes each spelling one text."""
-    from asr.metrics import error_rates
+    from asr.decoding.scoring import error_rates
 
     assert normalize_text("ONE\u0301") == normalize_text("ON\u00c9") == "ON\u00c9"
     assert normalize_text("\uff2f\uff2e\uff25 \ufb01ve\u00a0two") == "ONE FIVE TWO"

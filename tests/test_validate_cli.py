@@ -159,7 +159,7 @@ def test_recompute_batchnorm_re_estimates_from_the_training_split_and_leaves_the
 def test_an_average_with_recomputed_batchnorm_holds_what_asr_validate_re_estimates(conformer_run, tmp_path, capsys):
     import torch
 
-    from asr.checkpointing import load_checkpoint
+    from asr.checkpoints.io import load_checkpoint
     from asr.cli.average import main as average
 
     plain, recomputed = tmp_path / "plain.pt", tmp_path / "recomputed.pt"

@@ -13,8 +13,8 @@ import torch
 
 from helpers import FailingFile
 
-import asr.checkpointing
-from asr.checkpointing import load_checkpoint, save_checkpoint
+import asr.checkpoints.io
+from asr.checkpoints.io import load_checkpoint, save_checkpoint
 from asr.writing import WriteError, atomic_write, os_error_in
 
 
@@ -91,7 +91,7 @@ def test_an_injected_write_error_names_the_checkpoint_and_leaves_nothing_partial
     target = tmp_path / "last.pt"
     save_checkpoint(target, _payload(1.0))
     real_fdopen = os.fdopen
-    monkeypatch.setattr(asr.checkpointing.os, "fdopen", lambda fd, mode: FailingFile(real_fdopen(fd, mode), code, 5000))
+    monkeypatch.setattr(asr.checkpoints.io.os, "fdopen", lambda fd, mode: FailingFile(real_fdopen(fd, mode), code, 5000))
     with pytest.raises(WriteError) as caught:
         save_checkpoint(target, _payload(2.0))
     assert caught.value.errno == code and str(caught.value) == f"{target}: {os.strerror(code)}"
@@ -105,7 +105,7 @@ def test_permission_denied_on_the_folder_names_the_file(tmp_path, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(asr.checkpointing.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(asr.checkpoints.io.tempfile, "mkstemp", denied)
     with pytest.raises(WriteError, match=f"^{tmp_path / 'epoch3.pt'}: Permission denied$"):
         save_checkpoint(tmp_path / "epoch3.pt", _payload(1.0))
     with pytest.raises(WriteError, match=f"^{tmp_path / 'config.yaml'}: Permission denied$"):

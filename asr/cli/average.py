@@ -4,7 +4,7 @@
     python -m asr.average exp/librispeech100 --best 5 --out exp/librispeech100/avg_best5.pt
     python -m asr.average exp/librispeech100_conformer --last 10 --recompute-batchnorm 100
 
-What is averaged, and how, is in :mod:`asr.averaging`. An average's BatchNorm running statistics are the
+What is averaged, and how, is in :mod:`asr.checkpoints.averaging`. An average's BatchNorm running statistics are the
 average of its members', not the statistics of the averaged weights: ``--recompute-batchnorm N``
 re-estimates them from N batches of the recipe's training split without augmentation, with the averaged
 weights (:mod:`asr.inference.batchnorm`, as ``torch.optim.swa_utils.update_bn`` does after SWA), and writes
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="where --recompute-batchnorm runs the model (default cpu)")
     args = parser.parse_args(argv)
     # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
-    from asr.averaging import average_checkpoints, select_checkpoints
-    from asr.checkpointing import CheckpointError, save_checkpoint
+    from asr.checkpoints.averaging import average_checkpoints, select_checkpoints
+    from asr.checkpoints.io import CheckpointError, save_checkpoint
     from asr.writing import WriteError
 
     if args.exp_dir.is_file():

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
-    from asr.checkpointing import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
+    from asr.checkpoints.io import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
     from asr.writing import WriteError
 
     if not args.trust_this_file:

@@ -23,7 +23,7 @@ def what_file(path: object) -> str:
     "a text file", "a checkpoint", or "a file"."""
     from pathlib import Path
 
-    from asr.checkpointing import not_a_checkpoint  # here: it imports torch, which --help never needs
+    from asr.checkpoints.io import not_a_checkpoint  # here: it imports torch, which --help never needs
 
     return not_a_checkpoint(path) or ("a checkpoint" if Path(str(path)).suffix == ".pt" else "a file")
 

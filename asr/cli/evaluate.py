@@ -52,7 +52,7 @@ WER before adaptation and after every round (``wer_percent_per_round``).
 of its layers; the layers kept and the parameters before and after are
 printed and recorded under ``pruning``.
 
-Scores use the text normalisation of :mod:`asr.metrics` on both sides.
+Scores use the text normalisation of :mod:`asr.decoding.scoring` on both sides.
 Every utterance in the folder is scored (no duration limit, unlike training):
 one longer than the longest the model was trained on is decoded in pieces cut
 at pauses, and the log says so (``--segment-seconds``: another length, 0: whole).
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = decode_settings(args)
     from tqdm import tqdm
 
-    from asr.checkpointing import CheckpointError
+    from asr.checkpoints.io import CheckpointError
     from asr.console import ProgressBarHandler
     from asr.data.report import SkipReport
     from asr.inference import load_recogniser, transcribe_speakers
@@ -273,7 +273,7 @@ def _flat(settings: dict, prefix: str = "") -> dict:
 
 def read_utterances(args, checkpoint: Path, report: SkipReport) -> tuple[list[Utterance], str]:
     """The utterances to score (with a transcript) and a description of where they come from."""
-    from asr.checkpointing import CheckpointError, load_checkpoint
+    from asr.checkpoints.io import CheckpointError, load_checkpoint
     from asr.config import ConfigError
     from asr.data import report as reasons
     from asr.data.corpus import check_demo_prepared, load_split
@@ -309,7 +309,7 @@ def read_utterances(args, checkpoint: Path, report: SkipReport) -> tuple[list[Ut
 
 def write_results(out: Path, scored: list[tuple[Utterance, str]], result: CorpusResult, report: SkipReport, elapsed: float) -> dict:
     """``hyp.txt``, ``ref.txt`` and ``alignment.txt`` in id order; returns the summary's counts and timing."""
-    from asr.metrics import alignment_report, error_rates, error_rates_by_length, rates_in_percent
+    from asr.decoding.scoring import alignment_report, error_rates, error_rates_by_length, rates_in_percent
     from asr.writing import atomic_write
 
     scored = sorted(scored, key=lambda pair: pair[0].id)
@@ -338,7 +338,7 @@ def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: li
     """What VTLN chose and, with adaptation, the WER before it and after every round (the
     references score each round here; adaptation itself never reads them). ``decoded`` are the
     utterances in the order ``result`` is aligned with."""
-    from asr.metrics import error_rates
+    from asr.decoding.scoring import error_rates
 
     summary = {}
     if settings.vtln_warps:
@@ -363,7 +363,7 @@ def strategy_summary(result: CorpusResult, settings: DecodeSettings, decoded: li
 
 
 def print_summary(summary: dict, where: str, report: SkipReport, out: Path) -> None:
-    from asr.metrics import length_table
+    from asr.decoding.scoring import length_table
 
     print(
         f"WER {summary['wer_percent']:.2f}% (S={summary['substitutions']} D={summary['deletions']} "

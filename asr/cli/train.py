@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from asr.checkpointing import CheckpointError
+    from asr.checkpoints.io import CheckpointError
     from asr.data.corpus import check_demo_prepared
     from asr.data.demo import prepare_command
     from asr.data.report import DataError

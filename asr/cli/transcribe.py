@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 # The modules that import torch and soundfile are imported where they are used, so that --help (and a
 # usage error) answer at once.
 
-# What a missing file is taken for when its bytes cannot say (asr.checkpointing.not_a_checkpoint does for one that exists).
+# What a missing file is taken for when its bytes cannot say (asr.checkpoints.io.not_a_checkpoint does for one that exists).
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".sph", ".m4a", ".aiff", ".au")
 
 
@@ -80,7 +80,7 @@ def checkpoints_and_audio(given: list[str], positional: list[str], others: list[
 
 
 def _is_audio(path: str) -> bool:
-    from asr.checkpointing import not_a_checkpoint
+    from asr.checkpoints.io import not_a_checkpoint
 
     if Path(path).is_file():
         return "audio" in (not_a_checkpoint(path) or "")
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for problem in argument_problems(checkpoints, audio):
         fail(problem)
     settings = decode_settings(args)
-    from asr.checkpointing import CheckpointError
+    from asr.checkpoints.io import CheckpointError
     from asr.data.report import SkipReport
     from asr.inference import PlainDecoding, load_recogniser
     from asr.models import runtime
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 def argument_problems(checkpoints: list[str], audio: list[str]) -> list[str]:
     """What is wrong with the paths given, before anything is loaded: a checkpoint argument that is
     audio, a folder or text, or an audio argument that is a checkpoint (first problem first)."""
-    from asr.checkpointing import not_a_checkpoint
+    from asr.checkpoints.io import not_a_checkpoint
 
     problems = []
     for path in checkpoints:

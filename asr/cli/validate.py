@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             fail(f"{args.out} holds the results of another validation ({clash}); "
                  "give another --out FILE, or --overwrite to replace them")
 
-    from asr.checkpointing import CheckpointError
+    from asr.checkpoints.io import CheckpointError
     from asr.console import ProgressBarHandler
     from asr.data.batching import BucketBatchSampler
     from asr.data.report import DataError, SkipReport

@@ -15,7 +15,8 @@ search otherwise. Beam search adds up weighted scorers
 length bonus; a new source of scores is one more :class:`Scorer`.
 
 Call ``model.eval()`` first: the search runs without gradients but does not
-change the model's mode.
+change the model's mode. What was found is scored against references (WER, CER and the
+alignments behind them) by :mod:`asr.decoding.scoring`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asr.checkpointing import CheckpointError, load_checkpoint
+from asr.checkpoints.io import CheckpointError, load_checkpoint
 from asr.config import ConfigError
 from asr.data.batching import collate
 from asr.data.dataset import audio_skip, utterance_features

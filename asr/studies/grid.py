@@ -463,7 +463,7 @@ def _check_not_held(run: Run) -> None:
 def trainer_clock(exp_dir: Path) -> float | None:
     """The run's own clock in ``exp_dir/last.pt`` (seconds of training and validation over every attempt),
     or None where last.pt is missing or saved none."""
-    from asr.checkpointing import CheckpointError, load_checkpoint
+    from asr.checkpoints.io import CheckpointError, load_checkpoint
 
     try:
         progress = load_checkpoint(exp_dir / "last.pt").get("training", {}).get("progress", {})

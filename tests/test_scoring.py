@@ -1,8 +1,8 @@
-"""asr.metrics: error counts on examples worked out by hand, normalisation, edge cases."""
+"""asr.decoding.scoring: error counts on examples worked out by hand, normalisation, edge cases."""
 
 import pytest
 
-from asr.metrics import align_words, alignment_report, error_rates, format_alignment
+from asr.decoding.scoring import align_words, alignment_report, error_rates, format_alignment
 
 
 def test_one_substitution_in_four_words():
@@ -100,7 +100,7 @@ def test_report_counts_agree_with_error_rates():
 
 
 def test_length_bins_are_per_length_for_short_references_and_doubling_for_long_ones():
-    from asr.metrics import length_bins
+    from asr.decoding.scoring import length_bins
 
     assert length_bins([3, 1, 7]) == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)]
     assert length_bins([4, 12, 35, 300]) == [(1, 5), (11, 20), (21, 40), (81, 300)]
@@ -108,7 +108,7 @@ def test_length_bins_are_per_length_for_short_references_and_doubling_for_long_o
 
 
 def test_error_rates_by_length_partition_the_corpus():
-    from asr.metrics import error_rates, error_rates_by_length
+    from asr.decoding.scoring import error_rates, error_rates_by_length
 
     refs = ["ONE", "ONE TWO", "THREE FOUR", "FIVE SIX SEVEN"]
     hyps = ["ONE", "ONE", "THREE FOUR FOUR", "FIVE SEVEN"]
