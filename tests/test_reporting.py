@@ -1,5 +1,5 @@
 """asr/training/reporting.py: what a run writes to TensorBoard and train.log, read back from the event
-files; and asr/curves.py reading event files of the older layout onto the same axis."""
+files; and asr/studies/curves.py reading event files of the older layout onto the same axis."""
 
 import logging
 

@@ -35,7 +35,7 @@ checkpoint and its metric, the last validation, where its files are, and the com
 On a terminal, log lines are written above the progress bar, never into it (:mod:`asr.console`).
 
 Event files written before this layout (no ``epoch`` scalar) logged validation at x = epoch number,
-with ``valid/step`` beside it, and WER and CER as fractions; :mod:`asr.curves` reads both.
+with ``valid/step`` beside it, and WER and CER as fractions; :mod:`asr.studies.curves` reads both.
 """
 
 from __future__ import annotations
