@@ -2,8 +2,8 @@
 
 The corpus itself (spoken digit strings and voice-assistant commands by eSpeak NG,
 SVOX Pico and Piper voices) is made apart from training by
-``python -m asr.synth_demo RECIPE [key=value ...]`` (:mod:`asr.cli.synth_demo`,
-:func:`asr.synthesis.demo.prepare_corpus`, whose docstring says what it holds)::
+``python -m asr.synth_demo RECIPE [key=value ...]`` (:mod:`asr.cli.synth_demo`, which runs
+:func:`asr.synthesis.demo.prepare_corpus`; :mod:`asr.synthesis.demo` says what the corpus holds)::
 
     <cache_dir>/demo/<key>/LibriSpeech/{train,dev,test}/<speaker>/<chapter>/<speaker>-<chapter>-<n>.flac
                                                                   .../<speaker>-<chapter>.trans.txt
