@@ -19,12 +19,13 @@ import torch
 from torch import Tensor, nn
 
 from asr.config import ConfigError, apply_overrides, describe_config, read_yaml, to_dict
-from asr.experiment import experiment_config_from_dict, load_experiment_config
+from asr.experiment import as_recipe, experiment_config_from_dict, experiment_config_to_dict, load_experiment_config
 from asr.models import encoder_registry
 from asr.models.blocks import SubsampledEncoder
 from asr.models.encoder_registry import EncoderConfig, register_encoder
 from asr.models.encoders import encoder_kinds
 from asr.models.registry import build_model, model_config_from_dict
+from asr.training.resume import check_resume
 
 from helpers import PROJECT_ROOT
 
@@ -46,6 +47,9 @@ def test_an_old_runs_config_yaml_reads_as_its_recipe_does_today_and_writes_its_o
     else:
         assert left_out == {"conv_kernel", "conv_norm", "conv_norm_groups", "final_norm", "positions"}
     assert model_config_from_dict(new) == config  # and what a run writes now reads back the same
+    # so an old run resumes: its checkpoint's config, read as a recipe, is the recipe's
+    resolved = experiment_config_to_dict(load_experiment_config(PROJECT_ROOT / "recipes" / f"{recipe}.yaml"))
+    assert check_resume(as_recipe({**resolved, "model": written}), resolved, "last.pt") == []
 
 
 @pytest.mark.parametrize("recipe", sorted(name for name, entry in OLD.items() if "state_dict" in entry))
