@@ -16,6 +16,9 @@ Three energy functions behind one module, chosen by ``AttentionConfig.type``:
 A fourth type, ``"mocha"``, monotonic chunkwise attention (Chiu & Raffel 2018),
 is its own module, :class:`asr.models.mocha.MonotonicChunkwiseAttention`: it
 keeps a different state (where the previous step stopped) and has one head.
+Every type implements :class:`~asr.models.attention_interface.LASAttention`, the
+one interface the speller sees, and ``ATTENTION_TYPES`` (below) maps
+``model.attention.type`` to its class: a new type is one file and one line there.
 
 Masks follow the toolkit convention (True = valid frame). Energies of padded
 frames are set to ``-inf`` before the softmax, so their weights are exactly 0,
@@ -41,13 +44,17 @@ import torch
 from torch import nn
 
 from asr.models import attention_fused
+from asr.models.attention_interface import LASAttention
+from asr.models.interface import STATIC_STATE_KEY
+from asr.models.mocha import MonotonicChunkwiseAttention
 
 
 @dataclass
 class AttentionConfig:
     """The ``model.attention`` section of an LAS recipe."""
 
-    type: Literal["content", "dot", "location", "mocha"] = "location"  # location-aware copes best with long utterances
+    # content, dot, location or mocha (ATTENTION_TYPES); location-aware copes best with long utterances
+    type: str = "location"
     dim: int = 256            # size of the projected query/keys the energies are computed in
     heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
     conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
@@ -77,8 +84,8 @@ class AttentionConfig:
     backend: Literal["auto", "reference", "cpp"] = "auto"
 
     def __post_init__(self) -> None:
-        if self.type not in ("content", "dot", "location", "mocha"):
-            raise ValueError(f"type must be one of 'content', 'dot', 'location', 'mocha', got {self.type!r}")
+        if self.type not in ATTENTION_TYPES:
+            raise ValueError(f"type: {self.type!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
         if self.scaling <= 0:
@@ -87,12 +94,8 @@ class AttentionConfig:
             raise ValueError(f"prior_width must be positive, got {self.prior_width}")
         if self.sigmoid_noise < 0:
             raise ValueError(f"sigmoid_noise must be >= 0, got {self.sigmoid_noise}")
-        if self.type == "mocha" and self.heads != 1:
-            raise ValueError(f"heads must be 1 with type 'mocha', got {self.heads}")
         if self.backend not in attention_fused.BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(attention_fused.BACKENDS)}, got {self.backend!r}")
-        if self.type == "mocha" and self.window:
-            raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
         for name in ("dim", "heads", "conv_channels", "conv_kernel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -101,10 +104,12 @@ class AttentionConfig:
             raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
         if self.window and (len(self.window) != 2 or min(self.window) < 0):
             raise ValueError(f"window must be [] or [left, right] with both >= 0, got {self.window}")
+        ATTENTION_TYPES[self.type].check_config(self)  # what only that type refuses
 
 
-class Attention(nn.Module):
-    """Attention of a query (the speller state) over keys (the listener states).
+class Attention(LASAttention):
+    """Attention of a query (the speller state) over keys (the listener states): the types content,
+    dot and location.
 
     Args:
         config: energy type, projection size, heads, location filters.
@@ -116,15 +121,19 @@ class Attention(nn.Module):
     expensive part and does not depend on the step.
     """
 
+    ENERGIES = ("content", "dot", "location")
+    # Its state: the previous weights; the static part: the projected keys (B, heads, T, dim).
+    frame_dims = {"weights": 2, "projected_keys": 2}
+
     def __init__(self, config: AttentionConfig, query_dim: int, key_dim: int) -> None:
-        super().__init__()
-        if config.type == "mocha":
-            raise ValueError("type 'mocha' is asr.models.mocha.MonotonicChunkwiseAttention, not Attention")
+        super().__init__(key_dim)
+        if config.type not in self.ENERGIES:
+            raise ValueError(f"Attention computes the types {', '.join(self.ENERGIES)}, not {config.type!r} "
+                             f"({ATTENTION_TYPES[config.type].__name__} does)")
         self.config = config
         self.type = config.type
         self.heads = config.heads
         self.dim = config.dim
-        self.key_dim = key_dim
         inner = config.heads * config.dim
         self.query_proj = nn.Linear(query_dim, inner, bias=self.type != "dot")
         self.key_proj = nn.Linear(key_dim, inner, bias=self.type == "dot")
@@ -148,9 +157,38 @@ class Attention(nn.Module):
             self.register_module("output_proj", None)
 
     @property
-    def context_dim(self) -> int:
-        """Size of the context vector: always the key size H."""
-        return self.key_dim
+    def recordable(self) -> bool:
+        """Without a window (whose focus the recorded step does not carry), the speller's CUDA graphs may
+        record it: padded frames get weight 0 and the location filters see zeros past the end anyway."""
+        return not self.config.window
+
+    def static_state(self, keys: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"projected_keys": self.project_keys(keys)}
+
+    def teacher_forcing_state(self) -> dict:
+        # The fused step sums the keys' gradients over the loop here (attention_fused.Accumulator).
+        return {"accumulator": attention_fused.Accumulator()}
+
+    def initial_state(self, keys: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``weights`` (:meth:`initial_weights`), and with a window ``focus`` (N,), the frame it is centred
+        on: the first."""
+        state = {"weights": self.initial_weights(mask, keys.dtype)}
+        if self.config.window:
+            state["focus"] = torch.zeros(keys.size(0), dtype=torch.long, device=keys.device)
+        return state
+
+    def step(
+        self, query: torch.Tensor, state: dict, energy_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`forward` on the speller's state (:class:`~asr.models.attention_interface.LASAttention`);
+        with a window, its new ``focus``."""
+        static = state[STATIC_STATE_KEY]
+        attend = self.window_mask(static["mask"], state["focus"]) if self.config.window else None
+        context, weights = self(
+            query, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"],
+            attend=attend, energy_bias=energy_bias, accumulator=static.get("accumulator"),
+        )
+        return context, weights, ({"focus": self.focus(weights)} if self.config.window else {})
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """keys (B, T, H) -> (B, heads, T, dim), the step-independent part of the energies."""
@@ -269,3 +307,23 @@ class Attention(nn.Module):
         else:
             context = self.output_proj(context.reshape(batch, self.heads * self.key_dim))
         return context, weights
+
+
+# model.attention.type -> the class that computes it. A new type: one file with a LASAttention subclass
+# (asr/models/mocha.py is the example) and one line here.
+ATTENTION_TYPES: dict[str, type[LASAttention]] = {
+    "content": Attention,
+    "dot": Attention,
+    "location": Attention,
+    "mocha": MonotonicChunkwiseAttention,
+}
+
+
+def register_attention(name: str, attention_class: type[LASAttention]) -> None:
+    """Make ``model.attention.type: name`` build ``attention_class`` (a type written outside this package:
+    an experiment, a test); ValueError where the name is taken."""
+    if name in ATTENTION_TYPES:
+        raise ValueError(f"attention type {name!r} is registered already")
+    if not (isinstance(attention_class, type) and issubclass(attention_class, LASAttention)):
+        raise TypeError(f"an attention type must subclass LASAttention, got {attention_class!r}")
+    ATTENTION_TYPES[name] = attention_class

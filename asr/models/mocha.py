@@ -37,7 +37,9 @@ context, as in the paper) for this and every later step.
 
 The speller keeps the previous stop distribution in its state
 (``"monotonic"``, (N, T)); the returned weights are ``beta`` with a head axis,
-like :class:`~asr.models.attention.Attention`'s.
+like :class:`~asr.models.attention.Attention`'s. All of that is this file's: it implements
+:class:`~asr.models.attention_interface.LASAttention`, and ``type: mocha`` is one line of
+``ATTENTION_TYPES`` (:mod:`asr.models.attention`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.models.attention import AttentionConfig
+from asr.models.attention_interface import LASAttention
+from asr.models.interface import STATIC_STATE_KEY
 
 
 def expected_alignment(energies: torch.Tensor, mask: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
@@ -96,23 +99,25 @@ def chunkwise_weights(alignment: torch.Tensor, energies: torch.Tensor, mask: tor
     return (stops * torch.exp(energies.unsqueeze(-1) - norms)).sum(-1)
 
 
-class MonotonicChunkwiseAttention(nn.Module):
+class MonotonicChunkwiseAttention(LASAttention):
     """MoChA over keys (the listener states) for a query (the speller state).
 
     Args:
-        config: the ``model.attention`` section with ``type: mocha`` (``dim``,
-            ``chunk``, ``monotonic_bias``, ``sigmoid_noise``; one head, no window).
+        config: the ``model.attention`` section (:class:`~asr.models.attention.AttentionConfig`) with
+            ``type: mocha`` (``dim``, ``chunk``, ``monotonic_bias``, ``sigmoid_noise``; one head, no window).
         query_dim: Q, size of the query.
         key_dim: H, size of each key and of the returned context.
     """
 
-    def __init__(self, config: AttentionConfig, query_dim: int, key_dim: int) -> None:
-        super().__init__()
+    # Its state: the weights and the previous stop distribution; the static part: the projected keys.
+    frame_dims = {"weights": 2, "monotonic": 1, "projected_keys": 2}
+
+    def __init__(self, config, query_dim: int, key_dim: int) -> None:
+        super().__init__(key_dim)
         if config.type != "mocha":
             raise ValueError(f"MonotonicChunkwiseAttention needs type 'mocha', got {config.type!r}")
         self.config = config
         self.dim = config.dim
-        self.key_dim = key_dim
         self.chunk = config.chunk
         self.sigmoid_noise = config.sigmoid_noise
         # Both energies' W q + b and U k in one projection each: [monotonic; chunk].
@@ -124,9 +129,31 @@ class MonotonicChunkwiseAttention(nn.Module):
         self.monotonic_bias = nn.Parameter(torch.tensor(float(config.monotonic_bias)))
         self.chunk_v = nn.Parameter(torch.empty(config.dim).uniform_(-bound, bound))
 
-    @property
-    def context_dim(self) -> int:
-        return self.key_dim
+    @classmethod
+    def check_config(cls, config) -> None:
+        if config.heads != 1:
+            raise ValueError(f"heads must be 1 with type 'mocha', got {config.heads}")
+        if config.window:
+            raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
+
+    def static_state(self, keys: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"projected_keys": self.project_keys(keys)}
+
+    def initial_state(self, keys: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``weights`` (:meth:`initial_weights`) and ``monotonic`` (N, T), the stop distribution
+        (:meth:`initial_alignment`, float32)."""
+        return {"weights": self.initial_weights(mask, keys.dtype), "monotonic": self.initial_alignment(mask)}
+
+    def step(
+        self, query: torch.Tensor, state: dict, energy_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`forward` on the speller's state, and the new ``monotonic``. The attention prior
+        (``energy_bias``) is not applied: the scan, not a softmax over all frames, decides where to look."""
+        static = state[STATIC_STATE_KEY]
+        context, weights, monotonic = self(
+            query, static["keys"], static["mask"], state["monotonic"], projected_keys=static["projected_keys"]
+        )
+        return context, weights, {"monotonic": monotonic}
 
     def project_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """keys (B, T, H) -> (B, 2, T, dim): ``U k`` of the monotonic and of the chunk energy."""

@@ -43,11 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.models import attention_fused, speller_graphs
-from asr.models.attention import Attention, AttentionConfig
+from asr.models import speller_graphs
+from asr.models.attention import ATTENTION_TYPES, AttentionConfig
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.lnlstm import LNLSTMCell, LNLSTMOptions
-from asr.models.mocha import MonotonicChunkwiseAttention
 
 
 @dataclass
@@ -75,7 +74,9 @@ class Speller(nn.Module):
 
     Args:
         config: sizes, dropout, scheduled sampling.
-        attention: the attention's config.
+        attention: the attention's config; its ``type`` picks the class (``ATTENTION_TYPES``,
+            :mod:`asr.models.attention`), which the speller sees only through
+            :class:`~asr.models.attention_interface.LASAttention`.
         vocab_size: V (characters or word pieces: only the size matters).
         context_dim: H, size of a listener state (the keys and the context).
         lstm: the cells' :class:`~asr.models.lnlstm.LNLSTMOptions` (LN-LSTM or plain LSTM cells, variant,
@@ -86,14 +87,15 @@ class Speller(nn.Module):
 
     The decoding state is a dict of tensors whose first dimension is the
     hypothesis (so :func:`asr.models.interface.reorder_nested` reorders it):
-    ``h``, ``c``: lists of (N, hidden) per layer; ``context`` (N, H);
-    ``weights`` (N, heads, T) the previous attention (read by location-aware
-    attention); with a windowed attention, ``focus`` (N,) the frame the
-    window is centred on; with monotonic chunkwise attention (``type: mocha``),
-    ``monotonic`` (N, T) the previous step's stop distribution; and under ``"static"``
+    ``h``, ``c``: lists of (N, hidden) per layer; ``context`` (N, H); the
+    attention's entries (:meth:`LASAttention.initial_state`): ``weights`` (N, heads, T)
+    the previous attention (read by location-aware attention) and the type's own (with a
+    window, ``focus`` (N,) the frame the window is centred on; with MoChA,
+    ``monotonic`` (N, T) the previous step's stop distribution); and under ``"static"``
     (:data:`asr.models.interface.STATIC_STATE_KEY`) what depends only on the
-    utterance and is computed once: ``keys`` (N, T, H), ``mask`` (N, T) and
-    ``projected_keys`` (N, heads, T, dim). Beam search never reorders the
+    utterance and is computed once: ``keys`` (N, T, H), ``mask`` (N, T) and the
+    attention's (:meth:`LASAttention.static_state`: ``projected_keys`` (N, heads, T, dim)
+    for the types of :mod:`asr.models.attention` and MoChA). Beam search never reorders the
     static part among an utterance's hypotheses (they share it), which saves
     copying (N, T, ...) tensors at every step.
     """
@@ -123,10 +125,7 @@ class Speller(nn.Module):
                        lstm)
             for layer in range(config.num_layers)
         )
-        if attention.type == "mocha":
-            self.attention = MonotonicChunkwiseAttention(attention, config.hidden_size, context_dim)
-        else:
-            self.attention = Attention(attention, config.hidden_size, context_dim)
+        self.attention = ATTENTION_TYPES[attention.type](attention, config.hidden_size, context_dim)
         self.dropout = nn.Dropout(config.dropout)
         self.output = nn.Linear(config.hidden_size + context_dim, vocab_size)
 
@@ -134,18 +133,13 @@ class Speller(nn.Module):
         """State before the first step: keys (N, T, H) listener output, mask (N, T) True = valid."""
         num = keys.size(0)
         zeros = keys.new_zeros(num, self.config.hidden_size)
-        state = {
+        return {
             "h": [zeros] * self.config.num_layers,
             "c": [zeros] * self.config.num_layers,
             "context": keys.new_zeros(num, keys.size(2)),
-            "weights": self.attention.initial_weights(mask, keys.dtype),
-            STATIC_STATE_KEY: {"keys": keys, "mask": mask, "projected_keys": self.attention.project_keys(keys)},
+            **self.attention.initial_state(keys, mask),
+            STATIC_STATE_KEY: {"keys": keys, "mask": mask, **self.attention.static_state(keys, mask)},
         }
-        if self.attention.config.window:
-            state["focus"] = torch.zeros(num, dtype=torch.long, device=keys.device)  # the first frame
-        if isinstance(self.attention, MonotonicChunkwiseAttention):
-            state["monotonic"] = self.attention.initial_alignment(mask)
-        return state
 
     def step(self, tokens: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
         """One output step: tokens (N,) previous tokens -> log-probs (N, V) and the new state.
@@ -172,25 +166,10 @@ class Speller(nn.Module):
             new_h.append(h)
             new_c.append(c)
             x = self.dropout(h)
-        static = state[STATIC_STATE_KEY]
-        if "monotonic" in state:
-            context, weights, monotonic = self.attention(
-                x, static["keys"], static["mask"], state["monotonic"], projected_keys=static["projected_keys"]
-            )
-        else:
-            attend = self.attention.window_mask(static["mask"], state["focus"]) if "focus" in state else None
-            context, weights = self.attention(
-                x, static["keys"], static["mask"], state["weights"], projected_keys=static["projected_keys"], attend=attend,
-                energy_bias=energy_bias, accumulator=static.get("accumulator"),
-            )
+        context, weights, attended = self.attention.step(x, state, energy_bias)
         read = torch.zeros_like(context) if without_context else context
         log_probs = F.log_softmax(self.output(torch.cat([x, read], dim=-1)), dim=-1)
-        new_state = dict(state, h=new_h, c=new_c, context=context, weights=weights)
-        if "monotonic" in state:
-            new_state["monotonic"] = monotonic
-        if "focus" in state:
-            new_state["focus"] = self.attention.focus(weights)
-        return log_probs, new_state
+        return log_probs, dict(state, h=new_h, c=new_c, context=context, weights=weights, **attended)
 
     def forward(
         self, decoder_input: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor,
@@ -231,9 +210,9 @@ class Speller(nn.Module):
         """:meth:`forward`'s loop over output steps, run eagerly: :meth:`eager_step` per step (:meth:`step`
         when neither the prior nor the context-free diagnostic is asked for)."""
         state = self.init_state(keys, mask)
-        if torch.is_grad_enabled() and isinstance(self.attention, Attention):
-            # The fused attention step sums the keys' gradients over the loop here (attention_fused.Accumulator).
-            state[STATIC_STATE_KEY]["accumulator"] = attention_fused.Accumulator()
+        if torch.is_grad_enabled():
+            # e.g. the fused attention step's sum of the keys' gradients over the loop (attention_fused.Accumulator)
+            state[STATIC_STATE_KEY].update(self.attention.teacher_forcing_state())
         sample = self.training and self.sampling_probability > 0.0
         plain = target_lengths is None and not without_context
         log_probs, weights = [], []

@@ -19,8 +19,8 @@ pad tokens) are sliced away. The eager loop on padded inputs is the reference:
 :func:`padded_call` runs either.
 
 Used by :meth:`Speller.forward` when :func:`teacher_forcing_applies`: CUDA tensors, training mode with
-gradients, the content, dot or location-aware attention (not windowed, not
-MoChA), one process (not under ``torch.distributed``), not disabled with
+gradients, an attention that says it may be recorded (``LASAttention.recordable``: the content, dot and
+location-aware ones without a window; not MoChA), one process (not under ``torch.distributed``), not disabled with
 ``model.speller_cuda_graphs: false``. Everything the graphs bake in is part of their
 key: the padded shape, dtypes, the autocast state, the scheduled-sampling
 probability and the parameters' storage (a model moved or rebuilt records anew).
@@ -48,7 +48,6 @@ from torch.autograd.function import once_differentiable
 
 from asr.models import cuda_graphs as graphs
 from asr.models import overrides
-from asr.models.attention import Attention
 from asr.models.cuda_graphs import padded_batch, padded_time
 from asr.models.interface import STATIC_STATE_KEY
 
@@ -102,8 +101,8 @@ def teacher_forcing_applies(speller, keys: torch.Tensor) -> bool:
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
-    # Attention is the content, dot and location-aware kind (MoChA is another module).
-    return isinstance(speller.attention, Attention) and not speller.attention.config.window
+    # The content, dot and location-aware attentions without a window (not MoChA): LASAttention.recordable.
+    return speller.attention.recordable
 
 
 class _Recordings:
@@ -266,13 +265,34 @@ def teacher_forced(speller, decoder_input: torch.Tensor, keys: torch.Tensor, mas
 
 def decoding_applies(speller, state: dict) -> bool:
     """Whether :meth:`Speller.step` should replay a recorded step: inference (eval mode, no
-    gradients) on CUDA, the content, dot or location-aware attention without a window."""
+    gradients) on CUDA, an attention that may be recorded (the content, dot or location-aware one
+    without a window: ``LASAttention.recordable``)."""
     if speller.training or torch.is_grad_enabled() or not _enabled(speller):
         return False
     keys = state[STATIC_STATE_KEY]["keys"]
     if not keys.is_cuda or torch.cuda.is_current_stream_capturing():
         return False
-    return isinstance(speller.attention, Attention) and "focus" not in state and "monotonic" not in state
+    return speller.attention.recordable
+
+
+_SPELLER_ENTRIES = ("h", "c", "context", STATIC_STATE_KEY)  # every other entry of the state is the attention's
+_LISTENER_ENTRIES = ("keys", "mask")  # every other entry of the static part is the attention's
+
+
+def _padded_zeros(x: torch.Tensor, rows: int, frames: int, frame_dim: int | None) -> torch.Tensor:
+    """Zeros shaped like ``x`` with ``rows`` rows and, along ``frame_dim`` (None: none), ``frames`` frames."""
+    sizes = list(x.shape)
+    sizes[0] = rows
+    if frame_dim is not None:
+        sizes[frame_dim] = frames
+    return x.new_zeros(sizes)
+
+
+def _region(rows: int, frames: int, frame_dim: int | None) -> tuple[slice, ...]:
+    """The index of a call's first ``rows`` rows and ``frames`` frames (along ``frame_dim``) in a buffer."""
+    if frame_dim is None:
+        return (slice(0, rows),)
+    return (slice(0, rows), *[slice(None)] * (frame_dim - 1), slice(0, frames))
 
 
 class _StepRecording:
@@ -281,16 +301,23 @@ class _StepRecording:
     Its buffers hold the step's inputs: rows past a call's N and frames past its T are
     masked out (a valid first frame in each padded row, so the softmax is defined) and
     computed but never returned; rows do not interact, so stale values there change
-    nothing. The listener part (keys, mask, projected keys) is copied in only when it
-    changes, i.e. when utterances leave the batch.
+    nothing. The listener part (keys, mask, the attention's static entries such as the
+    projected keys) is copied in only when it changes, i.e. when utterances leave the batch.
+    The attention's entries are padded along their frames (``LASAttention.frame_dims``).
     """
 
     def __init__(self, speller, state: dict, rows: int, frames: int, pool) -> None:
         self.speller = speller
         static = state[STATIC_STATE_KEY]
+        self.frame_dims = speller.attention.frame_dims
+        self.attended = [name for name in state if name not in _SPELLER_ENTRIES]  # "weights" among them
+        self.static_attended = [name for name in static if name not in _LISTENER_ENTRIES]
         with torch.inference_mode(False):  # buffers any later call can write, in inference mode or not
             def buffer(x, *sizes):
                 return x.new_zeros(*sizes)
+
+            def padded(entries: dict, name: str) -> torch.Tensor:
+                return _padded_zeros(entries[name], rows, frames, self.frame_dims.get(name))
 
             self.tokens = torch.full((rows,), speller.embedding.padding_idx or 0, dtype=torch.long,
                                      device=static["keys"].device)
@@ -298,12 +325,11 @@ class _StepRecording:
                 "h": [buffer(h, rows, h.size(1)) for h in state["h"]],
                 "c": [buffer(c, rows, c.size(1)) for c in state["c"]],
                 "context": buffer(state["context"], rows, state["context"].size(1)),
-                "weights": buffer(state["weights"], rows, state["weights"].size(1), frames),
+                **{name: padded(state, name) for name in self.attended},
                 STATIC_STATE_KEY: {
                     "keys": buffer(static["keys"], rows, frames, static["keys"].size(2)),
                     "mask": buffer(static["mask"], rows, frames),
-                    "projected_keys": buffer(static["projected_keys"], rows, static["projected_keys"].size(1),
-                                             frames, static["projected_keys"].size(3)),
+                    **{name: padded(static, name) for name in self.static_attended},
                 },
             }
         self.static_source = None
@@ -322,14 +348,16 @@ class _StepRecording:
             for target, value in zip(self.state[name], state[name]):
                 target[:rows].copy_(value)
         self.state["context"][:rows].copy_(state["context"])
-        self.state["weights"][:rows, :, :frames].copy_(state["weights"])
+        for name in self.attended:
+            self.state[name][_region(rows, frames, self.frame_dims.get(name))].copy_(state[name])
         static = state[STATIC_STATE_KEY]
         if static is not self.static_source:
             target = self.state[STATIC_STATE_KEY]
             target["keys"].zero_()
             target["keys"][:rows, :frames].copy_(static["keys"])
-            target["projected_keys"].zero_()
-            target["projected_keys"][:rows, :, :frames].copy_(static["projected_keys"])
+            for name in self.static_attended:
+                target[name].zero_()
+                target[name][_region(rows, frames, self.frame_dims.get(name))].copy_(static[name])
             target["mask"].fill_(False)
             target["mask"][:rows, :frames].copy_(static["mask"])
             target["mask"][rows:, 0] = True
@@ -349,7 +377,7 @@ class _StepRecording:
             h=[h[:rows].clone() for h in new["h"]],
             c=[c[:rows].clone() for c in new["c"]],
             context=new["context"][:rows].clone(),
-            weights=new["weights"][:rows, :, :frames].clone(),
+            **{name: new[name][_region(rows, frames, self.frame_dims.get(name))].clone() for name in self.attended},
         )
 
 
