@@ -12,7 +12,7 @@ from helpers import make_transformer as make_model
 from helpers import teacher_forced
 from helpers import transformer_batch as random_batch
 
-from asr.checkpointing import save_checkpoint
+from asr.checkpoints.io import save_checkpoint
 from asr.cli import evaluate, transcribe
 from asr.cli.train import main as train_main
 from asr.config import ConfigError

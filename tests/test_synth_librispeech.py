@@ -192,7 +192,7 @@ def test_the_tiny_corpus_is_read_back_by_the_librispeech_reader(tiny, tmp_path):
                                   "model.encoder.ff_dim=64", "model.decoder.ff_dim=64"]),
 ])
 def test_the_rehearsal_recipes_train_a_few_steps_on_the_rehearsal_corpus(tiny, tmp_path, recipe, small):
-    from asr.checkpointing import load_checkpoint
+    from asr.checkpoints.io import load_checkpoint
     from asr.cli.train import main as train
 
     exp = tmp_path / "exp"

@@ -19,8 +19,8 @@ import yaml
 from helpers import LAS_RECIPE as RECIPE
 from helpers import PROJECT_ROOT, TINY, fail_writes_to, subprocess_env, tiny_run, tiny_valid
 
-from asr.averaging import average_checkpoints
-from asr.checkpointing import load_checkpoint
+from asr.checkpoints.averaging import average_checkpoints
+from asr.checkpoints.io import load_checkpoint
 from asr.cli.train import main
 from asr.studies.curves import read_scalars, run_curves
 from asr.experiment import load_experiment_config

@@ -24,7 +24,7 @@ from asr.models.transformer import (
     sinusoidal_positions,
 )
 from asr.models.transformer_encoder import EncoderLayer
-from asr.schedulers import SchedulerConfig, build_scheduler
+from asr.training.schedules import SchedulerConfig, build_scheduler
 
 from helpers import EOS, INPUT_DIM, PAD, SOS, VOCAB, teacher_forced
 from helpers import make_transformer as make_model

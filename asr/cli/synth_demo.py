@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value, as given to asr.train")
     args = parser.parse_args(argv)
     # imported once the arguments are parsed: --help needs none of it (torch, the synthesisers)
-    from asr.checkpointing import CheckpointError
+    from asr.checkpoints.io import CheckpointError
     from asr.data.demo import corpus_folder
     from asr.data.librispeech import default_cache_dir
     from asr.synthesis import espeak, pico, piper
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_config(source: str, overrides: list[str]) -> ExperimentConfig:
     """The experiment config of a recipe, or the one a checkpoint holds, with ``overrides`` applied."""
-    from asr.checkpointing import load_checkpoint
+    from asr.checkpoints.io import load_checkpoint
     from asr.experiment import experiment_config_from_dict, load_experiment_config
 
     if Path(source).suffix != ".pt":

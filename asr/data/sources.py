@@ -93,7 +93,7 @@ def read_source(
 def not_a_corpus(path: str | Path) -> str:
     """Why the file at ``path``, which is neither a lhotse manifest nor a folder, cannot be data: it says what
     the file is (audio, text, ...), what data paths are, and for audio, the command that transcribes it."""
-    from asr.checkpointing import not_a_checkpoint
+    from asr.checkpoints.io import not_a_checkpoint
 
     what = not_a_checkpoint(path) or ("a checkpoint" if Path(path).suffix == ".pt" else "a file")
     message = (f"{path} is {what}, not a corpus: data is a LibriSpeech-layout folder, a Kaldi data directory "

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
-from asr.checkpointing import save_epoch_checkpoints
+from asr.checkpoints.io import save_epoch_checkpoints
 from asr.training.metrics import higher_is_better, is_better, ranking_key
 from asr.training.state import Progress
 

@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from asr.metrics import error_rates
+from asr.decoding.scoring import error_rates
 
 END_SHARE = 0.05  # "at the end": the most attended frame within the last 5% of the utterance's frames
 

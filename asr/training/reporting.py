@@ -50,7 +50,7 @@ from pathlib import Path
 
 import yaml
 
-from asr.averaging import epoch_of
+from asr.checkpoints.averaging import epoch_of
 from asr.config import flatten
 from asr.console import ProgressBarHandler
 from asr.models import runtime

@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from asr.averaging import epoch_of
-from asr.checkpointing import CheckpointError, load_checkpoint
+from asr.checkpoints.averaging import epoch_of
+from asr.checkpoints.io import CheckpointError, load_checkpoint
 from asr.config import ConfigError, flatten
 from asr.training.errors import TrainingError
 from asr.training.state import Progress, restore_progress, set_rng_state
@@ -216,7 +216,7 @@ def stale_checkpoint_writes(exp_dir: Path) -> list[Path]:
 
 def remove_stale_checkpoint_writes(exp_dir: Path) -> None:
     """Remove the temporary files of checkpoint writes that a killed run left (a write is a temporary file
-    renamed over its target, asr.checkpointing), each logged. Only this run's own checkpoint names: an
+    renamed over its target, asr.checkpoints.io), each logged. Only this run's own checkpoint names: an
     asr.average writing into the folder at the same time keeps its file."""
     for path in sorted(stale_checkpoint_writes(exp_dir)):
         try:

@@ -3,7 +3,7 @@
 Cluster schedulers send ``SIGTERM`` (SLURM; ``SIGUSR1`` with ``--signal``) some time before
 they preempt or end a job, and Ctrl-C sends ``SIGINT``. The first of these signals only
 sets a flag: the trainer finishes the step in progress, writes ``last.pt`` (atomically,
-through :func:`asr.checkpointing.save_checkpoint`), logs where it stopped and raises
+through :func:`asr.checkpoints.io.save_checkpoint`), logs where it stopped and raises
 :class:`TrainingStopped`; ``asr.train`` then exits with :data:`EXIT_STOPPED` (75,
 ``EX_TEMPFAIL``: "try again"), and ``--resume`` continues to the same final weights
 as a run that was never stopped. Under ``torchrun`` the flag is all-reduced at every

@@ -51,7 +51,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from asr.checkpointing import save_checkpoint
+from asr.checkpoints.io import save_checkpoint
 from asr.decoding import DecodingOptions
 from asr.training.config import TrainConfig
 from asr.training.data import TrainingData
@@ -309,7 +309,7 @@ class Trainer:
         }
 
     def _training_state(self) -> dict:
-        """What resuming needs (asr.checkpointing.RESUME_KEYS)."""
+        """What resuming needs (asr.checkpoints.io.RESUME_KEYS)."""
         return {
             "progress": vars(self.progress).copy(),
             "optimizer": self.optimizer.state_dict(),
