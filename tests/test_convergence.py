@@ -1,4 +1,4 @@
-"""asr/convergence.py and the study's convergence tables, mean-curve bands and tiled pictures,
+"""asr/studies/convergence.py and the study's convergence tables, mean-curve bands and tiled pictures,
 on hand-made curves and a fake set of study results."""
 
 from __future__ import annotations
