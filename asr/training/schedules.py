@@ -62,6 +62,7 @@ from asr.training.shapes import (
     ScheduleConfig,
     Shape,
     build_shape,
+    check_plateau_options,
     run_spent,
     shape_config_class,
 )
@@ -131,14 +132,7 @@ class SchedulerConfig:
         if self.cooldown > 0 and self.kind not in COOLDOWN_KINDS:
             raise ValueError(f"cooldown is for the kinds with a flat phase {COOLDOWN_KINDS}, not {self.kind!r} "
                              "(cosine decays by itself)")
-        if self.plateau_patience < 1:
-            raise ValueError(f"plateau_patience must be >= 1, got {self.plateau_patience}")
-        if self.plateau_threshold < 0:
-            raise ValueError(f"plateau_threshold must be >= 0, got {self.plateau_threshold}")
-        if not 0.0 < self.decay_factor < 1.0:
-            raise ValueError(f"decay_factor must be in (0, 1), got {self.decay_factor}")
-        if not 0.0 < self.min_factor <= 1.0:
-            raise ValueError(f"min_factor must be in (0, 1], got {self.min_factor}")
+        check_plateau_options(self)
 
 
 def warmup_updates(config: SchedulerConfig) -> int:

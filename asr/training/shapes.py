@@ -130,6 +130,18 @@ def register_shape(name: str, config_class: type[ScheduleConfig], shape_class: t
     _SHAPES[name] = ShapeEntry(config_class, shape_class)
 
 
+def check_plateau_options(options) -> None:
+    """Refuse plateau settings out of range (``train.scheduler``'s and a ``plateau`` shape's alike)."""
+    if options.plateau_patience < 1:
+        raise ValueError(f"plateau_patience must be >= 1, got {options.plateau_patience}")
+    if options.plateau_threshold < 0:
+        raise ValueError(f"plateau_threshold must be >= 0, got {options.plateau_threshold}")
+    if not 0.0 < options.decay_factor < 1.0:
+        raise ValueError(f"decay_factor must be in (0, 1), got {options.decay_factor}")
+    if not 0.0 < options.min_factor <= 1.0:
+        raise ValueError(f"min_factor must be in (0, 1], got {options.min_factor}")
+
+
 def shape_names() -> list[str]:
     return sorted(_SHAPES)
 
@@ -388,14 +400,7 @@ class PlateauConfig(ScheduleConfig):
 
     def __post_init__(self) -> None:
         _check_options(self)
-        if self.plateau_patience < 1:
-            raise ValueError(f"plateau_patience must be >= 1, got {self.plateau_patience}")
-        if self.plateau_threshold < 0:
-            raise ValueError(f"plateau_threshold must be >= 0, got {self.plateau_threshold}")
-        if not 0.0 < self.decay_factor < 1.0:
-            raise ValueError(f"decay_factor must be in (0, 1), got {self.decay_factor}")
-        if not 0.0 < self.min_factor <= 1.0:
-            raise ValueError(f"min_factor must be in (0, 1], got {self.min_factor}")
+        check_plateau_options(self)
 
     def extremes(self) -> tuple[float, float]:
         return _extremes(self, 0.0)
