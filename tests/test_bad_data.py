@@ -266,13 +266,17 @@ def test_no_entry_point_runs_code_from_a_checkpoint(run_on_bad_data, tiny_demo_c
     args = [str(RECIPE), *TINY, f"exp_dir={resumed}", f"data.dev=[{tiny_valid(tmp_path)}]", "--resume"]
     assert "last.pt" in refused(lambda: train_main(args))
     assert not marker.exists()
+    from asr.cli import checkpoint as checkpoint_cli
+
+    assert "evil.pt" in refused(lambda: checkpoint_cli.main(["convert", str(evil), str(tmp_path / "converted.pt")]))
+    assert not marker.exists() and not (tmp_path / "converted.pt").exists()
     with pytest.raises(CheckpointError, match="refused to load"):
         load_checkpoint(evil)
     assert not marker.exists()
 
 
 @pytest.mark.slow
-def test_an_old_last_pt_is_refused_until_converted_by_a_user_who_trusts_it(run_on_bad_data, tmp_path, capsys):
+def test_an_old_last_pt_is_refused_until_converted_and_converting_runs_no_code(run_on_bad_data, tmp_path, capsys):
     _, exp, _ = run_on_bad_data
     state = load_checkpoint(exp / "last.pt")
     # Format 1 kept numpy's RNG state as numpy's own tuple, and Python's as a tuple.
@@ -285,16 +289,18 @@ def test_an_old_last_pt_is_refused_until_converted_by_a_user_who_trusts_it(run_o
     state["format_version"] = 1
     old = tmp_path / "last.pt"
     torch.save(state, old)
-    with pytest.raises(CheckpointError, match=r"python -m asr\.checkpoint convert --trust-this-file"):
+    with pytest.raises(CheckpointError, match=r"python -m asr\.checkpoint convert "):
         load_checkpoint(old)
 
     command = [sys.executable, "-m", "asr.checkpoint", "convert", str(old), str(tmp_path / "new.pt")]
     env = subprocess_env()
-    refused = subprocess.run(command, capture_output=True, text=True, env=env)
-    assert refused.returncode == 2 and "--trust-this-file" in refused.stderr
-    assert not (tmp_path / "new.pt").exists()
-    done = subprocess.run(command + ["--trust-this-file"], capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
+    # An existing target that is not the source is replaced only with --overwrite.
+    before = (tmp_path / "new.pt").read_bytes()
+    again = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--overwrite" in again.stderr, again.stderr
+    assert (tmp_path / "new.pt").read_bytes() == before
     converted = load_checkpoint(tmp_path / "new.pt")
     assert converted["format_version"] == 2
     # The RNG state survives the conversion: restoring it gives the same draws as the original.

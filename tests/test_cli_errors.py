@@ -18,7 +18,7 @@ COMMANDS = {
     "study": ["PATH", "--grid", "train.seed=0,1"],
     "average": ["PATH", "--last", "2"],
     "check": ["PATH"],
-    "checkpoint": ["convert", "--trust-this-file", "PATH", "OUT"],
+    "checkpoint": ["convert", "PATH", "OUT"],
     "synth_demo": ["PATH"],
 }
 

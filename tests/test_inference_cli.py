@@ -728,7 +728,7 @@ def test_ensemble_members_must_agree_on_dither_when_it_applies_at_inference(untr
 
 def test_transcribe_checks_what_it_was_given_before_loading_anything(tmp_path, librivox_mini, capsys):
     """Issue 50: swapped arguments, a run folder or a log given as the checkpoint are named for what they
-    are, and the unsafe converter (--trust-this-file) is never suggested for them."""
+    are, and the converter (asr.checkpoint convert) is never suggested for them."""
     flac = str(next(librivox_mini.rglob("*.flac")))
     run = tmp_path / "run"
     run.mkdir()
@@ -745,7 +745,7 @@ def test_transcribe_checks_what_it_was_given_before_loading_anything(tmp_path, l
             transcribe.main(argv)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err, err
-        assert "--trust-this-file" not in err and "Traceback" not in err
+        assert "asr.checkpoint convert" not in err and "Traceback" not in err
 
 
 def test_a_progress_bar_moves_per_batch_and_the_transcripts_do_not_change():

@@ -25,10 +25,11 @@ same rule: :func:`save_checkpoint` refuses a payload holding anything else,
 so every file this toolkit writes can be read back that way.
 
 Format 1 (before 2026-11-22) stored numpy's RNG state inside ``last.pt``,
-which the safe reader refuses. Such a file is loaded only by the converter,
-and only when its user says they trust it::
+which the safe reader refuses. The converter reads such a file with the same
+weights-only unpickler, allowed in addition only numpy's array and dtype
+rebuilders (which build arrays and call nothing else), and rewrites it::
 
-    python -m asr.checkpoint convert --trust-this-file old/last.pt new/last.pt
+    python -m asr.checkpoint convert old/last.pt new/last.pt
 
 Epoch, best and averaged checkpoints of format 1 held no numpy objects and
 load as they are.
@@ -152,8 +153,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"refused to load {path}: it holds objects other than tensors and plain data, and loading "
             f"those could run code ({first_line}). A last.pt written by lnasr before checkpoint format "
-            f"{FORMAT_VERSION} holds numpy RNG state; if you trust the file, convert it with "
-            f"'python -m asr.checkpoint convert --trust-this-file {path} NEW.pt'"
+            f"{FORMAT_VERSION} holds numpy RNG state, which "
+            f"'python -m asr.checkpoint convert {path} NEW.pt' rewrites without running code"
         ) from None
     except Exception as err:  # torch raises many types for a corrupt or truncated file
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
@@ -187,24 +188,27 @@ def save_epoch_checkpoints(
             path.unlink()
 
 
-def convert_checkpoint(source: str | Path, target: str | Path, trust_source: bool) -> None:
+def convert_checkpoint(source: str | Path, target: str | Path) -> None:
     """Rewrite a checkpoint of an older format so that :func:`load_checkpoint` reads it.
 
-    This is the one place that unpickles a file in full, and so can run code in
-    it: ``trust_source`` must be True, as the caller's statement that the file
-    comes from a source they trust. Numpy RNG state (format 1) becomes tensors;
-    anything else that is not plain data is refused.
+    The file is read with the weights-only unpickler, allowed in addition only
+    numpy's array and dtype rebuilders, so converting runs no code in the file
+    either: anything else is refused as :func:`load_checkpoint` refuses it.
+    Numpy RNG state (format 1) becomes tensors.
     """
-    if not trust_source:
-        raise CheckpointError(
-            f"{source}: converting a checkpoint unpickles it in full, which can run code in it; "
-            "pass trust_source=True (--trust-this-file) only for a file you trust"
-        )
     source = Path(source)
     if not source.is_file():
         raise CheckpointError(f"checkpoint not found: {source}")
     try:
-        payload = torch.load(source, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_numpy_rebuilders()):
+            payload = torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        lines = [line.strip() for line in str(err).splitlines() if "GLOBAL" in line or line.startswith("Unsupported")]
+        detail = lines[-1] if lines else type(err).__name__
+        raise CheckpointError(
+            f"refused to convert {source}: it holds objects other than tensors, plain data and numpy arrays, "
+            f"and loading those could run code ({detail})"
+        ) from None
     except Exception as err:
         raise CheckpointError(f"cannot read checkpoint {source}: {err}") from err
     if not isinstance(payload, dict) or "model" not in payload or "config" not in payload:
@@ -214,6 +218,27 @@ def convert_checkpoint(source: str | Path, target: str | Path, trust_source: boo
         payload["training"]["rng"] = _plain_rng(rng)
     payload.pop("format_version", None)
     save_checkpoint(target, payload)
+
+
+def _numpy_rebuilders() -> list:
+    """The globals a pickled numpy array and its dtype name: they build arrays and run nothing else.
+
+    A file pickled under numpy 1 names the rebuilder ``numpy.core.multiarray._reconstruct``,
+    one pickled under numpy 2 ``numpy._core.multiarray._reconstruct``; both are allowed."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy 1
+        from numpy.core.multiarray import _reconstruct
+    dtype_classes = [type(np.dtype(name)) for name in ("uint32", "int64", "float64")]
+    return [
+        np.ndarray,
+        np.dtype,
+        *dtype_classes,
+        (_reconstruct, "numpy.core.multiarray._reconstruct"),
+        (_reconstruct, "numpy._core.multiarray._reconstruct"),
+    ]
 
 
 def _plain_rng(rng: dict) -> dict:

@@ -1,6 +1,8 @@
-"""Checkpoint tools: ``convert`` rewrites a checkpoint of an older lnasr version in today's safe format.
+"""Checkpoint tools: ``convert`` rewrites a checkpoint of an older lnasr version in today's format.
 
-    python -m asr.checkpoint convert --trust-this-file old/last.pt new/last.pt
+    python -m asr.checkpoint convert old/last.pt new/last.pt
+
+Converting runs no code in the file: it is read as checkpoints are, allowed numpy arrays besides.
 """
 
 from __future__ import annotations
@@ -21,26 +23,24 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     convert = commands.add_parser("convert", help="rewrite an older checkpoint in today's safe format")
     convert.add_argument("source", type=Path, help="the older checkpoint")
-    convert.add_argument("target", type=Path, help="where to write the converted one (may be the same path)")
     convert.add_argument(
-        "--trust-this-file",
-        action="store_true",
-        help="required: reading the old format can run code inside the file, so convert only files you trust",
+        "target", type=Path,
+        help="where to write the converted one: the source itself converts in place; another existing file "
+        "needs --overwrite",
     )
+    convert.add_argument("--overwrite", action="store_true", help="replace an existing target file")
     args = parser.parse_args(argv)
     # imported once the arguments are parsed: --help needs none of it (torch and the data readers)
     from asr.checkpoints.io import FORMAT_VERSION, CheckpointError, convert_checkpoint, load_checkpoint
     from asr.writing import WriteError
 
-    if not args.trust_this_file:
-        parser.error(
-            f"converting {args.source} unpickles it in full, which runs any code inside it; "
-            "pass --trust-this-file if (and only if) you trust where the file comes from"
-        )
     if args.source.is_file() and what_file(args.source) not in ("a checkpoint", "a file"):
         fail(f"{args.source} is not a checkpoint: it is {what_file(args.source)}")
+    in_place = args.target.exists() and args.source.exists() and args.target.resolve() == args.source.resolve()
+    if args.target.exists() and not in_place and not args.overwrite:
+        fail(f"{args.target} exists; give another target, or --overwrite to replace it")
     try:
-        convert_checkpoint(args.source, args.target, trust_source=True)
+        convert_checkpoint(args.source, args.target)
         load_checkpoint(args.target)  # the result must pass the safe reader
     except (CheckpointError, WriteError) as err:
         fail(err)
