@@ -63,6 +63,45 @@ def test_one_unicode_form_before_tokenising_in_training_and_scoring_alike():
     assert rates["wer"] == rates["cer"] == 0.0 and rates["ref_chars"] == 7
 
 
+
+def test_devanagari_vowel_signs_and_viramas_stay_on_their_words_through_tokenizers_and_scoring(tmp_path):
+    """issue 81: combining marks outside the Latin accent ranges (a Devanagari vowel sign, a virama) were
+    turned into word breaks and lost: "नमस्ते दुनिया" became the six words "नमस त द न य"."""
+    import unicodedata
+
+    from asr.decoding.scoring import error_rates
+
+    hello = "\u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e"  # नमस्ते दुनिया
+    assert normalize_text(hello) == hello == unicodedata.normalize("NFKC", hello)
+    assert normalize_text(f"  {hello}!  ") == hello
+    for word in ("\u0939\u093f\u0928\u094d\u0926\u0940",   # हिन्दी: a vowel sign before its consonant's
+                 "\u0ba4\u0bae\u0bbf\u0bb4\u0bcd",          # Tamil, with a pulli
+                 "\u05e2\u05b4\u05d1\u05b0\u05e8\u05b4\u05d9\u05ea",  # pointed Hebrew
+                 "\u0915\u094d\u200d\u0937",                 # क्‍ष: a half form made with the zero-width joiner
+                 "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"):  # Persian, with the non-joiner
+        assert normalize_text(word) == word
+    # two spellings of one letter are one text: क़ precomposed (U+0958, which NFC and NFKC never
+    # compose) and क + nukta
+    assert normalize_text("\u0958") == normalize_text("\u0915\u093c") == "\u0915\u093c"
+
+    # code-point units, in order, none lost: the round trip gives the normalised text back
+    char = CharTokenizer.train([hello])
+    assert char.decode(char.encode(hello)) == hello
+    assert [char.symbols[i - len(SPECIAL_TOKENS)] for i in char.encode(hello)] == list(hello)
+    assert "\u094d" in char.symbols and "\u0947" in char.symbols  # the virama and the vowel sign E
+    bpe = BPETokenizer.train([hello, "\u0926\u0941\u0928\u093f\u092f\u093e \u0928\u092e\u0938\u094d\u0924\u0947"] * 20,
+                             vocab_size=30)
+    assert bpe.decode(bpe.encode(hello)) == hello
+
+    # scoring: identical text scores 0, two words; a changed vowel sign (ते -> तो) is one word, one code point
+    same = error_rates([hello], [hello])
+    assert same["wer"] == same["cer"] == 0.0 and same["ref_words"] == 2 and same["ref_chars"] == len(hello) == 13
+    changed = error_rates([hello], [hello.replace("\u0947", "\u094b")])
+    assert (changed["substitutions"], changed["ref_words"], changed["char_errors"]) == (1, 2, 1)
+    # a dropped virama (स्ते -> सते) is one deletion of a code point, not a word split
+    dropped = error_rates([hello], [hello.replace("\u094d", "", 1)])
+    assert (dropped["substitutions"], dropped["insertions"], dropped["char_errors"]) == (1, 0, 1)
+
 def test_special_ids_are_shared(transcripts, bpe):
     char = CharTokenizer.train(transcripts)
     for tok in (char, bpe):

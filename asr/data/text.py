@@ -15,6 +15,16 @@ the plain characters, which is what a transcript means by them; the
 distinctions it drops (width, ligatures, superscripts) are typography, not
 speech. NFC alone would keep fullwidth and ligature forms apart.
 
+**Every combining mark stays on its word.** NFKC composes what it can, but in many scripts the marks
+have no composed form: a Devanagari vowel sign or virama (``नमस्ते`` is न म स ् त े), Hebrew points,
+Tamil and Thai signs. Python's ``\\w`` does not match marks, so they are kept by their Unicode category
+(``M*``), as are the zero-width joiner and non-joiner, which shape Indic and Persian words and never
+end one (Unicode's word boundaries, UAX #29, do not break at them). Without that a word was cut into
+pieces at each mark and the marks were lost (``नमस्ते`` became ``नमस त``). The character tokenizer
+then has one symbol per code point, so a consonant and its vowel sign are two symbols, in their order,
+and CER counts code points (a changed vowel sign costs one), as ESPnet's and icefall's character
+units do.
+
 Transcript files are read as bytes and decoded line by line (:func:`text_lines`), so that one line that
 is not UTF-8 costs that line alone; a byte-order mark at the start of a file is dropped (an editor's, not
 part of the first utterance's id).
@@ -26,11 +36,12 @@ import codecs
 import re
 import unicodedata
 
-# Anything that is not a word character, an apostrophe or a combining mark, plus the underscore that
-# ``\w`` lets through. ``\w`` is Unicode-aware, so accented letters (and digits of any script) are kept
-# rather than silently deleted; a combining mark that NFKC could not compose onto its letter stays with
-# it (``\w`` does not match marks: without the ranges a word would be split at its accent).
-_NOT_KEPT = re.compile(r"[^\w'\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]|_")
+# What may not be kept: anything that is not a word character, an apostrophe or a space, plus the
+# underscore that ``\w`` lets through. ``\w`` is Unicode-aware, so letters and digits of any script pass
+# at regex speed; the few characters it stops (punctuation, symbols, marks, joiners) are looked at one by
+# one (:func:`_mark_or_space`), since ``re`` has no class for a Unicode category.
+_NOT_WORD = re.compile(r"[^\w' ]|_")
+_JOINERS = frozenset("\u200c\u200d")  # zero-width non-joiner and joiner: inside a word (module docstring)
 _SPACES = re.compile(r"\s+")
 UNICODE_FORM = "NFKC"
 
@@ -44,8 +55,8 @@ def text_lines(data: bytes) -> list[bytes]:
 
 
 def normalize_text(text: str) -> str:
-    """NFKC (the module docstring says why); upper-case; keep letters, digits, apostrophes and spaces;
-    collapse spaces.
+    """NFKC (the module docstring says why); upper-case; keep letters, digits, combining marks, joiners,
+    apostrophes and spaces; collapse spaces.
 
     Every other character (punctuation, hyphens, symbols, tabs, newlines)
     becomes a space, so ``"well-known"`` turns into ``"WELL KNOWN"`` rather
@@ -58,4 +69,11 @@ def normalize_text(text: str) -> str:
     """
     # NFKC again after upper-casing: a capital may have no precomposed form of its own (ǰ -> J + caron)
     upper = unicodedata.normalize(UNICODE_FORM, unicodedata.normalize(UNICODE_FORM, text).upper())
-    return _SPACES.sub(" ", _NOT_KEPT.sub(" ", upper)).strip()
+    return _SPACES.sub(" ", _NOT_WORD.sub(_mark_or_space, upper)).strip()
+
+
+def _mark_or_space(match: re.Match) -> str:
+    """A character ``\\w`` does not match: kept when it is a combining mark or a joiner (part of its word),
+    else a space."""
+    char = match.group()
+    return char if char in _JOINERS or unicodedata.category(char).startswith("M") else " "

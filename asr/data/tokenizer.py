@@ -142,6 +142,10 @@ class Tokenizer(abc.ABC):
 class CharTokenizer(Tokenizer):
     """One id per character; the space between words is a symbol like any other.
 
+    A character is a Unicode code point, as in ESPnet's and icefall's character units: a combining mark
+    (a Devanagari vowel sign or virama, an accent NFKC could not compose) is a symbol of its own, after its
+    letter (:mod:`asr.data.text` keeps it on its word), and ``decode(encode(x)) == x`` holds for such text too.
+
     symbols: the characters with ids 4, 5, ... in order (the specials come first).
     """
 

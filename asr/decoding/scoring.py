@@ -3,7 +3,7 @@
 Normalisation happens here, once, before any counting: both the reference and
 the hypothesis go through :func:`asr.data.text.normalize_text`, the same
 function the corpus readers apply to transcripts and the tokenisers are
-trained on. It upper-cases, keeps letters, digits and apostrophes, turns every
+trained on. It upper-cases, keeps letters, digits, combining marks and apostrophes, turns every
 other character (punctuation, hyphens, symbols) into a word break and
 collapses runs of spaces. So ``"Hello, world!"`` and ``"HELLO WORLD"`` score
 as identical, ``"well-known"`` counts as the two words ``WELL KNOWN``, and
@@ -16,7 +16,8 @@ Counting is done by ``jiwer`` (Levenshtein alignment with unit costs):
   (a corpus-level rate, not the mean of per-utterance rates);
 * CER is the same over characters of the normalised text, the single space
   between words included (so a wrongly split or merged word costs one
-  character error).
+  character error). A character is a Unicode code point: a Devanagari vowel
+  sign or virama counts as one, as its consonant does.
 
 An utterance whose reference is empty after normalisation has no defined
 error rate; it is an error that names the utterance rather than a silent 0 or
