@@ -80,6 +80,8 @@ def test_devanagari_vowel_signs_and_viramas_stay_on_their_words_through_tokenize
                  "\u0915\u094d\u200d\u0937",                 # क्‍ष: a half form made with the zero-width joiner
                  "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"):  # Persian, with the non-joiner
         assert normalize_text(word) == word
+    # a mark on no letter is no word: an emoji's variation selector, a stray accent after a space
+    assert normalize_text("I \u2764\ufe0f YOU \u0301\u0947 \u00a9\ufe0f") == "I YOU"
     # two spellings of one letter are one text: क़ precomposed (U+0958, which NFC and NFKC never
     # compose) and क + nukta
     assert normalize_text("\u0958") == normalize_text("\u0915\u093c") == "\u0915\u093c"

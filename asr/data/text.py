@@ -73,7 +73,19 @@ def normalize_text(text: str) -> str:
 
 
 def _mark_or_space(match: re.Match) -> str:
-    """A character ``\\w`` does not match: kept when it is a combining mark or a joiner (part of its word),
-    else a space."""
+    """A character ``\\w`` does not match: kept when it is a combining mark or a joiner on a word (after a
+    letter or digit, through any marks between), else a space; a variation selector is dropped (``❤️`` is a
+    heart and U+FE0F: it goes with its emoji)."""
     char = match.group()
-    return char if char in _JOINERS or unicodedata.category(char).startswith("M") else " "
+    if 0xFE00 <= ord(char) <= 0xFE0F or 0xE0100 <= ord(char) <= 0xE01EF:
+        return ""  # a variation selector: how to draw the character before it, not a sound
+    if not _joins(char):
+        return " "
+    text, before = match.string, match.start() - 1
+    while before >= 0 and _joins(text[before]):
+        before -= 1
+    return char if before >= 0 and text[before].isalnum() else " "
+
+
+def _joins(char: str) -> bool:
+    return char in _JOINERS or unicodedata.category(char).startswith("M")
