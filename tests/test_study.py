@@ -2,6 +2,7 @@
 
 import json
 import shlex
+import socket
 
 import pytest
 import torch
@@ -586,13 +587,40 @@ def test_a_second_study_on_a_folder_in_use_is_refused_at_once_naming_the_first(t
     first = RunLock(tmp_path / "s", study.STUDY_LOCK, holder="asr.study", option="--out")
     first.acquire()  # this process plays the first study
     try:
-        assert study_cli.main(_quick_study(tmp_path)) == 1
+        with pytest.raises(SystemExit) as exit_info:
+            study_cli.main(_quick_study(tmp_path))
     finally:
         first.release()
-    err = capsys.readouterr().err
-    assert f"is in use by another asr.study: PID {os.getpid()}" in err and "choose another --out" in err
+    assert exit_info.value.code == 2  # an input error: nothing was done
+    err = [line for line in capsys.readouterr().err.splitlines() if " INFO asr.study: " not in line]
+    assert len(err) == 1 and err[0].startswith("error: "), err  # one line, no traceback
+    assert f"is in use by another asr.study: PID {os.getpid()} on host {socket.gethostname()}" in err[0]
+    assert f"command: {first._mine['command']}" in err[0] and "choose another --out" in err[0]
     assert not (tmp_path / "s" / "runs").exists()  # nothing trained, nothing reported failed
-    assert "failed" not in err
+    assert "failed" not in err[0]
+
+
+def test_a_study_lock_left_by_a_killed_study_is_taken_over_with_a_warning(tmp_path, caplog):
+    """A study killed with -9 leaves its study.lock; the same command takes it over, naming the dead holder."""
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a PID that was alive on this host and is no longer
+    out = tmp_path / "s"
+    out.mkdir()
+    lock = out / study.STUDY_LOCK
+    lock.write_text(json.dumps({"pid": gone.pid, "host": socket.gethostname(), "started": "2026-11-28T10:00:00+00:00",
+                                "command": "python -m asr.study recipe.yaml --grid train.seed=0"}) + "\n")
+    with caplog.at_level(logging.WARNING):
+        with study.study_in_progress(out):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert not lock.exists()  # released at the end
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"taking over the stale lock {lock}" in warning and f"PID {gone.pid} on host" in warning
+    assert "command: python -m asr.study recipe.yaml" in warning
 
 
 def test_a_run_held_by_another_process_is_reported_held_not_failed_and_its_log_left_alone(tmp_path):

@@ -123,6 +123,7 @@ from asr.studies.curves import Band, CompareError, band, load_curves, plot, plot
 from asr.studies.grid import (
     Run,
     Scoring,
+    StudyBusy,
     StudyError,
     StudyStopped,
     average_run,
@@ -344,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             ensembles = score_ensembles(study, scorings, models)
             measure_runs(study.runs, study.targets, args.metrics)
             write_report(study, scorings, curves, ensembles, argv)
+    except StudyBusy as busy:  # nothing was done: an input error, as a bad --out is
+        fail(busy)
     except StudyStopped as stopped:
         print(f"asr.study: {stopped}", file=sys.stderr)
         return stopped.exit_code

@@ -73,6 +73,10 @@ class RunHeld(StudyError):
     """A run's folder is held by another process (its ``train.lock``): it is not trained here."""
 
 
+class StudyBusy(StudyError):
+    """``--out`` is held by another ``asr.study`` (its ``study.lock``); the message names that process."""
+
+
 class StudyStopped(StudyError):
     """A stop signal reached the study: the runs in progress wrote ``last.pt`` and stopped."""
 
@@ -137,7 +141,8 @@ _processes = _Processes()
 @contextmanager
 def study_in_progress(out: Path):
     """Hold ``out/study.lock`` while a study trains and evaluates into ``out`` (a second asr.study there is
-    refused at once: :class:`StudyError` naming the first), and forward the stop signals to its processes."""
+    refused at once: :class:`StudyBusy` naming the first; a lock whose process on this host is gone is
+    taken over, with a warning), and forward the stop signals to its processes."""
     from asr.training.runlock import RunLock, RunLockError
     from asr.training.signals import STOP_SIGNALS
 
@@ -146,7 +151,7 @@ def study_in_progress(out: Path):
     try:
         lock.acquire()
     except RunLockError as err:
-        raise StudyError(str(err)) from None
+        raise StudyBusy(str(err)) from None
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {signum: signal.signal(signum, _processes.forward) for signum in (*STOP_SIGNALS, signal.SIGHUP)}
