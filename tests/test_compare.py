@@ -41,8 +41,9 @@ def test_table_and_png_match_what_was_written(two_runs, tmp_path, capsys):
     out = tmp_path / "plots" / "cmp.png"
     assert main([str(p) for p in two_runs] + ["--out", str(out), "--labels", "ln", "no-ln"]) == 0
     printed = capsys.readouterr().out
-    table = (tmp_path / "plots" / "cmp.md").read_text()
-    assert table in printed
+    table, record = (tmp_path / "plots" / "cmp.md").read_text().rsplit("\n<!-- ", 1)
+    assert table in printed and "<!--" not in printed  # the record of what was compared is in the file only
+    assert record.startswith("asr.compare: ") and str(two_runs[0]) in record
     rows = _table_rows(table, "valid/loss")
     # columns: points, final, final at, best, best at
     assert rows["ln"] == ["4", "2", "4", "1.75", "3"]  # final is the last epoch, best the minimum
@@ -180,7 +181,7 @@ def test_the_title_and_table_name_the_keys_that_differ(two_runs, tmp_path, capsy
     assert "hidden" not in table and "device" not in table and "exp_dir" not in table
     third = tmp_path / "run_c"
     _write_run(third, RUN_B)  # no config.yaml: its settings cannot be compared
-    main([str(run_a), str(third), "--out", str(out)])
+    main([str(run_a), str(third), "--out", str(out), "--overwrite"])  # another comparison into the same --out
     assert "- settings unknown (no config.yaml): run_c" in out.with_suffix(".md").read_text()
 
 

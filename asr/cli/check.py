@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from asr.cli.errors import one_line
+from asr.cli.outputs import add_overwrite_argument, refusal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="worker processes decoding audio (0 = in this process)")
     parser.add_argument("--out", type=Path, help="where to write the JSON report (default: data_check.json in the "
                         "recipe's exp_dir, or in exp/check_<folder names> for folders and manifests)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the report of another check found at --out (otherwise refused)")
+    add_overwrite_argument(parser, "the report of another check")
     args = parser.parse_args(argv)
     if args.jobs < 0:
         return error(f"--jobs must be >= 0, got {args.jobs}")
@@ -69,13 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             config = load_experiment_config(args.sources[0], args.sources[1:])
             out = args.out or Path(config.exp_dir) / "data_check.json"
             if not args.overwrite and (clash := clash_with(out, checked)):
-                return error(clash)
+                return error(refusal(out, f"the report of another check ({clash})", out_given=args.out is not None))
             check_demo_prepared(config.data, prepare_command(args.sources[0], args.sources[1:]))
             reports = check_splits(config.data, config.features, args.jobs)
         else:
             out = args.out or default_out(args.sources)
             if not args.overwrite and (clash := clash_with(out, checked)):
-                return error(clash)
+                return error(refusal(out, f"the report of another check ({clash})", out_given=args.out is not None))
             reports = check_folders(args.sources, args.jobs)
     except (ConfigError, DataError) as err:
         return error(err)
@@ -104,8 +104,8 @@ def error(message: object) -> int:
 
 
 def clash_with(out: Path, checked: dict) -> str | None:
-    """Why ``out`` may not be replaced (it holds the report of a check of something other than ``checked``,
-    or a file that is not a check's report), or None."""
+    """Why ``out`` holds the report of another check (one of something other than ``checked``, or a file
+    that is not a check's report), or None: it does not exist, or it holds this one's, which a new run replaces."""
     if not out.exists():
         return None
     try:
@@ -117,8 +117,7 @@ def clash_with(out: Path, checked: dict) -> str | None:
             f"it checked {json.dumps(previous)}, here {json.dumps(checked)}")
     if previous == checked:
         return None
-    return (f"{out} holds the report of another check ({why}); give --out FILE to write elsewhere, "
-            "or --overwrite to replace it")
+    return why
 
 
 if __name__ == "__main__":

@@ -25,15 +25,24 @@ counts, so the curve is the one the resumed run actually followed.
 end, the speller's loss with and without its context, the gradient norms per stack)
 and prints a table of where each run aligned; ``--settings`` colours runs of one
 setting (e.g. seeds) alike.
+
+The table's file ends with a comment that records what was compared (the folders and the tags, or
+``--diagnose``). An image or table at ``--out`` that another comparison wrote (or that does not say what it
+compares) is refused before anything is read, unless ``--overwrite`` (:mod:`asr.cli.outputs`); the
+same comparison again (labels, smoothing and zoom aside) replaces its own, so a comparison of runs
+still training is drawn again by the same command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
 from asr.cli.errors import fail, one_line, what_file
+from asr.cli.outputs import add_overwrite_argument, refuse_to_replace
 from asr.studies.curves import CompareError, differing_settings, gather_curves, markdown_table, plot, settings_lines
 
 
@@ -56,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--settings", nargs="+", default=None, metavar="NAME",
         help="with --diagnose: one setting per EXP_DIR; runs of one setting (e.g. its seeds) share a colour",
     )
+    add_overwrite_argument(parser, "another comparison's image or table")
     return parser
 
 
@@ -74,10 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.settings is not None and (not args.diagnose or len(args.settings) != len(args.exp_dirs)):
         fail(f"--settings: give one per experiment folder ({len(args.exp_dirs)}), with --diagnose")
     if args.diagnose:
-        return diagnose(args.exp_dirs, labels, args.settings or labels, args.out or Path("diagnosis.png"))
-    out = args.out or Path("compare_" + "_".join(t.replace("/", "_") for t in tags) + ".png")
+        out = args.out or Path("diagnosis.png")
+        compared = comparison(args.exp_dirs, None)
+    else:
+        out = args.out or Path("compare_" + "_".join(t.replace("/", "_") for t in tags) + ".png")
+        compared = comparison(args.exp_dirs, tags)
     if out.suffix.lower() != ".png":
         fail(f"--out must name a .png file, got {out}")
+    if not args.overwrite and (clash := clash_with(out, compared)):
+        refuse_to_replace(out, clash, out_given=args.out is not None, metavar="FILE.png")
+    if args.diagnose:
+        return diagnose(args.exp_dirs, labels, args.settings or labels, out, compared)
     try:
         curves, missing = gather_curves(args.exp_dirs, labels, tags)
     except CompareError as err:
@@ -91,20 +108,57 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         table += "\nNot drawn:\n\n" + "".join(f"- {line}\n" for line in missing)
     plot(curves, out, args.smooth, args.zoom, settings)
-    table_path = out.with_suffix(".md")
-    table_path.write_text(table)
+    table_path = write_table(out, table, compared)
     sys.stdout.write(table)
     print(f"wrote {out} and {table_path}")
     return 0
 
 
-def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: Path) -> int:
+# The table file's last line: what was compared, for the next asr.compare into the same --out.
+RECORD_START, RECORD_END = "<!-- asr.compare: ", " -->"
+
+
+def comparison(exp_dirs: list[Path], tags: list[str] | None) -> dict:
+    """What a comparison compares (its record): the folders, and the tags or ``"diagnose"``."""
+    return {"runs": [os.path.abspath(d) for d in exp_dirs], "tags": tags if tags is not None else "diagnose"}
+
+
+def write_table(out: Path, table: str, compared: dict) -> Path:
+    """The table beside the image (``out`` as .md), with the record of what was compared as its last line."""
+    from asr.writing import WriteError, atomic_write
+
+    path = out.with_suffix(".md")
+    try:
+        atomic_write(path, f"{table}\n{RECORD_START}{json.dumps(compared)}{RECORD_END}\n")
+    except WriteError as err:
+        fail(err)
+    return path
+
+
+def clash_with(out: Path, compared: dict) -> str | None:
+    """What the image ``out`` or its table holds when another comparison than ``compared`` wrote them (or
+    they do not say what they compare), or None: neither exists, or this same comparison wrote them."""
+    table = out.with_suffix(".md")
+    if not table.exists():
+        return f"an image, without the table {table} to say what it compares" if out.exists() else None
+    try:
+        last = table.read_text(encoding="utf-8").rstrip("\n").rsplit("\n", 1)[-1]
+        if not (last.startswith(RECORD_START) and last.endswith(RECORD_END)):
+            raise ValueError("no record")
+        previous = json.loads(last.removeprefix(RECORD_START).removesuffix(RECORD_END))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return f"a table ({table}) that does not say what it compares"
+    if previous == compared:
+        return None
+    differ = [f"{key} {json.dumps(previous.get(key))}, here {json.dumps(value)}"
+              for key, value in compared.items() if previous.get(key) != value]
+    return f"another comparison ({table.name} records {'; '.join(differ)})"
+
+
+def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: Path, compared: dict) -> int:
     """``--diagnose``: the diagnosis figure into ``out`` and its table beside it (``out`` as .md) and on stdout."""
     from asr.studies.diagnosis import diagnosis_figure, diagnosis_table, read_diagnosed
 
-    if out.suffix.lower() != ".png":
-        print(f"error: --out must name a .png file, got {out}", file=sys.stderr)
-        return 2
     try:
         runs = [read_diagnosed(d, label, setting) for d, label, setting in zip(exp_dirs, labels, settings)]
     except CompareError as err:
@@ -112,9 +166,9 @@ def diagnose(exp_dirs: list[Path], labels: list[str], settings: list[str], out: 
         return 2
     diagnosis_figure(runs, out)
     table = diagnosis_table(runs) + "\n"
-    out.with_suffix(".md").write_text(table)
+    table_path = write_table(out, table, compared)
     sys.stdout.write(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    print(f"wrote {out} and {table_path}")
     return 0
 
 

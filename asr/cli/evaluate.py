@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asr.cli.errors import fail
+from asr.cli.outputs import add_overwrite_argument, refuse_to_replace
 from asr.cli.options import add_decode_arguments, decode_settings
 
 if TYPE_CHECKING:
@@ -107,10 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eval_avg_last5_test_beam4_ctc0.3; eval_ensemble<N>_... for N checkpoints); one holding another "
         "evaluation's results is refused",
     )
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="replace the results of another evaluation found in the output folder (otherwise refused)",
-    )
+    add_overwrite_argument(parser, "the results of another evaluation")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument(
         "--verbose", action="store_true",
@@ -143,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.overwrite:  # the default folder and one given with --out alike
         clash = clash_with(out, record)
         if clash:
-            fail(f"{out} holds the results of another evaluation ({clash}); "
-                 f"give {'another ' if args.out else ''}--out FOLDER to write elsewhere, or --overwrite to replace them")
+            refuse_to_replace(out, f"the results of another evaluation ({clash})", out_given=bool(args.out),
+                              metavar="FOLDER")
     report = SkipReport()
     utterances, where = read_utterances(args, checkpoints[0], report)
     try:

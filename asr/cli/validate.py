@@ -48,6 +48,7 @@ import sys
 from pathlib import Path
 
 from asr.cli.errors import fail
+from asr.cli.outputs import add_overwrite_argument, refuse_to_replace
 
 # The modules below import torch and the data readers: each function imports what it uses, so that
 # --help (and a usage error) answer at once.
@@ -73,8 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "torch.optim.swa_utils.update_bn does); default 0: the checkpoint's own")
     parser.add_argument("--out", type=Path, help="write the results to this JSON file (one holding another "
                                                   "validation's results is refused)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the results of another validation found in --out (otherwise refused)")
+    add_overwrite_argument(parser, "the results of another validation")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     return parser
 
@@ -94,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out and not args.overwrite:
         clash = clash_with(args.out, args.checkpoint, args.data or f"the {args.split} split of {args.checkpoint}")
         if clash:
-            fail(f"{args.out} holds the results of another validation ({clash}); "
-                 "give another --out FILE, or --overwrite to replace them")
+            refuse_to_replace(args.out, f"the results of another validation ({clash})")
 
     from asr.checkpoints.io import CheckpointError
     from asr.console import ProgressBarHandler

@@ -1,0 +1,199 @@
+"""One overwrite rule for every command that writes results (issue 80, asr.cli.outputs): an output that
+another run of the command wrote, or that the command cannot read as its own, is refused in one line
+naming it, exit status 2, and left as it was; ``--overwrite`` replaces it; the same command again
+replaces its own without it."""
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from asr.checkpoints.io import load_checkpoint, save_checkpoint
+from features.config import FeatureConfig
+from features.pipeline import FeaturePipeline
+
+# Every asr.cli command that writes an output file or folder, and the one test case below that shows its rule
+# (asr.checkpoint convert has its own test; asr.train and asr.synth_librispeech resume what their folder holds,
+# asr.synth_demo writes a cache keyed by the corpus's options, asr.study resumes its folder, asr.transcribe
+# writes nothing).
+WRITERS = ("evaluate", "validate", "check", "compare", "average")
+
+
+def run(command: str, argv: list[str], capsys) -> tuple[int, str]:
+    main = importlib.import_module(f"asr.cli.{command}").main
+    try:
+        status = main(argv)
+    except SystemExit as stop:
+        status = stop.code
+    return status, capsys.readouterr().err
+
+
+def state(paths: list[Path]) -> list[tuple[object, int]]:
+    """Each file's bytes (a folder's names) and modification time, to show that a refusal changed nothing."""
+    return [(sorted(q.name for q in p.iterdir()) if p.is_dir() else p.read_bytes(), p.stat().st_mtime_ns) for p in paths]
+
+
+def refused(command: str, argv: list[str], planted: list[Path], capsys) -> str:
+    """Run ``command`` into the ``planted`` output: one error line naming it, exit 2, nothing changed."""
+    before = state(planted)
+    status, err = run(command, argv, capsys)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1, (command, err)
+    assert lines[0].startswith(f"error: {planted[0]} holds "), (command, err)
+    assert lines[0].endswith("to write elsewhere, or --overwrite to replace it"), (command, err)
+    assert state(planted) == before, command
+    return lines[0]
+
+
+def test_every_command_with_an_output_option_offers_overwrite(capsys):
+    import asr.cli
+
+    commands = [p.stem for p in Path(asr.cli.__file__).parent.glob("*.py")
+                if "def main(" in p.read_text()]
+    assert set(WRITERS) <= set(commands) and len(commands) > len(WRITERS)
+    for command in commands:
+        with pytest.raises(SystemExit):
+            importlib.import_module(f"asr.cli.{command}").main(["--help"])
+        shown = capsys.readouterr().out
+        if command in WRITERS:
+            assert "--overwrite" in shown, command
+        else:  # a command not in WRITERS has no --out, or one of the rules named at WRITERS
+            assert "--out " not in shown or command in ("study", "checkpoint"), command
+
+
+def _write_run(folder: Path, losses: list[float]) -> Path:
+    writer = SummaryWriter(log_dir=str(folder))
+    for step, loss in enumerate(losses, start=1):
+        writer.add_scalar("valid/loss", loss, step)
+    writer.close()
+    return folder
+
+
+def test_compare_refuses_another_comparisons_image_and_replaces_its_own(tmp_path, capsys):
+    run_a, run_b = _write_run(tmp_path / "a", [3.0, 2.0]), _write_run(tmp_path / "b", [4.0, 3.5])
+    out = tmp_path / "cmp.png"
+    out.write_bytes(b"an image someone drew")  # no table beside it to say what it compares
+    argv = [str(run_a), str(run_b), "--out", str(out)]
+    assert "without the table" in refused("compare", argv, [out], capsys)
+    assert run("compare", argv + ["--overwrite"], capsys)[0] == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+    table = out.with_suffix(".md")
+    # Another comparison (other runs) into the same --out: refused, naming what the table records.
+    message = refused("compare", [str(run_a), "--out", str(out)], [out, table], capsys)
+    assert f'runs ["{run_a}", "{run_b}"], here ["{run_a}"]' in message
+    message = refused("compare", argv + ["--tag", "valid/wer"], [out, table], capsys)  # other tags
+    assert 'tags ["valid/loss"], here ["valid/wer"]' in message
+    # The same comparison again (runs still training: a step more) replaces its own without --overwrite.
+    _write_run(run_b, [4.0, 3.5, 1.25])
+    assert run("compare", argv + ["--labels", "A", "B"], capsys)[0] == 0
+    assert "| B | 3 | 1.25 |" in table.read_text()
+
+
+def _epoch(path: Path, epoch: int) -> Path:
+    """A tiny checkpoint in the trainer's layout."""
+    torch.manual_seed(epoch)
+    save_checkpoint(path, {
+        "config": {"exp_dir": str(path.parent), "model": {"type": "las"}},
+        "model": torch.nn.Linear(3, 2).state_dict(),
+        "tokenizer": {"type": "char", "symbols": list("ab ")},
+        "features": FeaturePipeline(FeatureConfig(num_mel_bins=10)).state_dict(),
+        "training": {"metric": 1.0 / (epoch + 1), "metric_name": "valid_loss", "epoch": epoch},
+    })
+    return path
+
+
+def test_average_refuses_a_checkpoint_that_is_not_this_average_and_replaces_its_own(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for epoch in (1, 2, 3):
+        _epoch(run_dir / f"epoch{epoch}.pt", epoch)
+    # --out naming the run's own checkpoint, the file most worth keeping: refused.
+    last = _epoch(run_dir / "last.pt", 3)
+    argv = [str(run_dir), "--last", "2"]
+    assert "a checkpoint that is not an average" in refused("average", argv + ["--out", str(last)], [last], capsys)
+    out = run_dir / "avg_last2.pt"
+    out.write_text("notes\n")
+    assert "cannot be read as an average" in refused("average", argv, [out], capsys)
+    assert run("average", argv + ["--overwrite"], capsys)[0] == 0
+    assert load_checkpoint(out)["training"]["averaged_from"] == [str(run_dir / "epoch2.pt"), str(run_dir / "epoch3.pt")]
+    # Another average (the last 3) into that file: refused; the same average after another epoch replaces its own.
+    message = refused("average", [str(run_dir), "--last", "3", "--out", str(out)], [out], capsys)
+    assert f"another average (of the last 2 of {run_dir.resolve()}; here of the last 3 of {run_dir.resolve()})" in message
+    _epoch(run_dir / "epoch4.pt", 4)
+    assert run("average", argv, capsys)[0] == 0
+    assert load_checkpoint(out)["training"]["averaged_from"] == [str(run_dir / "epoch3.pt"), str(run_dir / "epoch4.pt")]
+
+
+def test_check_refuses_a_file_that_is_not_its_report_and_replaces_it_with_overwrite(librivox_mini, tmp_path, capsys,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "report.json"
+    out.write_text('{"mine": true}\n')  # JSON, but no record of what was checked
+    argv = [str(librivox_mini), "--jobs", "0", "--out", str(out)]
+    assert "not the report of a check" in refused("check", argv, [out], capsys)
+    assert run("check", argv + ["--overwrite"], capsys)[0] == 0
+    assert json.loads(out.read_text())["checked"] == {"sources": [str(librivox_mini)]}
+
+
+def test_evaluate_and_validate_refuse_before_reading_the_checkpoint(tmp_path, capsys):
+    """Their replacing with --overwrite, which decodes, is in test_inference_cli.py and the slow test below."""
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"")  # refused only after the output is checked: the rule comes first
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "wer.json").write_text("{}\n")  # results without evaluation.json to say what made them
+    argv = ["--checkpoint", str(checkpoint), "--data", str(tmp_path), "--out", str(folder)]
+    assert "without evaluation.json" in refused("evaluate", argv, [folder, folder / "wer.json"], capsys)
+    out = tmp_path / "dev.json"
+    out.write_text("[1, 2]\n")
+    argv = ["--checkpoint", str(checkpoint), "--out", str(out)]
+    assert "not a validation's results" in refused("validate", argv, [out], capsys)
+    # With --overwrite the rule lets them on, to their next check (data, checkpoint); the output is kept until
+    # there are results to replace it.
+    for command, argv, kept in (("evaluate", argv[:2] + ["--data", str(tmp_path), "--out", str(folder)], folder / "wer.json"),
+                                ("validate", argv, out)):
+        before = state([kept])
+        status, err = run(command, argv + ["--overwrite"], capsys)
+        assert status == 2 and "--overwrite" not in err and err.startswith("error: "), (command, err)
+        assert state([kept]) == before
+
+
+@pytest.mark.slow  # decodes with a model
+def test_evaluate_and_validate_replace_another_result_with_overwrite(librivox_mini, tmp_path, capsys):
+    from helpers import small_las_config
+
+    from asr.data.dataset import compute_global_stats
+    from asr.data.librispeech import read_subset
+    from asr.data.tokenizer import CharTokenizer
+    from asr.experiment import ExperimentConfig, experiment_config_to_dict
+    from asr.models.registry import build_model
+
+    utterances = read_subset(librivox_mini)
+    features = FeatureConfig(kind="fbank", num_mel_bins=20, mvn="global")
+    pipeline = FeaturePipeline(features)
+    compute_global_stats(utterances, pipeline)
+    tokenizer = CharTokenizer.train(u.text for u in utterances)
+    model_config = small_las_config()
+    torch.manual_seed(0)
+    model = build_model(model_config, pipeline.feature_dim, tokenizer)
+    checkpoint = tmp_path / "model.pt"
+    save_checkpoint(checkpoint, {"config": experiment_config_to_dict(ExperimentConfig(exp_dir="unused", features=features,
+                                                                                      model=model_config)),
+                                 "model": model.state_dict(), "tokenizer": tokenizer.state_dict(),
+                                 "features": pipeline.state_dict()})
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "wer.json").write_text("{}\n")
+    argv = ["--checkpoint", str(checkpoint), "--data", str(librivox_mini), "--out", str(folder), "--max-len-ratio", "0.2"]
+    refused("evaluate", argv, [folder, folder / "wer.json"], capsys)
+    assert run("evaluate", argv + ["--overwrite"], capsys)[0] == 0
+    assert "wer_percent" in json.loads((folder / "wer.json").read_text())
+    out = tmp_path / "dev.json"
+    out.write_text("[1, 2]\n")
+    argv = ["--checkpoint", str(checkpoint), "--data", str(librivox_mini), "--decode", "0", "--out", str(out)]
+    refused("validate", argv, [out], capsys)
+    assert run("validate", argv + ["--overwrite"], capsys)[0] == 0
+    assert json.loads(out.read_text())["checkpoint"] == str(checkpoint)
