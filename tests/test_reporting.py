@@ -1,6 +1,7 @@
 """asr/training/reporting.py: what a run writes to TensorBoard and train.log, read back from the event
 files; and asr/studies/curves.py reading event files of the older layout onto the same axis."""
 
+import json
 import logging
 
 import pytest
@@ -141,6 +142,13 @@ def test_the_settings_go_beside_the_curves_and_the_run_is_named_after_its_folder
     assert start.hparams["train.amp"].WhichOneof("kind") == "bool_value" and start.hparams["train.amp"].bool_value is False
     assert start.hparams["train.max_steps"].WhichOneof("kind") == "number_value"
     assert start.hparams["train.max_steps"].number_value == 30 and start.hparams["train.lr"].number_value == 0.001
+    # TensorBoard has one kind of number, a double (DataType has no integer): an integer is stored exactly, and
+    # what the toolkit itself writes of the run's settings keeps it an integer.
+    assert start.hparams["model.listener.num_layers"].number_value.is_integer()
+    from google.protobuf import json_format
+
+    sent = json.loads(json_format.MessageToJson(start))["hparams"]  # what the hparams dashboard receives
+    assert sent["train.amp"] is False and sent["train.max_steps"] == 30 and sent["train.lr"] == 0.001
     assert start.hparams["model.layer_norm"].WhichOneof("kind") == "string_value"
     # No experiment summary of its own: TensorBoard gathers every run's and lists the differing keys first.
     assert metadata.EXPERIMENT_TAG not in events.Tags()["tensors"]
@@ -148,6 +156,7 @@ def test_the_settings_go_beside_the_curves_and_the_run_is_named_after_its_folder
     assert events.SummaryMetadata("custom_scalars__config__").plugin_data.plugin_name == "custom_scalars"
     text = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "    model:\n      layer_norm: both\n" in text
+    assert "      num_layers: 3\n" in text and "    max_steps: 30\n" in text and "amp: false\n" in text
     command = events.Tensors("command line/text_summary")[0].tensor_proto.string_val[0].decode()
     assert command.strip() == "python -m asr.train r.yaml x=1"
 
