@@ -152,6 +152,24 @@ def longest_modules_first(items: list) -> list:
     return sorted(items, key=rank)  # stable: collection order within a rank
 
 
+def process_ended(pid: int, within: float = 0.0) -> bool:
+    """Whether process ``pid`` has exited, waiting up to ``within`` seconds: gone, or a zombie nobody has
+    reaped yet (an orphan's new parent, init or a container's first process, may reap late or never)."""
+    import time
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
 def subprocess_env() -> dict:
     """The environment for an entry point run as a subprocess: this checkout importable, one thread."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(PROJECT_ROOT))

@@ -1,6 +1,7 @@
 """asr.study: grid parsing, and a real (tiny) study of two leave-one-speaker-out folds on FSDD."""
 
 import json
+import os
 import shlex
 import socket
 
@@ -10,6 +11,7 @@ from helpers import LAS_RECIPE as RECIPE
 from helpers import TINY, read_png
 
 from asr.studies import grid as study
+from asr.studies import tether
 from asr.checkpoints.io import load_checkpoint
 from asr.cli import study as study_cli
 from asr.experiment import load_experiment_config
@@ -697,5 +699,52 @@ def test_sigterm_to_a_study_stops_its_run_with_last_pt_and_the_same_command_resu
     log = (run / "study_train.out").read_text()
     assert log.startswith(first_attempt)  # appended to, never truncated
     assert f"resumed in epoch" in (run / "train.log").read_text()
+    assert load_checkpoint(run / "last.pt")["training"]["progress"]["epoch"] == 2 > 0 < stopped_at
+    assert json.loads((run / "study_time.json").read_text())["resumed"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not tether.available(), reason="PR_SET_PDEATHSIG is Linux's; elsewhere a study killed with "
+                    "SIGKILL leaves its runs to be stopped by hand")
+def test_sigkill_to_a_study_stops_its_run_with_last_pt_and_the_same_command_resumes_it(tiny_demo_corpus, tmp_path):
+    """issue 81: kill -9 of asr.study (which nothing can catch and forward) left its asr.train training,
+    orphaned, holding the run's lock."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import process_ended, subprocess_env, tiny_valid
+
+    out = tmp_path / "s"
+    command = [sys.executable, "-m", "asr.study", str(RECIPE), *TINY, f"data.dev=[{tiny_valid(tmp_path)}]",
+               "data.digits.dev_utterances=4", "data.digits.test_utterances=4", "train.max_epochs=2",
+               "--grid", "train.seed=0", "--out", str(out)]
+    run = out / "runs" / "seed-0"
+    with open(tmp_path / "first.err", "w") as first_err:
+        process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=first_err)
+    deadline = time.time() + 300
+    while not ((run / "train.log").is_file() and " step 1 loss " in (run / "train.log").read_text()):
+        assert process.poll() is None and time.time() < deadline, "the study ended before its run trained a step"
+        time.sleep(0.05)
+    trainer = json.loads((run / "train.lock").read_text())["pid"]
+    try:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert process_ended(trainer, within=15.0), "the run trained on, orphaned, after its study was killed"
+    finally:
+        if not process_ended(trainer):
+            os.kill(trainer, signal.SIGKILL)  # a failed test leaves nothing running
+    first_attempt = (run / "study_train.out").read_text()
+    assert "SIGTERM received" in first_attempt and "continue with --resume" in first_attempt  # stopped as on SIGTERM
+    assert not (run / "train.lock").exists() and (run / "last.pt").is_file()
+    assert (out / study.STUDY_LOCK).exists() and not (run / "study_time.json").exists()  # the study never cleaned up
+    stopped_at = load_checkpoint(run / "last.pt")["training"]["progress"]["step"]
+
+    done = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"taking over the stale lock {out / study.STUDY_LOCK}" in done.stderr
+    assert (run / "study_train.out").read_text().startswith(first_attempt)
+    assert "resumed in epoch" in (run / "train.log").read_text()
     assert load_checkpoint(run / "last.pt")["training"]["progress"]["epoch"] == 2 > 0 < stopped_at
     assert json.loads((run / "study_time.json").read_text())["resumed"] is True

@@ -12,7 +12,9 @@ A study that trains holds ``--out/study.lock`` (:func:`study_in_progress`): a se
 same folder is refused at once, naming the first. Its ``asr.train``, ``asr.evaluate`` and ``asr.average``
 processes run in sessions of their own, so that a stop signal (SIGTERM, SIGINT, SIGUSR1) reaches them
 once, through the study, which forwards it: each run writes ``last.pt`` and stops, the study stops
-(:class:`StudyStopped`), and the same command resumes them. A run whose ``train.lock`` another process
+(:class:`StudyStopped`), and the same command resumes them. On Linux they also receive SIGTERM when the
+study dies of a signal it cannot catch (``kill -9``: :mod:`asr.studies.tether`), so they stop the same way
+instead of training on, orphaned. A run whose ``train.lock`` another process
 holds is reported as held, not failed, and its log is left to that process. The study's own files are
 written whole or not at all (:func:`asr.writing.atomic_write`); a ``study_time.json`` found damaged is
 named and rebuilt from the run's ``last.pt``.
@@ -54,6 +56,7 @@ from asr.studies.convergence import (
     up_to_step,
 )
 from asr.studies.curves import EPOCH_AXIS, EVENT_GLOB, run_curves
+from asr.studies.tether import tethered
 from asr.writing import atomic_write
 
 if TYPE_CHECKING:
@@ -124,7 +127,8 @@ class _Processes:
         with self._lock:
             if self.signals:
                 raise StudyStopped(f"stopped by {self.stopped_by} before {what} started")
-            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            # tethered: a study killed with SIGKILL, which it cannot forward, still stops its processes
+            process = subprocess.Popen(tethered(command), start_new_session=True, **kwargs)
             self._running[process] = 0
             self._catch_up(process)
         try:

@@ -1,0 +1,75 @@
+"""asr.studies.tether: a study's processes end with it, even when it is killed with SIGKILL.
+
+The whole study killed mid-run, and the same command resuming it, is in tests/test_study.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import process_ended, subprocess_env
+
+from asr.studies import tether
+
+pytestmark = pytest.mark.skipif(not tether.available(), reason="PR_SET_PDEATHSIG is Linux's; elsewhere a "
+                                "study killed with SIGKILL leaves its runs to be stopped by hand")
+
+
+def test_a_tethered_child_is_sent_sigterm_when_its_parent_is_killed_with_sigkill(tmp_path):
+    """issue 81: kill -9 of asr.study left its asr.train children training, orphaned."""
+    # the parent plays the study: it starts a tethered child from a worker thread, as the study does, and
+    # waits for it; the child records the signal that stops it
+    child_code = ("import signal, sys, time, pathlib\n"
+                  "def stop(signum, frame):\n"
+                  f"    pathlib.Path({str(tmp_path / 'stopped')!r}).write_text(signal.Signals(signum).name)\n"
+                  "    sys.exit(75)\n"
+                  "signal.signal(signal.SIGTERM, stop)\n"
+                  f"pathlib.Path({str(tmp_path / 'ready')!r}).touch()\n"
+                  "time.sleep(60)\n")
+    parent_code = ("import subprocess, sys, threading\n"
+                   "from asr.studies.tether import tethered\n"
+                   "def start():\n"
+                   f"    p = subprocess.Popen(tethered([sys.executable, '-c', {child_code!r}]), start_new_session=True)\n"
+                   "    print(p.pid, flush=True)\n"
+                   "    p.wait()\n"
+                   "t = threading.Thread(target=start)\n"
+                   "t.start()\n"
+                   "t.join()\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        # the child makes its request, then becomes the program (exec keeps the PID): no wrapper stays between
+        while not (tmp_path / "ready").exists():  # its handler is set
+            assert time.monotonic() < deadline and not process_ended(child)
+            time.sleep(0.02)
+        assert "time.sleep(60)" in Path(f"/proc/{child}/cmdline").read_text()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert process_ended(child, within=5.0), "the child outlived its parent's SIGKILL"
+    finally:
+        parent.kill()
+        if not process_ended(child):
+            os.kill(child, signal.SIGKILL)  # a failed test leaves nothing running
+    assert (tmp_path / "stopped").read_text() == "SIGTERM"  # stopped through its handler, as on any SIGTERM
+
+
+def test_a_child_whose_parent_died_before_it_was_tethered_does_not_run(tmp_path):
+    """The parent may die between the fork and the request; the check after it starts nothing then."""
+    made = tmp_path / "made"
+    not_my_parent = 1
+    done = subprocess.run([sys.executable, "-m", "asr.studies.tether", str(not_my_parent), "touch", str(made)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM and not made.exists()
+    done = subprocess.run([sys.executable, "-m", "asr.studies.tether", str(os.getpid()), "touch", str(made)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and made.exists()  # its own parent: the program runs
+
+
+def test_a_tethered_command_is_the_same_program_with_its_arguments():
+    command = ["python", "-m", "asr.train", "recipe.yaml", "exp_dir=a b"]
+    assert tether.tethered(command) == [sys.executable, "-m", "asr.studies.tether", str(os.getpid()), *command]
