@@ -36,3 +36,33 @@ def test_a_library_module_run_as_a_command_names_the_command_that_uses_it():
         assert done.returncode == 0 and f"its command is python -m {command}" in done.stdout, (module, done.stderr[-500:])
         done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, env=subprocess_env())
         assert done.returncode == 2 and done.stderr.startswith(f"error: {module} is a library module"), module
+
+
+@pytest.mark.slow  # starts a process
+def test_every_module_with_a_main_answers_help_as_a_command():
+    """``python -m MODULE --help`` for every module under asr/ with a ``main`` or a ``__main__`` block (two
+    under asr/cli printed nothing: they had no ``__main__`` block): the entry points
+    (``asr.train`` and ``asr.cli.train`` alike) print their usage, the library modules name their command."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    modules = sorted(".".join(path.relative_to(root).with_suffix("").parts) for path in (root / "asr").rglob("*.py")
+                     if "def main(" in path.read_text() or '__name__ == "__main__"' in path.read_text())
+    internal = {"asr.studies.tether"}  # started by asr.study with its own arguments, never by a person
+    assert {"asr.train", "asr.cli.validate", "asr.cli.synth_librispeech", "asr.studies.curves"} <= set(modules)
+    script = (
+        "import contextlib, io, runpy, sys\n"
+        f"for name in {sorted(set(modules) - internal)!r}:\n"
+        "    sys.argv = [name, '--help']\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "        try:\n"
+        "            runpy.run_module(name, run_name='__main__', alter_sys=True)\n"
+        "            code = None\n"
+        "        except SystemExit as stop:\n"
+        "            code = stop.code\n"
+        "    text = out.getvalue()\n"
+        "    assert code in (0, None) and (text.startswith('usage: python -m asr.') or 'is a library module' in text), "
+        "(name, code, text[:200])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env())
+    assert done.returncode == 0, done.stderr[-2000:]

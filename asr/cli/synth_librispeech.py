@@ -68,3 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"corpus ready: {root} (README.txt there says what it holds)")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -209,3 +209,7 @@ def read_split(args, config, tokenizer, report):
     usable, _ = prepare_utterances(utterances, config.data, tokenizer, report, limit_duration=False,
                                    name="data" if args.data else args.split)
     return usable, where
+
+
+if __name__ == "__main__":
+    sys.exit(main())
