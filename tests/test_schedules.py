@@ -88,7 +88,7 @@ def test_the_set_drives_the_optimizer_and_the_model_once_per_update():
 
 
 def test_a_model_target_the_model_does_not_offer_is_a_config_error_naming_it():
-    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant", warmup_steps=0), None, None)
+    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant"), None, None)
     with pytest.raises(ConfigError, match="train.schedules.ctc_weight: the model .* has no 'ctc_weight'"):
         build_schedules({"ctc_weight": PointsConfig([[0, 0.5]])}, lr, _Model({"label_smoothing": 0.1}), _optimizer())
 
@@ -100,7 +100,7 @@ def test_null_removes_a_recipes_schedule_and_the_value_it_moved_then_holds():
     ablated = load_experiment_config(recipe, ["train.schedules.ctc_weight=null"])
     assert set(ablated.train.schedules) == set(full.train.schedules) - {"ctc_weight"}
     assert ablated.train.schedules["attention_prior"] == full.train.schedules["attention_prior"]
-    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant", warmup_steps=0), None, None)
+    lr = LearningRateSchedule(0.01, SchedulerConfig(kind="constant"), None, None)
     offered = {"ctc_weight": ablated.model.ctc_weight, "attention_prior": 0.0, "label_smoothing": 0.1}
     model = _Model(offered)
     values = build_schedules(ablated.train.schedules, lr, model, _optimizer()).apply(0)
@@ -165,7 +165,7 @@ def test_a_lambdalr_of_the_config_takes_the_cooldown_as_the_trainer_does():
 def test_a_cooldown_follows_the_clock_when_the_time_budget_runs_out_before_the_planned_updates():
     minutes = [0.0]
     spent = run_spent(total_updates=10_000, max_minutes=60.0, minutes=lambda: minutes[0])
-    config = SchedulerConfig(kind="constant", warmup_steps=0, cooldown=0.25, final_factor=0.0)
+    config = SchedulerConfig(kind="constant", cooldown=0.25, final_factor=0.0)
     lr = LearningRateSchedule(1.0, config, None, total_updates=10_000, spent=spent)
     assert lr.value(10) == 1.0
     minutes[0] = 45.0  # three quarters of the budget: the cooldown begins
@@ -188,7 +188,8 @@ def test_a_plateaus_decays_and_the_cooldown_multiply():
 
 
 @pytest.mark.parametrize("options, message", [
-    (["train.scheduler.kind=cosine", "train.scheduler.cooldown=0.2"], "train.scheduler: cooldown is for the kinds"),
+    (["train.scheduler.kind=cosine", "train.scheduler.cooldown=0.2"],
+     r"unknown config key 'train.scheduler.cooldown' for the learning-rate kind 'cosine' .*the kinds with a cooldown"),
     (["train.scheduler.cooldown=1.0"], r"train.scheduler: cooldown must be within \[0, 1\)"),
 ])
 def test_a_cooldown_the_schedule_cannot_take_is_refused_naming_the_key(options, message):

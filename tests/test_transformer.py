@@ -452,7 +452,7 @@ def _train_on_real_speech(fsdd_dev, layer_norm: str, schedule: SchedulerConfig, 
 @pytest.fixture(scope="module")
 def overfit(fsdd_dev):
     # Pre-norm: plain Adam at a constant rate, no warmup.
-    return _train_on_real_speech(fsdd_dev, "pre", SchedulerConfig(kind="constant", warmup_steps=0))
+    return _train_on_real_speech(fsdd_dev, "pre", SchedulerConfig(kind="constant"))
 
 
 def _assert_learned(model, batch, losses):

@@ -32,10 +32,11 @@ class TrainConfig:
     lr: float = 1e-3                    # peak rate for inverse_sqrt/linear_warmup; for noam the constant k (peak = k / sqrt(d_model * warmup))
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's moment decay rates
     weight_decay: float = 0.0           # an L2 penalty (adam) or a decoupled decay (adamw); 0 = none
-    # Learning-rate schedule, a shape (asr.training.shapes) scaled by lr: noam | inverse_sqrt | linear_warmup |
-    # cosine | constant | plateau.
-    # Post-norm Transformers need warmup; see docs/normalization.md.
-    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant", warmup_steps=0))
+    # Learning-rate schedule, {kind: <shape>, <its options>}: a shape (asr.training.shapes) scaled by lr, noam |
+    # inverse_sqrt | linear_warmup | cosine | constant | plateau | vshape or one registered from outside.
+    # Post-norm Transformers need warmup; see docs/normalization.md. Where the warmup's peak falls as a share of
+    # the run matters, not its count: on small data sets a few hundred to a few thousand updates.
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kind="constant"))
     # Everything else that moves over the updates, by target: ctc_weight, label_smoothing,
     # sampling_probability, attention_prior, listener_layers, drophead_encoder, drophead_decoder, spec_augment,
     # max_duration (asr.training.schedules), each {points: [[update, value], ...], interpolation: hold | linear}
@@ -85,6 +86,5 @@ class TrainConfig:
         if self.valid_max_len_ratio <= 0:
             raise ValueError(f"valid_max_len_ratio must be positive, got {self.valid_max_len_ratio}")
         check_metric_name(self.best_metric, "train.best_metric")
-        check_metric_name(self.scheduler.plateau_metric, "train.scheduler.plateau_metric")
         for name, schedule in self.schedules.items():
             check_schedule_values(name, schedule)

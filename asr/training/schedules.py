@@ -10,8 +10,9 @@ to change is a new shape, not a new branch in the loop.
 Targets, each set in the recipe (``train.schedules.<name>``), with what drives them:
 
 =======================  =========================================================================
-``lr``                   the optimiser's learning rate: ``train.scheduler``'s shape (``kind``) with
-                         ``train.lr`` as its scale (its ``plateau`` kind observes validation)
+``lr``                   the optimiser's learning rate: ``train.scheduler``'s shape (``kind``, any shape
+                         with a scale) with ``train.lr`` as its scale and the shape's options beside
+                         ``kind`` (:class:`SchedulerConfig`; its ``plateau`` kind observes validation)
 ``ctc_weight``           the CTC share of the loss (a model target; the model needs its CTC head,
                          so ``model.ctc_weight`` must be above 0)
 ``label_smoothing``      of the attention loss (model target)
@@ -52,8 +53,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, fields
-from typing import Callable, Literal
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Callable, ClassVar
 
 from asr.config import ConfigError, from_dict
 from asr.training.shapes import (
@@ -62,9 +63,9 @@ from asr.training.shapes import (
     ScheduleConfig,
     Shape,
     build_shape,
-    check_plateau_options,
     run_spent,
     shape_config_class,
+    shape_names,
 )
 
 # A shape in a file of its own registers itself (register_shape at its end) when imported here, one line each.
@@ -92,60 +93,125 @@ _RANGES = {
 # How the log names a target whose shape changes course (a plateau): "learning rate x0.5 (now ...)"
 _LOG_NAMES = {"lr": "learning rate"}
 
-SCHEDULE_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau")
-COOLDOWN_KINDS = ("linear_warmup", "constant", "plateau")
-
 
 @dataclass
 class SchedulerConfig:
-    """``train.scheduler``: how the learning rate moves over updates. ``kind`` is the shape
-    (:mod:`asr.training.shapes`) and ``train.lr`` its scale; each kind takes the options below it has."""
+    """``train.scheduler``: how the learning rate moves over the updates, a shape of
+    :mod:`asr.training.shapes` (``kind``) whose scale is ``train.lr``, with that shape's options beside it::
 
-    # how the rate moves over the updates: warmup and decay as each shape's function says
-    kind: Literal["noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau"] = "noam"
-    # Where the peak falls as a share of the run matters, not the count: 25k updates put it at
-    # ~80% of recipes/librispeech100_transformer.yaml's 100 epochs (see the recipe); on small data
-    # sets use a few hundred to a few thousand so the peak is reached at all.
-    warmup_steps: int = 25000
-    final_factor: float = 0.0  # cosine and cooldown: the share of the peak rate left at the end of the run
-    # linear_warmup, constant and plateau: the last share of the run (its planned updates or train.max_minutes,
-    # whichever runs out first) over which the rate falls linearly to final_factor; 0: no cooldown
-    cooldown: float = 0.0
-    # plateau only: the validation metric watched (any registered name, asr.training.metrics), how many
-    # validations without a relative improvement above the threshold make a plateau, what each plateau
-    # multiplies the rate by, and the lowest share of the peak rate it may reach
-    plateau_metric: str = "valid_loss"
-    plateau_patience: int = 1
-    plateau_threshold: float = 0.0
-    decay_factor: float = 0.5
-    min_factor: float = 0.01
+        scheduler: {kind: plateau, warmup_steps: 200, plateau_metric: valid_ctc_cer, cooldown: 0.2}
 
-    def __post_init__(self) -> None:
-        if self.kind not in SCHEDULE_KINDS:
-            raise ValueError(f"kind must be one of {SCHEDULE_KINDS}, got {self.kind!r}")
-        if self.warmup_steps < 1 and self.kind != "constant":
-            raise ValueError(f"warmup_steps must be >= 1 for the {self.kind!r} schedule, got {self.warmup_steps}")
-        if not 0.0 <= self.final_factor <= 1.0:
-            raise ValueError(f"final_factor must be within [0, 1], got {self.final_factor}")
-        if not 0.0 <= self.cooldown < 1.0:
-            raise ValueError(f"cooldown must be within [0, 1), got {self.cooldown}")
-        if self.cooldown > 0 and self.kind not in COOLDOWN_KINDS:
-            raise ValueError(f"cooldown is for the kinds with a flat phase {COOLDOWN_KINDS}, not {self.kind!r} "
-                             "(cosine decays by itself)")
-        check_plateau_options(self)
+    Reading one (:func:`asr.config.from_dict`, or ``SchedulerConfig(kind=..., **options)``) gives an
+    instance of the class :func:`learning_rate_options` derives from the shape's options: its keys are
+    ``kind`` and the shape's own, less ``shape`` and ``scale``, and the shape's checks refuse their values.
+    So every shape of the registry that has a scale is a kind, one registered from outside included, and a
+    key the kind does not take is an error naming it (but for what older runs wrote: :meth:`config_data`)."""
+
+    # how the rate moves over the updates: any shape of asr.training.shapes with a scale (noam, inverse_sqrt,
+    # linear_warmup, cosine, constant, plateau, vshape, or one registered from outside), train.lr its scale
+    kind: str = "noam"
+
+    def __new__(cls, *args, **kwargs):
+        if cls is SchedulerConfig:  # the options of the kind named: SchedulerConfig(kind="cosine", ...)
+            cls = learning_rate_options(args[0] if args else kwargs.get("kind", SchedulerConfig.kind))
+        return super().__new__(cls)
+
+    def __reduce__(self):
+        # a derived class is not a module attribute pickle could name: rebuild it from the kind and options
+        return _scheduler_config, ({f.name: getattr(self, f.name) for f in fields(self)},)
+
+    @classmethod
+    def config_variant(cls, data: dict, path: str) -> type:
+        """The options class ``data`` is read as (:func:`asr.config.from_dict` asks): its ``kind``'s."""
+        if cls is not SchedulerConfig:
+            return cls
+        return learning_rate_options(data.get("kind", SchedulerConfig.kind), path)
+
+    @classmethod
+    def config_data(cls, data: dict, path: str) -> dict:
+        """``data`` as this kind reads it (:func:`asr.config.from_dict` asks): a key it does not take is an
+        error naming the key and the kind, unless it is null (how an override removes a recipe's key when it
+        switches ``kind``) or, for a kind of the versions before the kinds were shapes, one of the keys every
+        kind had then. Their runs wrote all of those keys into config.yaml, and a variant may switch ``kind``
+        by one override and leave the recipe's plateau settings behind (recipes/variants/rehearsal_las_*.yaml):
+        those versions ignored such keys, so they are left out, but for a cooldown other than 0, which they
+        refused on a kind without one."""
+        own = {f.name for f in fields(cls)}
+        kept = {}
+        for key, value in data.items():
+            if key in own:
+                kept[key] = value
+            elif value is None or (cls.kind in _EARLIER_KINDS and key in _EARLIER_KEYS
+                                   and not (key == "cooldown" and value)):
+                continue
+            else:
+                cooling = ", ".join(k for k in learning_rate_kinds() if "cooldown" in _field_names(shape_config_class(k)))
+                why = f"; the kinds with a cooldown: {cooling}" if key == "cooldown" else ""
+                raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for the learning-rate "
+                                  f"kind {cls.kind!r} (its keys: {', '.join(sorted(own))}){why}")
+        return kept
+
+
+# The single train.scheduler of earlier versions: its kinds, and the keys each of them had.
+_EARLIER_KINDS = ("noam", "inverse_sqrt", "linear_warmup", "cosine", "constant", "plateau")
+_EARLIER_KEYS = ("warmup_steps", "final_factor", "cooldown", "plateau_metric", "plateau_patience",
+                 "plateau_threshold", "decay_factor", "min_factor")
+
+# The options class of each shape as the learning rate reads it, by the shape's options class.
+_LEARNING_RATE_OPTIONS: dict[type, type] = {}
+
+
+def _field_names(config_class: type) -> set[str]:
+    return {f.name for f in fields(config_class)}
+
+
+def _scheduler_config(options: dict) -> SchedulerConfig:
+    return SchedulerConfig(**options)
+
+
+def learning_rate_kinds() -> list[str]:
+    """The shapes ``train.scheduler.kind`` may name: those with a ``scale``, which ``train.lr`` sets."""
+    return [name for name in shape_names() if "scale" in _field_names(shape_config_class(name))]
+
+
+def learning_rate_options(kind: object, path: str = "") -> type[SchedulerConfig]:
+    """The class ``train.scheduler`` of ``kind`` is read as, derived from the shape's options class
+    (``options``): a subclass of it and of :class:`SchedulerConfig` whose fields are ``kind`` and the
+    shape's own, where ``shape`` is the kind and ``scale`` is not a key (class attributes: the shape's own
+    checks see them, ``train.lr`` is applied by :func:`learning_rate_shape`). ``--show-config`` finds each
+    key's comment in the shape's class."""
+    kinds = learning_rate_kinds()
+    if kind not in kinds:
+        raise ConfigError(f"{f'{path}.kind' if path else 'kind'}: {kind!r} is not one of {', '.join(kinds)} "
+                          "(the schedule shapes with a scale, which train.lr sets)")
+    options = shape_config_class(kind)
+    derived = _LEARNING_RATE_OPTIONS.get(options)
+    if derived is None:
+        if "kind" in _field_names(options):
+            raise ValueError(f"{options.__name__} has a field 'kind', the key train.scheduler names its shape by")
+        name = options.__name__.removesuffix("Config") + "LearningRate"
+        derived = make_dataclass(
+            name,
+            [("kind", str, field(default=kind)), ("shape", ClassVar[str], kind), ("scale", ClassVar[float], 1.0)],
+            # the options' class first: kind, then its keys, in config.yaml and --show-config
+            bases=(options, SchedulerConfig),
+            namespace={"__module__": __name__,
+                       "__doc__": f"``train.scheduler`` of kind {kind!r}: {options.__name__} less shape and scale."},
+        )
+        _LEARNING_RATE_OPTIONS[options] = derived
+    return derived
 
 
 def warmup_updates(config: SchedulerConfig) -> int:
-    """The updates over which ``config`` warms the learning rate up (0 for ``constant``, which has no warmup)."""
-    return 0 if config.kind == "constant" else config.warmup_steps
+    """The updates over which ``config`` warms the learning rate up: its ``warmup_steps`` (0 for a kind
+    without one, ``constant``, or one that leaves it unset)."""
+    return getattr(config, "warmup_steps", None) or 0
 
 
 def learning_rate_shape(config: SchedulerConfig, lr: float) -> ScheduleConfig:
-    """``train.scheduler`` as the options of its shape, scaled by ``train.lr``: each shape takes the
-    settings it declares (noam its warmup, plateau its warmup, cooldown and plateau settings, ...)."""
+    """``train.scheduler`` as the options of its shape, scaled by ``train.lr``."""
     options = shape_config_class(config.kind, "train.scheduler")
-    taken = {f.name for f in fields(options)} - {"shape", "scale"}
-    return options(scale=lr, **{name: getattr(config, name) for name in taken})
+    return options(scale=lr, **{f.name: getattr(config, f.name) for f in fields(config) if f.name != "kind"})
 
 
 def learning_rate(lr: float, config: SchedulerConfig, run: RunPlan | None = None) -> Shape:

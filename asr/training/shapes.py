@@ -43,7 +43,9 @@ still lands at the low value (budget-aware decay, Li et al. 2020).
 Adding a shape: write its options (a :class:`ScheduleConfig` dataclass whose ``shape`` field is a
 one-value ``Literal``) and its class (a :class:`Shape` built from ``(options, run)``), then
 ``register_shape("mine", MineConfig, Mine)``. ``train.schedules.<name>: {shape: mine, ...}`` then moves
-any target with it; the loop does not change.
+any target with it, and if its options have a ``scale``, ``train.scheduler: {kind: mine, ...}`` the
+learning rate (``train.lr`` the scale; :class:`asr.training.schedules.SchedulerConfig` reads its other
+options as ``train.scheduler``'s keys); the loop does not change.
 """
 
 from __future__ import annotations
@@ -401,6 +403,12 @@ class PlateauConfig(ScheduleConfig):
     def __post_init__(self) -> None:
         _check_options(self)
         check_plateau_options(self)
+        from asr.training.metrics import check_metric_name  # torch: imported once a plateau is read
+
+        try:
+            check_metric_name(self.plateau_metric, "plateau_metric")
+        except ConfigError as err:  # a ValueError, which asr.config.from_dict prefixes with the section
+            raise ValueError(str(err)) from None
 
     def extremes(self) -> tuple[float, float]:
         return _extremes(self, 0.0)
