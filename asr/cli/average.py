@@ -91,11 +91,11 @@ def clash_with(out: Path, args: argparse.Namespace) -> str | None:
     if not out.exists():
         return None
     if out.is_dir():
-        return "a folder, not an average"
+        return "other files: it is a folder, not a checkpoint file"
     try:
         training = load_checkpoint(out).get("training") or {}
     except CheckpointError as err:
-        return f"a file that cannot be read as an average ({err})"
+        return f"something other than an average ({err})"
     members = training.get("averaged_from")
     if not isinstance(members, list) or not members:
         return "a checkpoint that is not an average (no training.averaged_from)"
