@@ -15,11 +15,11 @@ from asr.checkpoints.io import load_checkpoint, save_checkpoint
 from features.config import FeatureConfig
 from features.pipeline import FeaturePipeline
 
-# Every asr.cli command that writes an output file or folder, and the one test case below that shows its rule
-# (asr.checkpoint convert has its own test; asr.train and asr.synth_librispeech resume what their folder holds,
-# asr.synth_demo writes a cache keyed by the corpus's options, asr.study resumes its folder, asr.transcribe
+# Every asr.cli command that writes an output file or folder, each shown below to keep the rule (asr.checkpoint
+# convert has its own test; asr.train and asr.synth_librispeech resume what their folder holds and refuse a
+# folder of other settings, asr.synth_demo writes a cache keyed by the corpus's options, asr.transcribe
 # writes nothing).
-WRITERS = ("evaluate", "validate", "check", "compare", "average")
+WRITERS = ("evaluate", "validate", "check", "compare", "average", "study")
 
 
 def run(command: str, argv: list[str], capsys) -> tuple[int, str]:
@@ -61,7 +61,7 @@ def test_every_command_with_an_output_option_offers_overwrite(capsys):
         if command in WRITERS:
             assert "--overwrite" in shown, command
         else:  # a command not in WRITERS has no --out, or one of the rules named at WRITERS
-            assert "--out " not in shown or command in ("study", "checkpoint"), command
+            assert "--out " not in shown or command == "checkpoint", command
 
 
 def _write_run(folder: Path, losses: list[float]) -> Path:
@@ -197,3 +197,37 @@ def test_evaluate_and_validate_replace_another_result_with_overwrite(librivox_mi
     refused("validate", argv, [out], capsys)
     assert run("validate", argv + ["--overwrite"], capsys)[0] == 0
     assert json.loads(out.read_text())["checkpoint"] == str(checkpoint)
+
+
+def test_study_refuses_a_finished_run_another_study_trained_and_trains_it_again_with_overwrite(tmp_path, capsys,
+                                                                                               monkeypatch):
+    import yaml
+    from helpers import LAS_RECIPE, TINY
+
+    from asr.cli import study
+    from asr.experiment import experiment_config_to_dict, load_experiment_config
+    from asr.studies.grid import StudyError
+
+    def trained(runs, *args):  # what would train: the runs left to train, stopped here
+        raise StudyError("trained " + " ".join(sorted(r.name for r in runs if not (r.exp_dir / "study_time.json").exists())))
+
+    monkeypatch.setattr(study, "train_runs", trained)
+    argv = [str(LAS_RECIPE), *TINY, "data.demo.enabled=false", "--grid", "train.seed=0,1", "--out", str(tmp_path / "s")]
+    runs = study.plan(study.build_parser(), argv).runs
+
+    def finish(run, *overrides):  # a finished run, as the trainer and the study leave it
+        config = experiment_config_to_dict(load_experiment_config(
+            LAS_RECIPE, [*TINY, "data.demo.enabled=false", *run.overrides(), f"exp_dir={run.exp_dir}", *overrides]))
+        run.exp_dir.mkdir(parents=True)
+        (run.exp_dir / "config.yaml").write_text(yaml.safe_dump({**config, "runtime": {"device": "cpu"}}))
+        (run.exp_dir / "study_time.json").write_text('{"train_seconds": 1.0}\n')
+
+    finish(runs[0])  # this study's own: reused
+    finish(runs[1], "model.listener.hidden_size=32")  # another study's (another model) into the same folder
+    planted = [runs[1].exp_dir / "config.yaml", runs[1].exp_dir / "study_time.json"]
+    message = refused("study", argv, [runs[1].exp_dir, *planted], capsys)
+    assert "a run another study trained" in message and "model.listener.hidden_size: 32 -> 16" in message
+    # --overwrite: the other study's run is trained again from the start (its folder emptied), this study's kept.
+    status, err = run("study", argv + ["--overwrite"], capsys)
+    assert status == 1 and f"asr.study: trained {runs[1].name}\n" in err, err
+    assert not runs[1].exp_dir.exists() and (runs[0].exp_dir / "study_time.json").exists()

@@ -93,7 +93,10 @@ optimizer step N, so that runs stopped at different points are compared
 at one budget; a run that has not trained to N is left out.
 
 A study is resumable: a finished run (its folder holds ``study_time.json``)
-is not trained again, an interrupted one (``last.pt`` but no
+is not trained again, unless another study trained it (its ``config.yaml`` differs from what this
+study gives the run in a key that may not change on resume: another recipe, other overrides into the
+same ``--out``), which is refused before anything trains, naming the run, unless ``--overwrite``, which
+trains it again from the start (:mod:`asr.cli.outputs`); an interrupted one (``last.pt`` but no
 ``study_time.json``) is continued with ``--resume``, and an evaluation is
 reused when its ``wer.json`` is newer than the checkpoint and was made with
 the same settings. A resumed run's training minutes are the trainer's own
@@ -110,6 +113,7 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,6 +122,7 @@ from typing import TYPE_CHECKING
 
 from asr.cli.errors import fail
 from asr.cli.options import add_decode_arguments, decode_settings
+from asr.cli.outputs import add_overwrite_argument, refuse_to_replace
 from asr.studies.convergence import MetricTarget, RunCurves, Targets, aggregate, measure, read_run_curves
 from asr.studies.curves import Band, CompareError, band, load_curves, plot, plot_bands
 from asr.studies.grid import (
@@ -242,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw diagnosis.png: a LAS's convergence diagnostics, every run coloured by its setting "
              "(asr.studies.diagnosis), with a table of where each run aligned",
     )
+    add_overwrite_argument(parser, "the finished runs of another study (they are trained again)")
     add_decode_arguments(parser)
     return parser
 
@@ -337,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # one study at a time in --out; a stop signal reaches the runs, which save and stop (asr.studies.grid)
         with study_in_progress(study.out):
+            replace_other_studies_runs(study)
             train_runs(study.runs, args.recipe, args.overrides, study.threads, args.jobs)
             splits = ["dev"] + (["test"] if has_split(args.recipe, [*args.overrides, *study.runs[0].overrides()], "test") else [])
             scorings = scorings_for(splits, study.settings)
@@ -354,6 +361,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asr.study: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def other_studies_runs(study: Study) -> list[tuple[Run, str]]:
+    """The finished runs in ``--out`` that were trained with other settings than this study gives them
+    (another study's, into the same folder), each with what differs; keys that may change on resume aside.
+    A run whose ``config.yaml`` cannot be read as a recipe (an older version's) is taken as it is."""
+    from asr.config import ConfigError
+    from asr.experiment import experiment_config_to_dict, load_experiment_config
+    from asr.training.resume import config_changes, may_change_on_resume
+
+    found = []
+    for run in study.runs:
+        record = run.exp_dir / "config.yaml"
+        if not (run.exp_dir / "study_time.json").exists() or not record.is_file():
+            continue
+        here = f"exp_dir={run.exp_dir}"
+        try:
+            saved = experiment_config_to_dict(load_experiment_config(record, [here]))
+        except (ConfigError, OSError, ValueError):
+            continue
+        wanted = experiment_config_to_dict(load_experiment_config(study.args.recipe,
+                                                                  [*study.args.overrides, *run.overrides(), here]))
+        changes = [str(c) for c in config_changes(saved, wanted) if not may_change_on_resume(c.key)]
+        if changes:
+            found.append((run, "; ".join(changes[:3]) + (f" and {len(changes) - 3} more" if len(changes) > 3 else "")))
+    return found
+
+
+def replace_other_studies_runs(study: Study) -> None:
+    """Refuse the finished runs of another study found in ``--out`` (:func:`other_studies_runs`), or with
+    ``--overwrite`` remove them, so that they are trained again from the start."""
+    found = other_studies_runs(study)
+    if found and not study.args.overwrite:
+        run, changes = found[0]
+        more = f"; {len(found) - 1} more run(s) there too" if len(found) > 1 else ""
+        refuse_to_replace(run.exp_dir, f"a run another study trained (its config.yaml -> here: {changes}){more}",
+                          out_given=study.args.out is not None, metavar="FOLDER")
+    for run, changes in found:
+        logger.warning("--overwrite: %s held a run another study trained (%s); training it again from the start",
+                       run.exp_dir, changes)
+        shutil.rmtree(run.exp_dir)
 
 
 def report_progress(study: Study, argv: list[str] | None) -> int:
