@@ -13,8 +13,8 @@ device (on a copy of the recipe: the caller's config is left as it was), so the 
 features were computed; a resumed run's checkpoint is read and its settings compared with these (a refused
 resume leaves ``train.log`` and ``config.yaml`` as they were); ``train.log`` opens; the data is prepared
 and the model built; ``config.yaml`` is written, once, with the settings, the history of resumes and the
-runtime record of which code computes the model (:class:`asr.training.reporting.RunRecord`, which adds
-what ran when the run ends).
+runtime record of which code computes the model (:class:`asr.training.reporting.RunRecord`; nothing
+writes it after, and what ran goes into ``train.log`` when the run ends).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def build_trainer(config: ExperimentConfig, resume: bool = False, overrides: lis
     (``key.sub=value``) and ``command`` are what the run was started with, recorded in ``train.log`` and
     TensorBoard. ``verbose`` logs every entry of the runtime record (which code computes the model), not
     only its one-line summary. ``hooks`` (:mod:`asr.training.hooks`) are called after the run's own
-    (``config.yaml``'s record, then ``train.log`` and TensorBoard)."""
+    (the runtime record's, then ``train.log`` and TensorBoard)."""
     train = config.train
     dist = init_distributed(device_kind(train.device))
     device = resolve_device(train.device, dist.local_rank)

@@ -108,3 +108,52 @@ def test_a_refused_resume_writes_nothing_and_an_allowed_one_keeps_the_record(tmp
     assert load_experiment_config(exp / "config.yaml").train.max_steps == 2  # still reads as a recipe
     assert load_checkpoint(exp / "last.pt")["config"]["train"]["max_steps"] == 3  # what wrote the checkpoint
     assert Path(resume["from"]) == exp / "last.pt"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_demo_corpus")
+def test_config_yaml_is_written_once_when_a_run_starts_and_once_when_it_resumes(tmp_path, monkeypatch):
+    """A write of config.yaml is a rename onto it (asr.writing.atomic_write), counted here; one made any
+    other way after the start would change its inode or its modification time, checked after the run."""
+    import os
+
+    from asr.checkpoints.io import load_checkpoint
+    from asr.models import runtime
+    from asr.run import build_trainer
+
+    writes = []
+    replace = os.replace
+
+    def counted(source, target, *args, **kwargs):
+        if Path(target).name == "config.yaml":
+            writes.append(target)
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", counted)
+
+    def run(overrides: list[str], resume: bool) -> tuple[bytes, dict]:
+        writes.clear()
+        trainer = build_trainer(load_experiment_config(recipe, overrides), resume=resume)
+        path = Path(trainer.parts.exp_dir) / "config.yaml"
+        assert len(writes) == 1, "written when the run is built"
+        started, written = path.stat(), path.read_bytes()
+        trainer.fit()
+        assert len(writes) == 1, "and never after"
+        assert (path.stat().st_ino, path.stat().st_mtime_ns) == (started.st_ino, started.st_mtime_ns)
+        assert path.read_bytes() == written
+        # what it records: the settings, then which code computes the model (asr.models.runtime)
+        described = runtime.describe(trainer.parts.raw_model, trainer.parts.device)
+        return written, described
+
+    recipe, *overrides = tiny_run(tmp_path, "train.max_epochs=2", "train.max_steps=2")
+    exp = tmp_path / "exp"
+    written, described = run(overrides, resume=False)
+    settings = load_checkpoint(exp / "last.pt")["config"]  # the resolved recipe every checkpoint carries
+    assert written == yaml.safe_dump({**settings, "runtime": described}, sort_keys=False).encode()
+
+    resumed = [arg for arg in overrides if arg != "train.max_steps=2"] + ["train.max_steps=3"]
+    written, described = run(resumed, resume=True)
+    record = yaml.safe_load(written)
+    (resume,) = record.pop("history")
+    assert resume["changed"] == {"train.max_steps": {"from": 2, "to": 3}} and resume["at_step"] == 2
+    assert record == {**settings, "runtime": described}  # the settings the run was started with, kept

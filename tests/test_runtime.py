@@ -26,3 +26,17 @@ def test_the_summary_is_one_line_with_the_backends_and_what_is_out_of_the_ordina
     line = runtime.summary(record, "exp/config.yaml")
     assert "C++ operator built portable" in line and "fell back to the reference path from cpp on cpu" in line
     assert "environment overrides {'ASR_LNLSTM_BUILD': 'portable'}" in line and "\n" not in line
+
+
+def test_what_ran_is_one_line_naming_each_backend_and_only_then_graphs_and_fallbacks():
+    record = {"lnlstm_backends_ran": {"cpu": ["cpp", "reference"], "cuda": ["triton"]}, "lnlstm_fallbacks": [],
+              "attention_backends_ran": ["cpp"],
+              "cuda_graphs_recorded": {"lnlstm": {"recorded": 0, "failed": None}, "speller": {"recorded": 0, "failed": None}}}
+    assert runtime.ran_summary(record) == "ran: LN-LSTM cpp, reference on cpu; triton on cuda; attention cpp"
+    record["cuda_graphs_recorded"]["speller"] = {"recorded": 3, "failed": "capture error"}
+    record["lnlstm_fallbacks"] = [{"backend": "triton", "device": "cuda", "reason": "RuntimeError"}]
+    line = runtime.ran_summary(record)
+    assert "CUDA graphs recorded lnlstm 0, speller 3 (capture failed: capture error)" in line
+    assert line.endswith("; fell back to the reference path from triton on cuda") and "\n" not in line
+    # what the process ran, as asr.models.runtime.ran gives it, reads the same way
+    assert runtime.ran_summary(runtime.ran(device="cpu")).startswith("ran: LN-LSTM ")

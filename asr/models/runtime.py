@@ -1,9 +1,10 @@
 """What code computes a model here: the LN-LSTM, attention and SDPA backends, the C++ build flags, CUDA graphs.
 
 Two runs of one recipe can run different code (a machine without a compiler falls back to the
-reference path; an override switches a path for a benchmark). The trainer writes
-:func:`describe`, and :func:`ran` after training, under ``runtime:`` in the run's ``config.yaml``,
-and :func:`summary`, one line, into ``train.log`` (every entry with ``--verbose``); ``asr.evaluate``
+reference path; an override switches a path for a benchmark). The trainer writes :func:`describe`
+under ``runtime:`` in the run's ``config.yaml`` when the run starts, and :func:`summary`, one line,
+into ``train.log``; :func:`ran`, known after training, goes into ``train.log`` as one line
+(:func:`ran_summary`; every entry of both with ``--verbose``). ``asr.evaluate``
 and ``asr.transcribe`` print :func:`describe` with ``--verbose``. CUDA graphs are left out of the
 records of a run off CUDA, where they cannot apply.
 """
@@ -123,6 +124,23 @@ def summary(record: dict, details: str) -> str:
     if record.get("environment_overrides"):
         parts.append(f"environment overrides {record['environment_overrides']}")
     return "; ".join(parts) + f" (details: {details})"
+
+
+def ran_summary(record: dict) -> str:
+    """A :func:`ran` record as one line for ``train.log``: the LN-LSTM backends that ran on each device
+    type, the attention paths, and where there are any, the CUDA graphs recorded and the fallbacks."""
+    lstm = "; ".join(f"{', '.join(backends)} on {device}" for device, backends in record["lnlstm_backends_ran"].items())
+    parts = [f"ran: LN-LSTM {lstm or 'none'}", f"attention {', '.join(record['attention_backends_ran']) or 'none'}"]
+    graphs = record.get("cuda_graphs_recorded") or {}
+    if any(entry["recorded"] or entry["failed"] for entry in graphs.values()):
+        parts.append("CUDA graphs recorded " + ", ".join(
+            f"{kind} {entry['recorded']}" + (f" (capture failed: {entry['failed']})" if entry["failed"] else "")
+            for kind, entry in graphs.items()))
+    fallbacks = record.get("lnlstm_fallbacks") or []
+    if fallbacks:
+        names = sorted({f"{f.get('backend')} on {f.get('device')}" if isinstance(f, dict) else str(f) for f in fallbacks})
+        parts.append(f"fell back to the reference path from {', '.join(names)}")
+    return "; ".join(parts)
 
 
 def lines(record: dict) -> list[str]:

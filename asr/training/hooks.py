@@ -21,8 +21,9 @@ parameter and a clock reading, not spent on the updates no hook reports).
 A hook keeps nothing in the checkpoint: one that steers the run derives what it does from what the
 events carry (the update's number, the epoch's), so a run stopped and resumed sees the same events and
 does the same as one run straight. The run's own reporting (``train.log``, TensorBoard and the closing
-summary: :class:`asr.training.reporting.Reporting`) and its ``config.yaml`` record
-(:class:`asr.training.reporting.RunRecord`) are hooks; a new one is a class in a file of its own, handed to
+summary: :class:`asr.training.reporting.Reporting`) and its runtime record
+(:class:`asr.training.reporting.RunRecord`, which writes ``config.yaml`` when the run is built and logs what
+ran when it ends) are hooks; a new one is a class in a file of its own, handed to
 :func:`asr.run.build_trainer` (``hooks=[...]``).
 """
 

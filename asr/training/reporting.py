@@ -231,9 +231,12 @@ class Reporting(Hook):
 class RunRecord(Hook):
     """``config.yaml``: the run's settings (the resolved recipe, with the ``history`` of its resumes:
     :func:`asr.training.resume.settings_record`) and under ``runtime:`` which code computes its model
-    (:func:`asr.models.runtime.describe`). It is written when the run is built; when the run ends, what
-    ran joins it (:func:`asr.models.runtime.ran`: backends, fallbacks, CUDA graphs recorded), which only
-    then is known. Loading it as a recipe ignores both records."""
+    (:func:`asr.models.runtime.describe`). :meth:`write` writes it once, when the run is built (a resumed
+    run's start writes it again, its resume added to the history), and nothing writes it after: a run
+    stopped at any point leaves the record its start wrote. What ran (:func:`asr.models.runtime.ran`:
+    backends, fallbacks, CUDA graphs recorded) is known only when the run ends, and goes into
+    ``train.log`` then, one line (every entry with ``--verbose``). Loading config.yaml as a recipe ignores
+    the runtime record and the history."""
 
     def __init__(self, path: Path, settings: dict, described: dict, device, main: bool, verbose: bool = False):
         self.path, self.settings, self.runtime, self.device = path, settings, described, device
@@ -250,12 +253,12 @@ class RunRecord(Hook):
             atomic_write(self.path, yaml.safe_dump(record, sort_keys=False))
 
     def on_run_end(self, trainer, end: RunEnd) -> None:
-        """What ran joins the runtime record (in ``train.log`` too, with ``--verbose``)."""
+        """What ran, into ``train.log``: one line, or with ``--verbose`` every entry."""
         ran = runtime.ran(since=self._before, device=self.device)
-        self.runtime.update(ran)
         if self.verbose:
             runtime.log(logger, ran)
-        self.write()
+        else:
+            logger.info("%s", runtime.ran_summary(ran))
 
 
 def write_epoch_summaries(writer, exp_dir: Path, progress: Progress, metrics: dict[str, float], figures) -> None:

@@ -15,11 +15,12 @@ imports nothing above :mod:`asr.training`. What the loop consults lives beside i
   of which says whether higher is better;
 - :mod:`asr.training.epoch_end`: ranking an epoch, early stopping, its checkpoints;
 - :mod:`asr.training.hooks`: the events (update, validation, epoch end, run end) that whatever watches or
-  steers the run answers; ``train.log`` and TensorBoard (:mod:`asr.training.reporting`) and ``config.yaml``
-  are hooks too;
+  steers the run answers; ``train.log`` and TensorBoard (:mod:`asr.training.reporting`) and the runtime
+  record (what ran, logged when the run ends) are hooks too;
 - :mod:`asr.training.resume`: finding what to resume from, and putting it back.
 
-The experiment directory (``exp_dir``) receives the resolved ``config.yaml``, ``train.log``,
+The experiment directory (``exp_dir``) receives the resolved ``config.yaml`` (written once, when the run is
+built: :func:`asr.run.build_trainer`), ``train.log``,
 TensorBoard event files (:mod:`asr.training.reporting` lists what is in them), ``last.pt`` (everything
 needed to resume), ``epoch{E}.pt`` for the last ``train.keep_last`` epochs (these can be resumed from
 too, should ``last.pt`` be unreadable or missing) and the best ``train.keep_best`` epochs as

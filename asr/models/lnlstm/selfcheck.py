@@ -14,7 +14,8 @@ a kernel broken by a driver, a changed compiler, code nobody could run on a GPU.
 
 * ``fallback`` (the default): one warning line naming the backend, the device and the reason, and the
   call runs on the next candidate (the reference path); the run records it
-  (:func:`fallbacks`, ``runtime: lnlstm_fallbacks`` in ``config.yaml``);
+  (:func:`fallbacks`: ``runtime: lnlstm_fallbacks`` in ``config.yaml`` for the checks made while the
+  run was built, and the what-ran line ``train.log`` ends with for all);
 * ``strict``: a :class:`BackendCheckError` instead, naming the same;
 * ``off``: no check (benchmarks of the backends themselves).
 
