@@ -1,11 +1,29 @@
-"""Attention (asr/models/attention.py): masking, batch invariance, the location term."""
+"""Attention (asr/models/attention.py): masking, batch invariance, the location term; each type owns its
+keys (asr/models/attention_interface.py).
+
+tests/fixtures/las_attention_da63599.json was written by the code before each type owned its keys (commit
+da63599, MoChA's keys in every type's config): for recipes/study_las_demo.yaml with each attention type,
+the ``model`` section its run wrote into config.yaml and its checkpoints, the state_dict (each entry's
+shape and sum) of the LAS built from it with seed 0, and its loss on a fixed batch in train and eval mode."""
+
+import json
 
 import pytest
 import torch
 
-from asr.config import ConfigError, from_dict
+from asr.config import ConfigError, describe_config, from_dict, to_dict
+from asr.experiment import as_recipe, experiment_config_to_dict, load_experiment_config
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.common import lengths_to_mask
+from asr.models.las import LAS
+from asr.models.mocha import MochaConfig
+from asr.models.registry import model_config_from_dict
+from asr.training.resume import check_resume
+
+from helpers import PROJECT_ROOT
+
+OLD = json.loads((PROJECT_ROOT / "tests" / "fixtures" / "las_attention_da63599.json").read_text())
+DEMO = PROJECT_ROOT / "recipes" / "study_las_demo.yaml"
 
 TYPES = ["content", "dot", "location"]
 QUERY, KEY = 6, 10
@@ -145,3 +163,72 @@ def test_a_window_confines_attention_around_the_previous_focus():
     assert Attention.focus(peaked).tolist() == [2, 0]
     with pytest.raises(ValueError, match="window"):
         AttentionConfig(window=[3])
+
+
+def _las_results(model_config) -> tuple[dict[str, torch.Tensor], float, float]:
+    """The state_dict of the LAS ``model_config`` builds with seed 0 (20 features, 12 tokens) and its loss
+    on a fixed batch, in train mode (seed 1: dropout, MoChA's noise) and in eval mode."""
+    torch.manual_seed(0)
+    model = LAS(model_config, input_dim=20, vocab_size=12)
+    generator = torch.Generator().manual_seed(5)
+    features = torch.randn(2, 40, 20, generator=generator)
+    tokens = torch.randint(3, 12, (2, 4), generator=generator)
+    tokens[1, 2:] = 0
+    batch = (features, torch.tensor([40, 27]), tokens, torch.tensor([4, 2]))
+    torch.manual_seed(1)
+    train_loss = model.train()(*batch).loss.item()
+    with torch.no_grad():
+        eval_loss = model.eval()(*batch).loss.item()
+    return model.state_dict(), train_loss, eval_loss
+
+
+@pytest.mark.parametrize("name", sorted(OLD))
+def test_an_old_runs_attention_config_reads_as_its_recipe_does_today_and_builds_the_same_model(name):
+    entry = OLD[name]
+    written = entry["model"]
+    today = load_experiment_config(DEMO, entry["overrides"])
+    config = model_config_from_dict(written)  # MoChA's keys flat in every type's section, as runs wrote them
+    assert config == today.model
+    new = to_dict(config)["attention"]
+    assert {key: written["attention"][key] for key in new} == new  # every key it keeps has its old value
+    left_out = set(written["attention"]) - set(new)
+    assert left_out == (set() if config.attention.type == "mocha" else {"chunk", "monotonic_bias", "sigmoid_noise"})
+    # an old run resumes: its checkpoint's config, read as a recipe, is the recipe's
+    resolved = experiment_config_to_dict(today)
+    assert check_resume(as_recipe({**resolved, "model": written}), resolved, "last.pt") == []
+    # the same weights and losses as the old code's, and as today's recipe gives
+    state, train_loss, eval_loss = _las_results(config)
+    assert {key: [list(value.shape), pytest.approx(value.double().sum().item(), rel=1e-6, abs=1e-6)]
+            for key, value in state.items()} == entry["state_dict"]
+    assert (train_loss, eval_loss) == (pytest.approx(entry["train_loss"], rel=1e-5),
+                                       pytest.approx(entry["eval_loss"], rel=1e-5))
+    again, *losses = _las_results(today.model)
+    assert losses == [train_loss, eval_loss] and all(torch.equal(again[key], state[key]) for key in state)
+
+
+def test_another_types_key_is_refused_in_one_line_naming_the_key_and_the_type():
+    with pytest.raises(ConfigError) as refused:
+        load_experiment_config(DEMO, ["model.attention.type=location", "model.attention.chunk=3"])
+    message = str(refused.value)
+    assert "unknown config key 'model.attention.chunk' for attention type 'location'; it is a key of 'mocha'" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match="'model.attention.monotonic_bias' for attention type 'content'"):
+        from_dict(AttentionConfig, {"type": "content", "monotonic_bias": 4.0}, "model.attention")
+    with pytest.raises(ConfigError, match="unknown config key 'model.attention.chunks' for attention type 'mocha' "
+                                          "\\(the keys of 'mocha': backend, chunk,"):
+        from_dict(AttentionConfig, {"type": "mocha", "chunks": 3}, "model.attention")
+    # a config object of the wrong class for its type is refused too
+    with pytest.raises(ValueError, match="type 'mocha' has its keys in MochaConfig, not AttentionConfig"):
+        AttentionConfig(type="mocha")
+    with pytest.raises(ValueError, match="type 'location' has its keys in AttentionConfig, not MochaConfig"):
+        MochaConfig(type="location")
+
+
+@pytest.mark.parametrize("kind", ["location", "mocha"])
+def test_the_listed_keys_are_the_types_own_each_with_its_meaning(kind):
+    keys = {k.key: k for k in describe_config(load_experiment_config(DEMO, [f"model.attention.type={kind}"]))}
+    attention = {key.rpartition(".")[2]: k for key, k in keys.items() if key.startswith("model.attention.")}
+    config_class = MochaConfig if kind == "mocha" else AttentionConfig
+    assert set(attention) == {f.name for f in __import__("dataclasses").fields(config_class)}
+    assert all(k.meaning for k in attention.values()), [name for name, k in attention.items() if not k.meaning]
+    assert ("chunk" in attention) == (kind == "mocha")

@@ -1,17 +1,21 @@
 """A LAS attention type written outside the package (asr/models/attention_interface.py): registered with one
-call, it trains and decodes in a LAS built from a recipe naming it, with no edit to the speller."""
+call, with a key of its own in its own config, it trains and decodes in a LAS built from a recipe naming it,
+with no edit to the speller or to AttentionConfig."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
 
-from asr.config import ConfigError
+from asr.config import ConfigError, describe_config, from_dict
 from asr.decoding import DecodingOptions, beam_search, greedy_search
 from asr.models import speller_graphs
-from asr.models.attention import ATTENTION_TYPES, register_attention
+from asr.models.attention import ATTENTION_TYPES, AttentionConfig, register_attention
 from asr.models.attention_interface import LASAttention
+from asr.models.las import LASConfig
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.las import LAS
 from asr.models.registry import model_config_from_dict
@@ -19,13 +23,28 @@ from asr.models.registry import model_config_from_dict
 from helpers import las_batch
 
 
+@dataclass
+class UniformConfig(AttentionConfig):
+    """The toy's keys: every type's, and its own."""
+
+    type: str = "toy"
+    gain: float = 0.5  # the learnt gain's initial value
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gain <= 0:
+            raise ValueError(f"gain must be positive, got {self.gain}")
+
+
 class UniformAttention(LASAttention):
     """Every valid frame weighs the same; the context is that mean of the keys times a learnt gain. Its
     trivial state of its own: ``steps`` (N,), how many steps each hypothesis has taken."""
 
-    def __init__(self, config, query_dim: int, key_dim: int) -> None:
+    config_class = UniformConfig
+
+    def __init__(self, config: UniformConfig, query_dim: int, key_dim: int) -> None:
         super().__init__(key_dim)
-        self.gain = nn.Parameter(torch.tensor(0.5))
+        self.gain = nn.Parameter(torch.tensor(config.gain))
 
     def initial_state(self, keys, mask):
         weights = mask.to(keys.dtype) / mask.sum(1, keepdim=True).to(keys.dtype)
@@ -51,8 +70,8 @@ def toy_types():
     del ATTENTION_TYPES["toy"], ATTENTION_TYPES["toy_recordable"]
 
 
-def toy_las(kind: str = "toy") -> LAS:
-    recipe = {"type": "las", "ctc_weight": 0.3, "attention": {"type": kind, "dim": 8},
+def toy_las(kind: str = "toy", **keys) -> LAS:
+    recipe = {"type": "las", "ctc_weight": 0.3, "attention": {"type": kind, "dim": 8, **keys},
               "listener": {"hidden_size": 8, "num_layers": 3, "pyramid_layers": 2},
               "speller": {"embedding_dim": 4, "hidden_size": 8, "num_layers": 2}}
     torch.manual_seed(0)
@@ -68,6 +87,21 @@ def test_a_type_is_known_only_once_registered(toy_types):
         register_attention("toy", UniformAttention)
     with pytest.raises(TypeError, match="subclass LASAttention"):
         register_attention("other", nn.Linear)
+
+
+def test_a_type_reads_its_own_keys_and_the_others_refuse_them_naming_the_key(toy_types):
+    assert toy_las(gain=0.25).speller.attention.gain.item() == 0.25
+    assert toy_las("toy_recordable", gain=2.0).speller.attention.gain.item() == 2.0  # two types, one config
+    with pytest.raises(ConfigError, match="model.attention: gain must be positive, got -1"):
+        toy_las(gain=-1.0)
+    with pytest.raises(ConfigError) as refused:
+        from_dict(LASConfig, {"attention": {"type": "location", "gain": 0.25}}, "model")
+    assert str(refused.value).startswith("unknown config key 'model.attention.gain' for attention type 'location'; "
+                                         "it is a key of 'toy', 'toy_recordable' (the keys of 'location': ")
+    # and --show-config lists it, with its meaning, for a recipe naming the type
+    keys = {k.key: k for k in describe_config(from_dict(LASConfig, {"attention": {"type": "toy"}}, "model"))}
+    assert keys["attention.gain"].value == 0.5 and keys["attention.gain"].meaning == "the learnt gain's initial value"
+    assert "attention.gain" not in {k.key for k in describe_config(LASConfig())}
 
 
 def test_a_registered_type_trains_and_decodes_in_a_las(toy_types):

@@ -11,6 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 from asr.config import ConfigError, from_dict, to_dict
 from asr.decoding import DecodingOptions, beam_search, greedy_search
 from asr.models.attention import AttentionConfig
+from asr.models.mocha import MochaConfig
 from asr.models.common import add_sos_eos
 from asr.models.las import LAS, LASConfig
 from asr.models.listener import ListenerConfig
@@ -101,8 +102,9 @@ def test_ctc_head_exists_only_with_a_positive_weight_and_losses_combine():
 @pytest.mark.parametrize("attention", ["location", "content", "dot", "mocha"])
 def test_decode_step_with_teacher_tokens_equals_the_teacher_forced_pass(attention):
     config = small_config(ctc_weight=0.3)
-    config.attention.type = attention
-    config.attention.heads = 2 if attention == "content" else 1
+    # read as the class of its type (MoChA's keys are MochaConfig's)
+    heads = 2 if attention == "content" else 1
+    config.attention = from_dict(AttentionConfig, {**to_dict(config.attention), "type": attention, "heads": heads})
     torch.manual_seed(0)
     model = LAS(config, input_dim=6, vocab_size=10).eval()
     features, feature_lengths, tokens, token_lengths = random_batch()
@@ -198,7 +200,8 @@ def test_small_las_learns_real_connected_digits(fsdd_dev, attention):
         # MoChA with a stop bias of +4 (p = 0.98): with the paper's -4 (p = 0.02) the scan expects
         # to pass 50 frames before it stops, more than these utterances have after the 8x
         # reduction, so the stop mass runs off the end and the speller learns without its audio.
-        attention=AttentionConfig(type=attention, dim=32, conv_channels=4, conv_kernel=5, monotonic_bias=4.0),
+        attention=(MochaConfig(dim=32, conv_channels=4, conv_kernel=5, monotonic_bias=4.0) if attention == "mocha"
+                   else AttentionConfig(type=attention, dim=32, conv_channels=4, conv_kernel=5)),
         speller=SpellerConfig(embedding_dim=16, hidden_size=64, num_layers=1),
         ctc_weight=0.3,
     )

@@ -5,9 +5,9 @@ and the speller's monotonic decoding."""
 import pytest
 import torch
 
-from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.mocha import (
+    MochaConfig,
     MonotonicChunkwiseAttention,
     chunkwise_weights,
     expected_alignment,
@@ -125,7 +125,7 @@ def test_the_expected_alignment_becomes_the_hard_one_when_p_is_0_or_1():
 
 def make_attention(**options):
     torch.manual_seed(0)
-    return MonotonicChunkwiseAttention(AttentionConfig(type="mocha", dim=6, **options), QUERY, KEY)
+    return MonotonicChunkwiseAttention(MochaConfig(dim=6, **options), QUERY, KEY)
 
 
 def module_inputs():
@@ -188,17 +188,19 @@ def test_noise_only_in_training_and_gradients_reach_every_parameter_without_nan(
 
 def test_config_rejects_what_mocha_cannot_do():
     with pytest.raises(ValueError, match="heads"):
-        AttentionConfig(type="mocha", heads=2)
+        MochaConfig(heads=2)
     with pytest.raises(ValueError, match="window"):
-        AttentionConfig(type="mocha", window=[2, 4])
+        MochaConfig(window=[2, 4])
     with pytest.raises(ValueError, match="chunk"):
-        AttentionConfig(type="mocha", chunk=0)
+        MochaConfig(chunk=0)
+    with pytest.raises(ValueError, match="sigmoid_noise"):
+        MochaConfig(sigmoid_noise=-1.0)
 
 
 def test_a_speller_with_mocha_decodes_monotonically_and_teacher_forcing_equals_its_steps():
     torch.manual_seed(0)
     speller = Speller(SpellerConfig(embedding_dim=5, hidden_size=QUERY, num_layers=1),
-                      AttentionConfig(type="mocha", dim=6, monotonic_bias=0.5), 11, KEY).eval()
+                      MochaConfig(dim=6, monotonic_bias=0.5), 11, KEY).eval()
     _, keys, mask = module_inputs()
     decoder_input = torch.randint(3, 11, (3, 6))
     with torch.no_grad():

@@ -4,6 +4,7 @@ scheduled sampling, masking."""
 import pytest
 import torch
 
+from asr.config import from_dict
 from asr.models.attention import Attention, AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.interface import reorder_nested
@@ -17,7 +18,7 @@ def make(kind="location", heads=1, layers=2, **options) -> Speller:
     torch.manual_seed(0)
     speller = Speller(
         SpellerConfig(embedding_dim=5, hidden_size=7, num_layers=layers, **options),
-        AttentionConfig(type=kind, dim=6, heads=heads, conv_channels=3, conv_kernel=3),
+        from_dict(AttentionConfig, {"type": kind, "dim": 6, "heads": heads, "conv_channels": 3, "conv_kernel": 3}),
         VOCAB,
         KEY,
     )

@@ -14,6 +14,7 @@ import torch
 
 from asr.models import cuda_graphs as graphs
 from asr.models import speller_graphs
+from asr.config import from_dict, to_dict
 from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.speller import Speller, SpellerConfig
@@ -26,7 +27,7 @@ def make(kind="location", heads=1, layers=2, device="cpu", **options) -> Speller
     torch.manual_seed(0)
     speller = Speller(
         SpellerConfig(embedding_dim=6, hidden_size=12, num_layers=layers, **options),
-        AttentionConfig(type=kind, dim=8, heads=heads, conv_channels=3, conv_kernel=5),
+        from_dict(AttentionConfig, {"type": kind, "dim": 8, "heads": heads, "conv_channels": 3, "conv_kernel": 5}),
         VOCAB,
         KEY,
     )
@@ -193,7 +194,7 @@ def small_las(kind):
 
     torch.manual_seed(2)
     config = small_config(ctc_weight=0.3)
-    config.attention.type = kind
+    config.attention = from_dict(AttentionConfig, {**to_dict(config.attention), "type": kind})  # its type's class
     return LAS(config, input_dim=6, vocab_size=10).eval()
 
 

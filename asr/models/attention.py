@@ -17,8 +17,10 @@ A fourth type, ``"mocha"``, monotonic chunkwise attention (Chiu & Raffel 2018),
 is its own module, :class:`asr.models.mocha.MonotonicChunkwiseAttention`: it
 keeps a different state (where the previous step stopped) and has one head.
 Every type implements :class:`~asr.models.attention_interface.LASAttention`, the
-one interface the speller sees, and ``ATTENTION_TYPES`` (below) maps
-``model.attention.type`` to its class: a new type is one file and one line there.
+one interface the speller sees, and the table at the end of this file maps
+``model.attention.type`` to its class: a new type is one file and one line there. The keys of
+``model.attention`` are :class:`~asr.models.attention_interface.AttentionConfig`'s (every type's, and all
+that these three read); MoChA's own keys live beside it (:class:`~asr.models.mocha.MochaConfig`).
 
 Masks follow the toolkit convention (True = valid frame). Energies of padded
 frames are set to ``-inf`` before the softmax, so their weights are exactly 0,
@@ -37,74 +39,16 @@ as in the LAS paper (no output projection).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import nn
 
 from asr.models import attention_fused
-from asr.models.attention_interface import LASAttention
+from asr.models.attention_interface import ATTENTION_TYPES, AttentionConfig, LASAttention, register_attention
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.mocha import MonotonicChunkwiseAttention
 
-
-@dataclass
-class AttentionConfig:
-    """The ``model.attention`` section of an LAS recipe."""
-
-    # content, dot, location or mocha (ATTENTION_TYPES); location-aware copes best with long utterances
-    type: str = "location"
-    dim: int = 256            # size of the projected query/keys the energies are computed in
-    heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
-    conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
-    # Odd width of the location filters in encoder frames. ESPnet's default (aconv-filts 100, a
-    # 201-frame filter) is used by its RNN recipes after 4x reduction too (WSJ: subsample 1_2_2_1_1),
-    # so 201 frames is not only for unreduced encoders; 31 reaches +-15 frames (0.6 s at 40 ms).
-    conv_kernel: int = 31
-    # The softmax's inverse temperature: weights = softmax(scaling * energies). ESPnet's AttLoc uses 2.0
-    # by default (its `scaling`); 1.0 is Chorowski et al.'s. Larger values sharpen the attention.
-    scaling: float = 1.0
-    # Width of the soft diagonal prior (asr/models/speller.py, "Attention prior") in encoder frames per
-    # output step; the prior acts only while the attention_prior schedule is above 0.
-    prior_width: float = 3.0
-    # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
-    # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
-    # restrict it to keep attention from jumping ahead; [] attends everywhere. On utterances longer than
-    # any trained on it did not stop the speller from skipping words (docs/studies/long_utterances.md).
-    window: list[int] = field(default_factory=list)
-    # type "mocha" only (asr/models/mocha.py, Chiu & Raffel 2018): the softmax's chunk in encoder
-    # frames, the initial bias r of the stop energy, and the std of the noise added to it in training
-    chunk: int = 2
-    monotonic_bias: float = -4.0
-    sigmoid_noise: float = 1.0
-    # Which code computes a step of types content and location (asr/models/attention_fused.py): auto
-    # (the fused C++ step on CPU with one head, where it builds; else PyTorch ops), reference (PyTorch
-    # ops always) or cpp (an error where the fused step cannot run). The run records what ran.
-    backend: Literal["auto", "reference", "cpp"] = "auto"
-
-    def __post_init__(self) -> None:
-        if self.type not in ATTENTION_TYPES:
-            raise ValueError(f"type: {self.type!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
-        if self.chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
-        if self.scaling <= 0:
-            raise ValueError(f"scaling must be positive, got {self.scaling}")
-        if self.prior_width <= 0:
-            raise ValueError(f"prior_width must be positive, got {self.prior_width}")
-        if self.sigmoid_noise < 0:
-            raise ValueError(f"sigmoid_noise must be >= 0, got {self.sigmoid_noise}")
-        if self.backend not in attention_fused.BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(attention_fused.BACKENDS)}, got {self.backend!r}")
-        for name in ("dim", "heads", "conv_channels", "conv_kernel"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.conv_kernel % 2 == 0:
-            # An odd kernel centred on each frame keeps frame t's filter output aligned with frame t.
-            raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
-        if self.window and (len(self.window) != 2 or min(self.window) < 0):
-            raise ValueError(f"window must be [] or [left, right] with both >= 0, got {self.window}")
-        ATTENTION_TYPES[self.type].check_config(self)  # what only that type refuses
+__all__ = ["ATTENTION_TYPES", "Attention", "AttentionConfig", "register_attention"]
 
 
 class Attention(LASAttention):
@@ -309,21 +253,11 @@ class Attention(LASAttention):
         return context, weights
 
 
-# model.attention.type -> the class that computes it. A new type: one file with a LASAttention subclass
-# (asr/models/mocha.py is the example) and one line here.
-ATTENTION_TYPES: dict[str, type[LASAttention]] = {
-    "content": Attention,
-    "dot": Attention,
-    "location": Attention,
-    "mocha": MonotonicChunkwiseAttention,
-}
-
-
-def register_attention(name: str, attention_class: type[LASAttention]) -> None:
-    """Make ``model.attention.type: name`` build ``attention_class`` (a type written outside this package:
-    an experiment, a test); ValueError where the name is taken."""
-    if name in ATTENTION_TYPES:
-        raise ValueError(f"attention type {name!r} is registered already")
-    if not (isinstance(attention_class, type) and issubclass(attention_class, LASAttention)):
-        raise TypeError(f"an attention type must subclass LASAttention, got {attention_class!r}")
-    ATTENTION_TYPES[name] = attention_class
+# The table: model.attention.type -> the class that computes it, whose config_class holds the keys it
+# reads (asr/models/attention_interface.py derives the rest). A new type: one file with a LASAttention
+# subclass, its config beside it where it has keys of its own (asr/models/mocha.py is the example), and
+# one line here; from outside the package, one register_attention call.
+register_attention("content", Attention)
+register_attention("dot", Attention)
+register_attention("location", Attention)
+register_attention("mocha", MonotonicChunkwiseAttention)

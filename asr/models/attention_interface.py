@@ -1,9 +1,17 @@
-"""What every attention type of the LAS speller implements: :class:`LASAttention`.
+"""What every attention type of the LAS speller implements (:class:`LASAttention`), the keys every type
+has (:class:`AttentionConfig`), and the table of types, ``model.attention.type`` -> its class.
 
 The speller (:mod:`asr.models.speller`) and its CUDA graphs (:mod:`asr.models.speller_graphs`) see an
-attention through this class only, so a new type (one that keeps a state of its own, as MoChA does) is
-one file with a subclass and one line in ``ATTENTION_TYPES`` (:mod:`asr.models.attention`), which maps
-``model.attention.type`` to its class.
+attention through :class:`LASAttention` only, so a new type (one that keeps a state of its own, as MoChA
+does) is one file with a subclass and one :func:`register_attention` line (:mod:`asr.models.attention`
+names the toolkit's types; code outside the package calls it too).
+
+A type declares its options beside its code: its ``config_class``, a subclass of :class:`AttentionConfig`
+whose ``type`` defaults to the type's name, with its own keys (MoChA's chunk, stop bias and noise:
+:class:`asr.models.mocha.MochaConfig`); types without keys of their own (``content``, ``dot``, ``location``)
+read :class:`AttentionConfig` itself. Everything else follows from the table: the types a recipe may name,
+the keys each takes, and the refusal of a key the named type does not have, one line naming the key and
+the type. This module knows no type (they import it), as :mod:`asr.models.encoder_registry` knows no encoder.
 
 An attention owns some entries of the speller's decoding state (a dict whose tensors have the
 hypothesis as their first dimension, :class:`asr.models.speller.Speller`):
@@ -21,19 +29,128 @@ Masks follow the toolkit's convention (True = valid); every row has at least one
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from asr.config import ConfigError
+from asr.models import attention_fused
+
+
+@dataclass
+class AttentionConfig:
+    """The ``model.attention`` section of an LAS recipe: the keys every type has, and all the keys of the
+    types ``content``, ``dot`` and ``location``. A type with keys of its own reads a subclass
+    (``LASAttention.config_class``); ``model.attention`` is read as the class its ``type`` names
+    (:meth:`config_variant`)."""
+
+    # content, dot, location or mocha (ATTENTION_TYPES); location-aware copes best with long utterances
+    type: str = "location"
+    dim: int = 256            # size of the projected query/keys the energies are computed in
+    heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
+    conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
+    # Odd width of the location filters in encoder frames. ESPnet's default (aconv-filts 100, a
+    # 201-frame filter) is used by its RNN recipes after 4x reduction too (WSJ: subsample 1_2_2_1_1),
+    # so 201 frames is not only for unreduced encoders; 31 reaches +-15 frames (0.6 s at 40 ms).
+    conv_kernel: int = 31
+    # The softmax's inverse temperature: weights = softmax(scaling * energies). ESPnet's AttLoc uses 2.0
+    # by default (its `scaling`); 1.0 is Chorowski et al.'s. Larger values sharpen the attention.
+    scaling: float = 1.0
+    # Width of the soft diagonal prior (asr/models/speller.py, "Attention prior") in encoder frames per
+    # output step; the prior acts only while the attention_prior schedule is above 0.
+    prior_width: float = 3.0
+    # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
+    # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
+    # restrict it to keep attention from jumping ahead; [] attends everywhere. On utterances longer than
+    # any trained on it did not stop the speller from skipping words (docs/studies/long_utterances.md).
+    window: list[int] = field(default_factory=list)
+    # Which code computes a step of types content and location (asr/models/attention_fused.py): auto
+    # (the fused C++ step on CPU with one head, where it builds; else PyTorch ops), reference (PyTorch
+    # ops always) or cpp (an error where the fused step cannot run). The run records what ran.
+    backend: Literal["auto", "reference", "cpp"] = "auto"
+
+    def __post_init__(self) -> None:
+        """The checks of the keys every type has; a type's config adds its own after calling this."""
+        if self.type not in ATTENTION_TYPES:
+            raise ValueError(f"type: {self.type!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
+        config_class = ATTENTION_TYPES[self.type].config_class
+        if type(self) is not config_class:
+            raise ValueError(f"type {self.type!r} has its keys in {config_class.__name__}, not {type(self).__name__}")
+        if self.scaling <= 0:
+            raise ValueError(f"scaling must be positive, got {self.scaling}")
+        if self.prior_width <= 0:
+            raise ValueError(f"prior_width must be positive, got {self.prior_width}")
+        if self.backend not in attention_fused.BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(attention_fused.BACKENDS)}, got {self.backend!r}")
+        for name in ("dim", "heads", "conv_channels", "conv_kernel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.conv_kernel % 2 == 0:
+            # An odd kernel centred on each frame keeps frame t's filter output aligned with frame t.
+            raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
+        if self.window and (len(self.window) != 2 or min(self.window) < 0):
+            raise ValueError(f"window must be [] or [left, right] with both >= 0, got {self.window}")
+
+    @classmethod
+    def config_variant(cls, data: dict, path: str) -> type[AttentionConfig]:
+        """The config class ``data`` is read as (:func:`asr.config.from_dict` asks): its ``type``'s."""
+        if cls is not AttentionConfig:
+            return cls
+        kind = data.get("type", AttentionConfig.type)
+        if kind not in ATTENTION_TYPES:
+            raise ConfigError(f"{path or 'config'}: type: {kind!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
+        return ATTENTION_TYPES[kind].config_class
+
+    @classmethod
+    def config_data(cls, data: dict, path: str) -> dict:
+        """``data`` as this type reads it (:func:`asr.config.from_dict` asks). A key the type does not have
+        is an error naming the key and the type, but for another type's key at that type's default, which
+        is left out: runs before each type owned its keys wrote MoChA's (chunk, monotonic_bias,
+        sigmoid_noise) beside every type's, at their defaults, into config.yaml and their checkpoints, and
+        those load."""
+        own = {f.name for f in dataclasses.fields(cls)}
+        kind = data.get("type", cls.type)
+        kept = {}
+        for key, value in data.items():
+            if key in own:
+                kept[key] = value
+                continue
+            owners = {name: _defaults(entry.config_class) for name, entry in ATTENTION_TYPES.items()
+                      if key in _defaults(entry.config_class)}
+            if any(value == defaults[key] for defaults in owners.values()):
+                continue
+            whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
+            raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for attention type {kind!r}"
+                              f"{whose} (the keys of {kind!r}: {', '.join(sorted(own))})")
+        return kept
+
+
+def _defaults(config_class: type[AttentionConfig]) -> dict[str, Any]:
+    """Each field of ``config_class`` with its default."""
+    defaults = {}
+    for f in dataclasses.fields(config_class):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
 
 
 class LASAttention(nn.Module, ABC):
     """One attention type of the LAS speller.
 
-    Subclasses take ``(config, query_dim, key_dim)``: the ``model.attention`` section
-    (:class:`asr.models.attention.AttentionConfig`), Q the size of the query (the speller's top cell) and H
-    the size of a key (a listener state), which is also the size of the context.
+    Subclasses take ``(config, query_dim, key_dim)``: the ``model.attention`` section (an instance of their
+    ``config_class``), Q the size of the query (the speller's top cell) and H the size of a key (a listener
+    state), which is also the size of the context.
     """
+
+    # The keys this type reads: AttentionConfig, or a subclass of it with the type's own keys (and its own
+    # checks, in its __post_init__) whose ``type`` defaults to the type's name.
+    config_class: type[AttentionConfig] = AttentionConfig
 
     # The dimension that runs over the listener frames of each state entry this type keeps (its own, the
     # static ones and "weights"); entries without one (the window's focus) are left out. The speller's
@@ -43,11 +160,6 @@ class LASAttention(nn.Module, ABC):
     def __init__(self, key_dim: int) -> None:
         super().__init__()
         self.key_dim = key_dim
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        """Refuse, with a ValueError naming the key, a ``model.attention`` section this type cannot
-        compute (``AttentionConfig`` asks when it is built). Nothing is refused by default."""
 
     @property
     def context_dim(self) -> int:
@@ -86,3 +198,22 @@ class LASAttention(nn.Module, ABC):
         head's summing to at most 1 over the valid frames and exactly 0 on padded ones, and the new values
         of this type's own entries (``"weights"`` aside). ``energy_bias`` (N, T): the attention prior's
         energies, added where a type has energies over the frames (a type may ignore it)."""
+
+
+# model.attention.type -> the class that computes it (its config_class: the keys it reads). Filled by
+# register_attention: asr/models/attention.py names the toolkit's types, one line each.
+ATTENTION_TYPES: dict[str, type[LASAttention]] = {}
+
+
+def register_attention(name: str, attention_class: type[LASAttention]) -> None:
+    """Make ``model.attention.type: name`` build ``attention_class`` and read its keys as its
+    ``config_class`` (several names may share one, as content, dot and location share AttentionConfig);
+    ValueError where the name is taken."""
+    if name in ATTENTION_TYPES:
+        raise ValueError(f"attention type {name!r} is registered already")
+    if not (isinstance(attention_class, type) and issubclass(attention_class, LASAttention)):
+        raise TypeError(f"an attention type must subclass LASAttention, got {attention_class!r}")
+    config_class = attention_class.config_class
+    if not (isinstance(config_class, type) and issubclass(config_class, AttentionConfig)):
+        raise TypeError(f"the config of attention type {name!r} must subclass AttentionConfig, got {config_class!r}")
+    ATTENTION_TYPES[name] = attention_class

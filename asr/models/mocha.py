@@ -37,21 +37,46 @@ context, as in the paper) for this and every later step.
 
 The speller keeps the previous stop distribution in its state
 (``"monotonic"``, (N, T)); the returned weights are ``beta`` with a head axis,
-like :class:`~asr.models.attention.Attention`'s. All of that is this file's: it implements
-:class:`~asr.models.attention_interface.LASAttention`, and ``type: mocha`` is one line of
-``ATTENTION_TYPES`` (:mod:`asr.models.attention`).
+like :class:`~asr.models.attention.Attention`'s. All of that is this file's, its keys too
+(:class:`MochaConfig`): it implements :class:`~asr.models.attention_interface.LASAttention`, and
+``type: mocha`` is one line of the table of types (:mod:`asr.models.attention`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.models.attention_interface import LASAttention
+from asr.models.attention_interface import AttentionConfig, LASAttention
 from asr.models.interface import STATIC_STATE_KEY
+
+
+@dataclass
+class MochaConfig(AttentionConfig):
+    """``model.attention`` with ``type: mocha``: the keys every type has (one head, no window: the scan is
+    monotonic already) and MoChA's own."""
+
+    type: str = "mocha"       # content, dot, location or mocha (ATTENTION_TYPES); mocha: monotonic chunkwise attention
+    # The softmax's chunk in encoder frames, the initial bias r of the stop energy, and the std of the
+    # noise added to it in training (-4 and 1 as in Raffel et al. 2017, whom Chiu & Raffel 2018 follow)
+    chunk: int = 2
+    monotonic_bias: float = -4.0
+    sigmoid_noise: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.heads != 1:
+            raise ValueError(f"heads must be 1 with type 'mocha', got {self.heads}")
+        if self.window:
+            raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+        if self.sigmoid_noise < 0:
+            raise ValueError(f"sigmoid_noise must be >= 0, got {self.sigmoid_noise}")
 
 
 def expected_alignment(energies: torch.Tensor, mask: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
@@ -103,19 +128,20 @@ class MonotonicChunkwiseAttention(LASAttention):
     """MoChA over keys (the listener states) for a query (the speller state).
 
     Args:
-        config: the ``model.attention`` section (:class:`~asr.models.attention.AttentionConfig`) with
-            ``type: mocha`` (``dim``, ``chunk``, ``monotonic_bias``, ``sigmoid_noise``; one head, no window).
+        config: the ``model.attention`` section with ``type: mocha`` (:class:`MochaConfig`: ``dim``,
+            ``chunk``, ``monotonic_bias``, ``sigmoid_noise``).
         query_dim: Q, size of the query.
         key_dim: H, size of each key and of the returned context.
     """
 
     # Its state: the weights and the previous stop distribution; the static part: the projected keys.
     frame_dims = {"weights": 2, "monotonic": 1, "projected_keys": 2}
+    config_class = MochaConfig
 
-    def __init__(self, config, query_dim: int, key_dim: int) -> None:
+    def __init__(self, config: MochaConfig, query_dim: int, key_dim: int) -> None:
         super().__init__(key_dim)
-        if config.type != "mocha":
-            raise ValueError(f"MonotonicChunkwiseAttention needs type 'mocha', got {config.type!r}")
+        if not isinstance(config, MochaConfig):
+            raise ValueError(f"MonotonicChunkwiseAttention needs a MochaConfig (type 'mocha'), got {config!r}")
         self.config = config
         self.dim = config.dim
         self.chunk = config.chunk
@@ -128,13 +154,6 @@ class MonotonicChunkwiseAttention(LASAttention):
         self.monotonic_gain = nn.Parameter(torch.tensor(bound))
         self.monotonic_bias = nn.Parameter(torch.tensor(float(config.monotonic_bias)))
         self.chunk_v = nn.Parameter(torch.empty(config.dim).uniform_(-bound, bound))
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        if config.heads != 1:
-            raise ValueError(f"heads must be 1 with type 'mocha', got {config.heads}")
-        if config.window:
-            raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
 
     def static_state(self, keys: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"projected_keys": self.project_keys(keys)}
