@@ -1,22 +1,27 @@
 """DropHead (asr/models/drophead.py) in the Transformer, its schedule, and the trainer driving it."""
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
+import yaml
 from helpers import tiny_transformer_run
 from helpers import make_transformer as make_model
 from helpers import teacher_forced
 from helpers import transformer_batch as random_batch
 
 from asr.cli.train import main as train_main
-from asr.config import ConfigError, from_dict
+from asr.config import ConfigError, from_dict, to_dict
 from asr.studies.curves import read_scalars
 from asr.experiment import TrainConfig
 from asr.models.drophead import drop_heads
 from asr.models.las import LAS, LASConfig
 from asr.models.transformer import MultiHeadAttention, TransformerConfig
 from asr.training.schedules import SchedulerConfig, build_schedules, learning_rate, model_default_schedules
+from asr.training import shapes
 from asr.training.shapes import RunPlan, ScheduleConfig, build_shape
 from asr.run import planned_updates
 
@@ -27,8 +32,11 @@ def test_drophead_rates_are_checked_and_named():
     for key in ("encoder", "decoder"):
         with pytest.raises(ConfigError, match=f"{key}.drophead"):
             from_dict(TransformerConfig, {key: {"drophead": 1.0}}, "model")
-    with pytest.raises(ConfigError, match="model.drophead_schedule"):
-        from_dict(TransformerConfig, {"drophead_schedule": "cosine"}, "model")
+    for name in ("points", "vshap"):  # points has no scale for the peak to set
+        with pytest.raises(ConfigError, match=rf"^model.drophead_schedule: '{name}' is not one of constant, cosine, "
+                                              r".*vshape \(the schedule shapes with a scale") as err:
+            from_dict(TransformerConfig, {"drophead_schedule": name}, "model")
+        assert "\n" not in str(err.value)
 
 
 def test_evaluation_is_bit_identical_to_a_model_without_drophead():
@@ -208,3 +216,115 @@ def test_drophead_and_layerdrop_train_from_the_command_line_and_log_the_schedule
     assert logged[1] == pytest.approx(peak) and logged[warmup + 1] == 0.0
     assert logged[total] == pytest.approx(peak * (total - 1 - warmup) / (total - warmup))
     assert {step: value for _, step, value in scalars["train/drophead_decoder"]}[1] == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------- model.drophead_schedule: any shape with a scale
+
+RECIPES = sorted(Path(__file__).resolve().parent.parent.glob("recipes/*.yaml"))
+VARIANTS = sorted(Path(__file__).resolve().parent.parent.glob("recipes/variants/*.yaml"))
+
+
+def _recipe_runs():
+    """Every recipe, and every recipe with each variant of the variant files (their own recipe)."""
+    runs = [(recipe, []) for recipe in RECIPES]
+    for path in VARIANTS:
+        variants = yaml.safe_load(path.read_text())
+        recipe = next(r for r in RECIPES if f"recipes/{r.name}" in path.read_text())
+        runs += [(recipe, list(overrides)) for overrides in variants.values()]
+    return runs
+
+
+@pytest.mark.parametrize("recipe, variant", _recipe_runs(),
+                         ids=lambda v: v.stem if isinstance(v, Path) else "+".join(v)[:40] or "as-is")
+def test_every_recipe_gives_the_old_drophead_rate_at_every_update(recipe, variant):
+    """As each recipe (and variant) is, with DropHead turned on, and with each of the earlier schedules: the
+    rates the run applies at every update are the earlier code's (_old_scheduled_rate) bit for bit."""
+    from asr.experiment import load_experiment_config
+    from asr.models.transformer import Transformer
+    from asr.run import build_run_schedules
+    from asr.training.schedules import warmup_updates
+
+    for schedule in (None, "vshape", "constant"):
+        config = load_experiment_config(recipe, variant)
+        if config.model.type != "transformer":  # DropHead is the Transformer's: no rate before or now
+            assert not hasattr(config.model, "drophead_schedule")
+            continue
+        extra = ["model.encoder.drophead=0.2", "model.decoder.drophead=0.1"]
+        config = load_experiment_config(recipe, variant + extra + ([f"model.drophead_schedule={schedule}"] if schedule else []))
+        model = Transformer(config.model, 13, 40, pad_id=0, sos_id=1, eos_id=2)
+        schedules = build_run_schedules(config, model, None, batches_per_epoch=400)
+        total = planned_updates(config.train, 400)
+        warmup = warmup_updates(config.train.scheduler)
+        assert warmup > 0  # the fall over the warmup is tested, and (where total > warmup) the rise
+        steps = range(total + 50)
+        for name, peak in (("drophead_encoder", 0.2), ("drophead_decoder", 0.1)):
+            expected = [_old_scheduled_rate(peak, schedule or "vshape", s, total, warmup) for s in steps]
+            assert [schedules.schedules[name].value(s) for s in steps] == expected
+
+
+@dataclass
+class _HalvingConfig(shapes.ScheduleConfig):
+    scale: float = 1.0  # the value at the first update
+    every: int = 10     # updates between halvings
+    shape: Literal["halving"] = "halving"
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
+
+    def extremes(self):
+        return 0.0, self.scale
+
+
+class _Halving(shapes.Shape):
+    def __init__(self, config: _HalvingConfig, run: RunPlan):
+        self.scale, self.every = config.scale, config.every
+
+    def value(self, step):
+        return self.scale * 0.5 ** (step // self.every)
+
+
+@dataclass
+class _NeedsOptionsConfig(shapes.ScheduleConfig):
+    scale: float                # no default: a recipe must give it
+    shape: Literal["needs_options"] = "needs_options"
+
+
+@pytest.fixture
+def outside_shapes(monkeypatch):
+    monkeypatch.setattr(shapes, "_SHAPES", dict(shapes._SHAPES))  # the registry as it was, after the test
+    shapes.register_shape("halving", _HalvingConfig, _Halving)
+    shapes.register_shape("needs_options", _NeedsOptionsConfig, _Halving)
+
+
+def test_a_shape_registered_from_outside_drives_the_drophead_rate(outside_shapes):
+    model = make_model(encoder={"drophead": 0.4}, decoder={"drophead": 0.1}, drophead_schedule="halving")
+    written = to_dict(model.config)
+    assert written["drophead_schedule"] == "halving"
+    assert from_dict(TransformerConfig, written, "model") == model.config  # config.yaml reads back
+    schedules = _schedules(model, total=100)
+    for step in (0, 9, 10, 35, 99):
+        rates = schedules.apply(step)
+        assert rates["drophead_encoder"] == 0.4 * 0.5 ** (step // 10)
+        assert rates["drophead_decoder"] == 0.1 * 0.5 ** (step // 10)
+        assert {m.drophead for m in model.encoder.modules() if isinstance(m, MultiHeadAttention)} == {
+            rates["drophead_encoder"]}
+
+
+def test_a_shape_that_cannot_run_at_its_defaults_is_one_line_naming_the_key(outside_shapes):
+    with pytest.raises(ConfigError, match=r"^model.drophead_schedule: the 'needs_options' shape does not run at its "
+                                          r"default options \(.*\); give it with its options as "
+                                          r"train.schedules.drophead_encoder") as err:
+        from_dict(TransformerConfig, {"drophead_schedule": "needs_options"}, "model")
+    assert "\n" not in str(err.value)
+
+
+def test_every_shape_with_a_scale_moves_the_rate_as_train_schedules_does_with_that_scale():
+    """model.drophead_schedule: cosine is train.schedules.drophead_encoder: {shape: cosine, scale: peak}."""
+    for name in ("cosine", "linear_warmup", "inverse_sqrt", "constant", "vshape"):
+        model = make_model(encoder={"drophead": 0.3}, drophead_schedule=name)
+        own = _schedules(model, total=500)
+        given = _schedules(make_model(encoder={"drophead": 0.3}), total=500, schedules={
+            "drophead_encoder": from_dict(ScheduleConfig, {"shape": name, "scale": 0.3})})
+        steps = range(0, 600, 7)
+        assert [own.apply(s)["drophead_encoder"] for s in steps] == [given.apply(s)["drophead_encoder"] for s in steps]

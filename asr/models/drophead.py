@@ -17,19 +17,46 @@ fixed ``1 / (1 - rate)``, ``H / K`` keeps the sum of the head weights at ``H``
 in every draw, so the output's scale does not jump when many heads fall.
 
 The schedule (``model.drophead_schedule``) names a schedule shape of
-:mod:`asr.training.shapes`, scaled by each stack's peak ``p``: ``vshape`` is the
-paper's, the rate falls linearly from ``p`` to 0 over the learning-rate warmup,
-then rises linearly back to ``p`` at the last update; ``constant`` keeps ``p``.
-The trainer sets the rates as scheduled settings (``drophead_encoder``,
-``drophead_decoder``), which ``train.schedules`` may give any other shape.
+:mod:`asr.training.shapes`, any with a ``scale`` (as ``train.scheduler.kind``
+does; one registered from outside too), at its default options and scaled by
+each stack's peak ``p``: ``vshape`` is the paper's, the rate falls linearly from
+``p`` to 0 over the learning-rate warmup, then rises linearly back to ``p`` at
+the last update; ``constant`` keeps ``p``; ``cosine`` falls from ``p`` to 0 at
+the last update. The trainer sets the rates as scheduled settings
+(``drophead_encoder``, ``drophead_decoder``); ``train.schedules`` may give either
+a shape with options of its own, which replaces the model's.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 from torch import Tensor
 
-DROPHEAD_SCHEDULES = ("vshape", "constant")
+from asr.config import ConfigError
+from asr.training.shapes import shape_config_class, shape_names
+
+
+def drophead_shapes() -> list[str]:
+    """The shapes ``model.drophead_schedule`` may name: those with a ``scale``, which each stack's
+    ``drophead`` (the peak) sets."""
+    return [name for name in shape_names() if "scale" in {f.name for f in fields(shape_config_class(name))}]
+
+
+def check_drophead_schedule(name: object) -> None:
+    """Refuse a ``model.drophead_schedule`` that is no shape with a scale, or one whose options have no
+    defaults to run at, in one line naming the key."""
+    shapes = drophead_shapes()
+    if name not in shapes:
+        raise ConfigError(f"model.drophead_schedule: {name!r} is not one of {', '.join(shapes)} "
+                          "(the schedule shapes with a scale, which each stack's drophead sets)")
+    try:
+        shape_config_class(name)()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"model.drophead_schedule: the {name!r} shape does not run at its default options "
+                          f"({err}); give it with its options as train.schedules.drophead_encoder "
+                          "(and drophead_decoder) instead") from None
 
 
 def drop_heads(heads: Tensor, rate: float) -> Tensor:

@@ -57,7 +57,7 @@ from asr.models.blocks import (  # noqa: F401 (Conv2dSubsampling, sinusoidal_pos
 )
 from asr.models.common import add_sos_eos, lengths_to_mask
 from asr.models.ctc import CTCHead
-from asr.models.drophead import DROPHEAD_SCHEDULES
+from asr.models.drophead import check_drophead_schedule
 from asr.models.encoders import EncoderConfig, TransformerEncoderConfig, build_encoder
 from asr.models.interface import EncoderOutput, LayerStack, ModelConfig, ModelOutput, reorder_nested
 from asr.models.joint import check_special_ids, ctc_only_output, joint_output
@@ -95,10 +95,11 @@ class TransformerConfig(ModelConfig):
     scale_embedding: bool = True   # token embedding * sqrt(d_model), so it is not drowned by the positions
     tie_embeddings: bool = True    # output projection = decoder input embedding (one Parameter)
     eps: float = 1e-5              # added inside every LayerNorm / lower bound of the ScaleNorm/FixNorm length
-    # How the DropHead rate moves, a schedule shape scaled by each stack's drophead (asr.training.shapes): "vshape"
-    # (the paper's) falls from the peak to 0 over the learning-rate warmup and rises back to the peak by the last
-    # update; "constant" keeps the peak. train.schedules.drophead_encoder (or _decoder) takes any shape instead.
-    drophead_schedule: Literal["vshape", "constant"] = "vshape"
+    # How the DropHead rate moves: any schedule shape with a scale (asr.training.shapes, one registered from
+    # outside too) at its default options, scaled by each stack's drophead. "vshape" (the paper's) falls from the
+    # peak to 0 over the learning-rate warmup and rises back to the peak by the last update; "constant" keeps the
+    # peak. A shape with options of its own: train.schedules.drophead_encoder (or _decoder), which replaces this.
+    drophead_schedule: str = "vshape"
     encoder: EncoderConfig = field(default_factory=TransformerEncoderConfig)  # the config class its kind names
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     # Which backends scaled_dot_product_attention may use (asr/models/sdpa.py): auto leaves cuDNN out on CUDA,
@@ -126,8 +127,7 @@ class TransformerConfig(ModelConfig):
         if self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
         self.encoder.check_model(self)
-        if self.drophead_schedule not in DROPHEAD_SCHEDULES:
-            raise ValueError(f"drophead_schedule must be one of {DROPHEAD_SCHEDULES}, got {self.drophead_schedule!r}")
+        check_drophead_schedule(self.drophead_schedule)
 
 
 class DecoderLayer(ResidualLayer):
