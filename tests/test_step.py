@@ -239,3 +239,77 @@ def test_the_multi_tensor_finite_check_agrees_with_checking_each_tensor():
             spoilt = [t.clone() for t in tensors]
             spoilt[index].view(-1)[-1] = bad
             assert all_finite(spoilt) == all(bool(torch.isfinite(t).all()) for t in spoilt) is False
+
+
+def _largest_magnitudes(optimizer: torch.optim.Optimizer) -> tuple[float, float, float]:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    states = [optimizer.state[p] for p in params]
+    weights = max(float(p.detach().abs().max()) for p in params)
+    first = max(float(s["exp_avg"].abs().max()) for s in states)
+    second = max(float(s[k].abs().max()) for s in states for k in ("exp_avg_sq", "max_exp_avg_sq") if k in s)
+    return weights, first, second
+
+
+@pytest.mark.parametrize("kind, options", [
+    (torch.optim.Adam, {"lr": 0.05}),
+    (torch.optim.Adam, {"lr": 0.3, "weight_decay": 0.5, "amsgrad": True, "betas": (0.5, 0.9)}),
+    (torch.optim.AdamW, {"lr": 0.05, "weight_decay": 3.0, "eps": 1e-3}),
+    (torch.optim.AdamW, {"lr": 1.0, "weight_decay": 2.5, "betas": (0.0, 0.5)}),  # |1 - lr wd| > 1: the decay grows |w|
+])
+@pytest.mark.parametrize("grad_clip", [0.0, 0.5])
+def test_the_adam_bound_holds_the_magnitudes_the_optimizer_reaches(kind, options, grad_clip):
+    """AdamBound's bounds on the weights and Adam's two moments are never below what the tensors hold, over
+    steps with gradients of very different sizes and signs; a bound that was wrong would let a step go
+    unchecked that could overflow."""
+    generator = torch.Generator().manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    optimizer = kind(model.parameters(), **options)
+    step = TrainingStep(model, optimizer, grad_clip=grad_clip)
+    for update in range(60):
+        scale = 10.0 ** float(torch.randint(-3, 4, (), generator=generator))
+        inputs = torch.randn(4, 5, generator=generator) * scale
+        model(inputs).pow(3).sum().backward()
+        skipped = step.update().skipped  # a gradient that overflowed is skipped before the bound is consulted
+        assert skipped is None or skipped.reason is SkipReason.NONFINITE_GRADIENT
+        bounds = (step._bound._weights, step._bound._first, step._bound._second)
+        for held, bound in zip(_largest_magnitudes(optimizer), bounds):
+            assert held <= bound, (update, held, bound)
+
+
+def test_a_sane_adam_run_keeps_no_copies_and_steps_as_the_checked_path_does(monkeypatch):
+    """With a sane rate every step is proven safe, so the copy that undoes a step is never made; the weights
+    are those of the same steps made through the copy and the check."""
+    from asr.training import step as step_module
+
+    kept = []
+    keep = step_module.OptimizerSnapshot.keep
+    monkeypatch.setattr(step_module.OptimizerSnapshot, "keep", lambda self, opt: (kept.append(1), keep(self, opt)))
+    models = []
+    for proven in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 4)
+        step = TrainingStep(model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01), grad_clip=5.0)
+        step._bound.enabled = proven
+        for update in range(30):
+            model(torch.randn(3, 6)).pow(2).sum().backward()
+            assert step.update().skipped is None
+        models.append(model)
+        assert (len(kept) == 0) if proven else (len(kept) == 30)
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(p, q)
+
+
+def test_an_adam_step_the_bound_cannot_prove_safe_is_copied_and_checked(monkeypatch):
+    """Adam at a rate of 1e30: its first step moves the weights by about the rate, finite, but the bound
+    (rate / epsilon) cannot prove it, so the step takes the copy and the check, and goes through."""
+    from asr.training import step as step_module
+
+    kept = []
+    keep = step_module.OptimizerSnapshot.keep
+    monkeypatch.setattr(step_module.OptimizerSnapshot, "keep", lambda self, opt: (kept.append(1), keep(self, opt)))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    step = TrainingStep(model, torch.optim.Adam(model.parameters(), lr=1e30), grad_clip=1.0)
+    model(torch.ones(2, 4)).sum().backward()
+    assert step.update().skipped is None and kept == [1]
+    assert 1e29 < float(model.weight.detach().abs().max()) < 1e31

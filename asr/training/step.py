@@ -12,7 +12,10 @@ caller decides whether to drop what was accumulated), and ``update`` clears
 the gradients without stepping when their norm is not finite. A finite gradient can still make a
 weight non-finite (a huge learning rate, an optimiser state that overflowed): ``update`` keeps the
 weights and the optimiser state as they were before it stepped, checks them after, and undoes a step
-that left any of them non-finite, so that no checkpoint ever holds one. A batch that runs
+that left any of them non-finite, so that no checkpoint ever holds one. For Adam and AdamW it first asks
+:class:`AdamBound` whether the step can do that at all: the bound, from the step's rate, epsilon, betas,
+weight decay and clipped gradient norm, proves that it cannot in any run with a sane rate, and then the
+copy and the check (the loop's largest cost of its own on a CPU) are not needed. A batch that runs
 CUDA out of memory in the forward or backward pass is skipped the same way, with
 its gradients dropped and the cache emptied (under DistributedDataParallel only in
 the forward pass, where the ranks still agree before any gradient is exchanged; in
@@ -109,6 +112,7 @@ class TrainingStep:
         self.pipeline = pipeline
         self.groups = gradient_groups(model)
         self._before = OptimizerSnapshot()
+        self._bound = AdamBound(optimizer, parameters)
 
     def backward(self, batch, scale: float = 1.0) -> StepOutcome:
         """Loss of ``batch`` (a :class:`~asr.data.batching.Batch` on the model's device) and its gradients
@@ -172,14 +176,21 @@ class TrainingStep:
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             return StepOutcome(skipped=SkippedStep(SkipReason.NONFINITE_GRADIENT, f"non-finite gradient norm {norm.item()}"))
-        self._before.keep(self.optimizer)
-        self.optimizer.step()
-        spoilt = self._before.nonfinite(self.optimizer)
-        if spoilt is not None:
-            self._before.restore(self.optimizer)
-            self.optimizer.zero_grad(set_to_none=True)
-            message = f"non-finite {spoilt} after the update (gradient norm {float(norm):.4g}); the update was undone"
-            return StepOutcome(skipped=SkippedStep(SkipReason.NONFINITE_UPDATE, message))
+        proven = self._bound.after_step(min(float(norm), self.max_norm))
+        if proven is not None:  # no value can leave the finite range in this step: nothing to keep or check
+            self.optimizer.step()
+            self._bound.advance(proven)
+        else:
+            self._before.keep(self.optimizer)
+            self.optimizer.step()
+            spoilt = self._before.nonfinite(self.optimizer)
+            if spoilt is not None:
+                self._before.restore(self.optimizer)
+                self.optimizer.zero_grad(set_to_none=True)
+                message = f"non-finite {spoilt} after the update (gradient norm {float(norm):.4g}); the update was undone"
+                return StepOutcome(skipped=SkippedStep(SkipReason.NONFINITE_UPDATE, message))
+            if self._bound.enabled:
+                self._bound.measure()  # checked finite: the bounds start again from what the tensors hold
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -200,6 +211,89 @@ class TrainingStep:
             if p.grad is not None and id(p) in clipped:
                 squares.setdefault(self.groups[name], []).append(torch.linalg.vector_norm(p.grad.float()) ** 2)
         return {group: float(torch.stack(values).sum().sqrt()) for group, values in squares.items()}
+
+
+class AdamBound:
+    """Upper bounds on the magnitudes an Adam or AdamW optimiser's tensors can reach, carried from step to
+    step, so that a step which cannot make any of them non-finite needs no copy to undo it.
+
+    Per element, with a gradient ``g`` of magnitude at most ``G`` (the clipped global norm bounds every element),
+    PyTorch's Adam sets ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2`` and moves the weight by
+    ``lr * m_hat / (sqrt(v_hat) + eps)``, where ``m_hat = m / (1 - b1^t) <= M / (1 - b1)`` and the denominator is
+    at least ``eps``. So ``|w|`` grows by at most ``lr * M / ((1 - b1) eps)`` a step (times ``|1 - lr wd|`` first,
+    for AdamW's decoupled decay; Adam's L2 decay adds ``wd |w|`` to ``G``), and ``M`` and ``V`` follow their own
+    recurrences. The bounds start from the tensors' largest magnitudes (measured at the first step and after
+    every checked one) and are valid whatever the gradients' directions. With a rate of 1e-3, a clipped norm of
+    5 and eps 1e-8 the weights' bound grows by 5e6 a step: after a million steps it is some 25 orders of
+    magnitude below float32's largest value, so a sane run never needs the copy. A step is proven safe while
+    every bound stays below ``SAFE_SHARE`` of its dtype's largest finite value; any other optimiser, a rate or
+    epsilon that is not finite and positive, or a bound past that share sends the step back to the copy and
+    the check (:class:`OptimizerSnapshot`).
+    """
+
+    SAFE_SHARE = 1e-8
+
+    def __init__(self, optimizer: torch.optim.Optimizer, parameters: list[torch.nn.Parameter] | None = None):
+        self.optimizer = optimizer
+        params = OptimizerSnapshot._params(optimizer)
+        modelled = type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
+        # the clipped norm bounds a gradient only of what was clipped: with a list given, the optimiser's
+        # parameters must all be in it
+        clipped = parameters is None or {id(p) for p in params} <= {id(p) for p in parameters}
+        self.enabled = modelled and clipped and all(p.is_floating_point() for p in params)
+        self._count = -1
+        self._weights = self._first = self._second = float("inf")
+        self._limit = 0.0
+
+    def measure(self) -> None:
+        """Take the bounds from the largest magnitudes the parameters and the optimiser's moments hold now."""
+        params = OptimizerSnapshot._params(self.optimizer)
+        self._count = len(params)
+        self._limit = self.SAFE_SHARE * min(torch.finfo(p.dtype).max for p in params) if params else 0.0
+        states = [self.optimizer.state.get(p, {}) for p in params]
+        first = [s["exp_avg"] for s in states if isinstance(s.get("exp_avg"), torch.Tensor)]
+        second = [s[k] for s in states for k in ("exp_avg_sq", "max_exp_avg_sq") if isinstance(s.get(k), torch.Tensor)]
+        self._weights = _largest([p.detach() for p in params])
+        self._first, self._second = _largest(first), _largest(second)
+
+    def after_step(self, gradient_bound: float) -> tuple[float, float, float] | None:
+        """The bounds after a step whose gradient elements are at most ``gradient_bound``, when all stay safe;
+        None when this step must be copied and checked instead."""
+        if not self.enabled:
+            return None
+        if self._count != sum(len(group["params"]) for group in self.optimizer.param_groups):
+            self.measure()
+        weights, first, second = self._weights, self._first, self._second
+        new = [0.0, 0.0, 0.0]
+        for group in self.optimizer.param_groups:
+            lr, eps, decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+            b1, b2 = (float(b) for b in group["betas"])
+            if not (0.0 < lr < float("inf") and 0.0 < eps < float("inf") and 0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0
+                    and decay >= 0.0):
+                return None
+            decoupled = isinstance(self.optimizer, torch.optim.AdamW) or group.get("decoupled_weight_decay", False)
+            gradient = gradient_bound + (0.0 if decoupled else decay * weights)
+            m = b1 * first + (1.0 - b1) * gradient
+            v = max(second, b2 * second + (1.0 - b2) * gradient * gradient)  # amsgrad keeps the largest v seen
+            shrink = max(1.0, abs(1.0 - lr * decay)) if decoupled else 1.0
+            ratio = m / ((1.0 - b1) * eps)  # computed on its own before the rate scales it: it must stay finite too
+            w = weights * shrink + lr * ratio
+            new = [max(new[0], w, ratio), max(new[1], m), max(new[2], v)]
+        if not all(value < self._limit for value in new):  # a NaN fails the comparison as well
+            return None
+        return new[0], new[1], new[2]
+
+    def advance(self, bounds: tuple[float, float, float]) -> None:
+        self._weights, self._first, self._second = bounds
+
+
+def _largest(tensors: list[torch.Tensor]) -> float:
+    """The largest magnitude in ``tensors`` (0 for none; NaN when one holds a NaN), read from the device once."""
+    largest = [torch.zeros((), dtype=torch.float64)]
+    for indices in _by_device_and_dtype(tensors).values():
+        norms = torch._foreach_norm([tensors[i] for i in indices], float("inf"))
+        largest.append(torch.stack(norms).max().to("cpu", torch.float64))
+    return float(torch.stack(largest).max())  # max propagates a NaN
 
 
 class OptimizerSnapshot:
