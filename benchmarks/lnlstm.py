@@ -3,6 +3,7 @@
     python benchmarks/lnlstm.py                  # defaults below, 2 threads, wall clock
                                                  # (needs the package installed: pip install -e .)
     python benchmarks/lnlstm.py --threads 1 --clock cpu
+    python benchmarks/lnlstm.py --build portable # the C++ operator without -march=native (model.lnlstm_build)
     python benchmarks/lnlstm.py --device cuda    # the Triton path against cuDNN (see cuda_main)
 
 One bidirectional layer (B=16, T=300, input 320, hidden 256, float32 by
@@ -95,6 +96,9 @@ def main() -> None:
         help="cuda: the Triton path against cuDNN nn.LSTM at two fixed shapes (the size options are ignored)",
     )
     parser.add_argument("--allow-tf32", action="store_true", help="cuda: allow TF32 in cuBLAS matmuls too")
+    parser.add_argument("--build", choices=lnlstm.BUILDS, default="native",
+                        help="how the C++ operator is built, as a recipe's model.lnlstm_build: native (-march=native) "
+                             "or portable (what a CPU without this one's vector extensions gets)")
     args = parser.parse_args()
     if args.repeats < 7:
         parser.error("--repeats must be at least 7")
@@ -104,19 +108,20 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if lnlstm_ext.load(strict=False) is None:
+    if lnlstm_ext.load(strict=False, build=args.build) is None:
         sys.exit("the fused C++ operator could not be built; nothing to benchmark")
     x = torch.randn(args.batch, args.time, args.input, requires_grad=True)
     grad_y = torch.randn(args.batch, args.time, 2 * args.hidden)
     shape = {"input_size": args.input, "hidden_size": args.hidden, "bidirectional": True}
     torch_lstm = nn.LSTM(batch_first=True, **shape)
+    lstm = dict(shape, build=args.build)
     variants = {
         "nn.LSTM": (torch_lstm, None),
-        "LNLSTM fused, layer_norm=True": (LNLSTM(**shape, layer_norm=True), "cpp"),
-        "LNLSTM fused, layer_norm=False": (LNLSTM(**shape, layer_norm=False), "cpp"),
+        "LNLSTM fused, layer_norm=True": (LNLSTM(**lstm, layer_norm=True), "cpp"),
+        "LNLSTM fused, layer_norm=False": (LNLSTM(**lstm, layer_norm=False), "cpp"),
     }
     if not args.no_reference:
-        variants["LNLSTM reference, layer_norm=True"] = (LNLSTM(**shape, layer_norm=True), "python")
+        variants["LNLSTM reference, layer_norm=True"] = (LNLSTM(**lstm, layer_norm=True), "python")
 
     cases = {}
     for name, (model, implementation) in variants.items():

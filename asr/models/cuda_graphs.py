@@ -11,8 +11,8 @@ profiler that forbids it, fails again). Every policy counts its recordings, so a
 record whether CUDA graphs were used (:func:`report`).
 
 Whether a model may record at all is its recipe's choice (``model.lnlstm_cuda_graphs``,
-``model.speller_cuda_graphs``); ``ASR_LNLSTM_CUDA_GRAPHS`` / ``ASR_SPELLER_CUDA_GRAPHS``
-(:mod:`asr.models.overrides`) override it for benchmarks.
+``model.speller_cuda_graphs``); a benchmark switches it with a command-line override
+(``model.lnlstm_cuda_graphs=false``), which the run records.
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ from asr.models.ctc import CTCHead
 from asr.models.interface import EncoderOutput, ModelConfig, ModelOutput, reorder_nested
 from asr.models.joint import attention_loss, check_special_ids, ctc_only_output, joint_output
 from asr.models.listener import Listener, ListenerConfig
-from asr.models import overrides
-from asr.models.lnlstm import VARIANTS, LNLSTMOptions
+from asr.models.lnlstm import BUILDS, VARIANTS, LNLSTMOptions, check_backend
 from asr.models.speller import Speller, SpellerConfig
 
 LAYER_NORM_PLACES = ("both", "listener", "speller", "none")
@@ -65,6 +64,10 @@ class LASConfig(ModelConfig):
     # on CUDA, each where it builds and supports the variant and dtype; else the reference loop),
     # reference, cpp or triton (named: raise where it cannot run). The run records what ran.
     lnlstm_backend: Literal["auto", "reference", "cpp", "triton"] = "auto"
+    # How the C++ backend builds its operator (asr/models/lnlstm/backends/cpp.py): native (-march=native, every
+    # vector extension of this CPU) or portable (what a CPU without them gets, e.g. no AVX-512: for measuring
+    # that). The run records the flags it was built with.
+    lnlstm_build: Literal["native", "portable"] = "native"
     # The first time a fused backend computes a kind of call on a device it is checked against the
     # reference path there (asr/models/lnlstm/selfcheck.py): fallback (a failure warns and runs the
     # reference path; the run records it), strict (a failure is an error) or off.
@@ -92,7 +95,9 @@ class LASConfig(ModelConfig):
             if self.lnlstm_variant != "ba2016":
                 raise ValueError(f"lnlstm_recurrent_gain: only the ba2016 cell normalises W_h h alone with a gain, "
                                  f"not {self.lnlstm_variant}")
-        overrides.check_backend(self.lnlstm_backend, where="lnlstm_backend")
+        check_backend(self.lnlstm_backend, where="lnlstm_backend")
+        if self.lnlstm_build not in BUILDS:
+            raise ValueError(f"lnlstm_build must be one of {', '.join(BUILDS)}, got {self.lnlstm_build!r}")
         if not 0.0 < self.speller_cuda_graphs_memory <= 1.0:
             raise ValueError(f"speller_cuda_graphs_memory must be in (0, 1], got {self.speller_cuda_graphs_memory}")
 
@@ -100,7 +105,7 @@ class LASConfig(ModelConfig):
         """The LN-LSTMs' options of this recipe in one object, which the model hands down whole (the
         listener's and the speller's layer norm set from ``layer_norm`` where each is built)."""
         return LNLSTMOptions(variant=self.lnlstm_variant, eps=self.lnlstm_eps, forget_bias=self.forget_bias,
-                             backend=self.lnlstm_backend, check=self.lnlstm_check,
+                             backend=self.lnlstm_backend, build=self.lnlstm_build, check=self.lnlstm_check,
                              cuda_graphs=self.lnlstm_cuda_graphs, recurrent_gain=self.lnlstm_recurrent_gain)
 
 

@@ -1,12 +1,12 @@
 """What code computes a model here: the LN-LSTM, attention and SDPA backends, the C++ build flags, CUDA graphs.
 
 Two runs of one recipe can run different code (a machine without a compiler falls back to the
-reference path; an override switches a path for a benchmark). The trainer writes :func:`describe`
-under ``runtime:`` in the run's ``config.yaml`` when the run starts, and :func:`summary`, one line,
-into ``train.log``; :func:`ran`, known after training, goes into ``train.log`` as one line
-(:func:`ran_summary`; every entry of both with ``--verbose``). ``asr.evaluate``
-and ``asr.transcribe`` print :func:`describe` with ``--verbose``. CUDA graphs are left out of the
-records of a run off CUDA, where they cannot apply.
+reference path; a benchmark switches a path with a command-line override, which the recipe records).
+The trainer writes :func:`describe` under ``runtime:`` in the run's ``config.yaml`` when the run
+starts, and :func:`summary`, one line, into ``train.log``; :func:`ran`, known after training, goes
+into ``train.log`` as one line (:func:`ran_summary`; every entry of both with ``--verbose``).
+``asr.evaluate`` and ``asr.transcribe`` print :func:`describe` with ``--verbose``. CUDA graphs are
+left out of the records of a run off CUDA, where they cannot apply.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import torch
 from torch import nn
 
-from asr.models import attention_fused, cuda_graphs, overrides
+from asr.models import attention_fused, cuda_graphs
 from asr.models.attention import Attention
 from asr.models.lnlstm import LNLSTM, LNLSTMCell, selection, selfcheck
 from asr.models.lnlstm.backends import cpp as cpp_backend
@@ -25,10 +25,10 @@ from asr.models.speller import Speller
 
 def describe(model: nn.Module, device: torch.device | str) -> dict:
     """The backend each LN-LSTM of ``model`` runs on ``device`` (by module name; the speller's cells
-    take single steps), what the recipe asked for, the environment variables overriding it
-    (``environment_overrides``, :mod:`asr.models.overrides`; the command line's overrides are in the
-    recipe already), the flags the C++ operator was built with (None where it was not loaded) and the
-    CUDA-graph switches.
+    take single steps), what the recipe asked for (the command line's overrides are in the recipe
+    already) and what :func:`~asr.models.lnlstm.set_implementation` forced, the flags the C++ operator
+    was built with (None where it was not loaded; ``model.lnlstm_build`` asks for native or portable)
+    and the CUDA-graph switches.
 
     Choosing a backend may build the C++ operator or compile the Triton kernels, as the
     first forward pass would."""
@@ -41,7 +41,8 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         requested.add(module.backend)
         dtype = cell.weight_h.dtype
         chosen[name] = selection.checked(module.backend, cell.spec, device, dtype, dtype,
-                                         single_step=isinstance(module, LNLSTMCell), check=module.check)
+                                         single_step=isinstance(module, LNLSTMCell), check=module.check,
+                                         build=module.build)
     attention = {}
     for name, module in model.named_modules():
         if isinstance(module, Attention):
@@ -51,7 +52,6 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         "lnlstm": [m.cuda_graphs for m in model.modules() if isinstance(m, LNLSTM)],
         "speller": [m.cuda_graphs for m in model.modules() if isinstance(m, Speller)],
     }
-    env = overrides.active()
     sdpa = None
     if hasattr(model, "sdpa_backends"):  # scaled_dot_product_attention's backends (asr.models.sdpa), per run
         allowed = model.sdpa_backends(device.type)
@@ -68,10 +68,9 @@ def describe(model: nn.Module, device: torch.device | str) -> dict:
         "sdpa_backend": sdpa,  # the Transformer's and Conformer's model.sdpa_backend, resolved for this run
         "cpp_build_flags": " ".join(cpp_backend.build_flags()) if cpp_backend.build_flags() else None,
         "cuda_graphs": {
-            "lnlstm": env.get("ASR_LNLSTM_CUDA_GRAPHS", all(switches["lnlstm"])) if switches["lnlstm"] else None,
-            "speller": env.get("ASR_SPELLER_CUDA_GRAPHS", all(switches["speller"])) if switches["speller"] else None,
+            "lnlstm": all(switches["lnlstm"]) if switches["lnlstm"] else None,
+            "speller": all(switches["speller"]) if switches["speller"] else None,
         },
-        "environment_overrides": env,
     }
     if device.type != "cuda":
         del record["cuda_graphs"]
@@ -101,7 +100,7 @@ def ran(since: dict | None = None, device: torch.device | str = "cuda") -> dict:
 
 def summary(record: dict, details: str) -> str:
     """A :func:`describe` record as one line: the device, which backend runs how many LN-LSTMs and
-    attentions, the C++ build, and anything out of the ordinary (a fallback, an environment override);
+    attentions, the C++ build, and anything out of the ordinary (a fallback, a forced backend);
     ``details`` says where the whole record is."""
     def grouped(backends: dict[str, list[str]]) -> str:
         return ", ".join(f"{backend} ({len(names)})" for backend, names in backends.items()) or "none"
@@ -121,8 +120,6 @@ def summary(record: dict, details: str) -> str:
     if fallbacks:  # each is warned about, with its reason, where it happens
         names = sorted({f"{f.get('backend')} on {f.get('device')}" if isinstance(f, dict) else str(f) for f in fallbacks})
         parts.append(f"fell back to the reference path from {', '.join(names)}")
-    if record.get("environment_overrides"):
-        parts.append(f"environment overrides {record['environment_overrides']}")
     return "; ".join(parts) + f" (details: {details})"
 
 

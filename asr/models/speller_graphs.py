@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from asr.models import cuda_graphs as graphs
-from asr.models import overrides
 from asr.models.cuda_graphs import padded_batch, padded_time
 from asr.models.interface import STATIC_STATE_KEY
 
@@ -61,8 +60,8 @@ WARMUP_STEPS = 2  # eager forward + backward runs before a recording (lazy initi
 
 
 def _enabled(speller) -> bool:
-    """Whether this speller may record: its recipe's switch (or the override), and no failed capture."""
-    return overrides.get("ASR_SPELLER_CUDA_GRAPHS", speller.cuda_graphs) and graphs.SPELLER_POLICY.enabled
+    """Whether this speller may record: its recipe's switch (``model.speller_cuda_graphs``), and no failed capture."""
+    return speller.cuda_graphs and graphs.SPELLER_POLICY.enabled
 
 
 def padded_tokens(steps: int) -> int:
@@ -153,8 +152,7 @@ class _Recordings:
 
 
 def _recordings(speller) -> _Recordings:
-    share = overrides.get("ASR_SPELLER_CUDA_GRAPHS_MEMORY", speller.cuda_graphs_memory)
-    return speller.__dict__.setdefault("_cuda_graphs", _Recordings(share))
+    return speller.__dict__.setdefault("_cuda_graphs", _Recordings(speller.cuda_graphs_memory))
 
 
 def _baked_in(speller) -> tuple:

@@ -54,6 +54,7 @@ MAY_CHANGE_ON_RESUME = (
     "data.num_workers", "data.prepare_jobs", "data.cache_dir",  # how data is read, not what
     "features.compute_on",  # the same features, in the loader or on the device
     "model.*backend", "model.*cuda_graphs*", "model.lnlstm_check",  # implementations of the same arithmetic
+    "model.lnlstm_build",  # the C++ operator's compiler flags: the same arithmetic too
 )
 
 

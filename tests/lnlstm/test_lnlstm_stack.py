@@ -382,7 +382,7 @@ def test_fused_path_without_input_gradient():
 
 
 def test_fallback_warns_and_uses_reference_when_build_fails(monkeypatch):
-    def failing_build():
+    def failing_build(build):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(lnlstm_ext, "_build", failing_build)
@@ -443,13 +443,58 @@ def test_build_falls_back_to_portable_flags_without_a_warning(monkeypatch):
 
 
 def test_portable_build_on_request(monkeypatch):
+    """model.lnlstm_build: portable reaches the build through the options and the backend selection asks."""
+    from asr.config import from_dict
+    from asr.models.las import LAS, LASConfig
+
     compiled = []
     monkeypatch.setattr(lnlstm_ext, "_compile", lambda cpp_extension, name, flags: compiled.append(name))
-    monkeypatch.setattr(lnlstm_ext, "_flags", None)
-    monkeypatch.setenv("ASR_LNLSTM_BUILD", "portable")
-    lnlstm_ext._build()
+    for name, value in (("_flags", None), ("_module", None), ("_error", None), ("_loaded_as", None)):
+        monkeypatch.setattr(lnlstm_ext, name, value)  # a process that has not loaded the operator yet
+    config = from_dict(LASConfig, {"lnlstm_build": "portable", "lnlstm_backend": "cpp", "lnlstm_check": "off"}, "model")
+    listener = LAS(config, input_dim=6, vocab_size=10).listener.layers[0]
+    assert listener.select_backend(torch.randn(2, 4, listener.input_size)) == "cpp"
     assert compiled == [lnlstm_ext.build_configurations()[1][0]]
     assert "-march=native" not in lnlstm_ext.build_flags()
+    monkeypatch.setattr(lnlstm_ext, "_module", None)
+    LNLSTM(3, 4, backend="cpp", check="off").select_backend(torch.randn(2, 4, 3))  # the default build
+    assert compiled[1:] == [lnlstm_ext.build_configurations()[0][0]]
+    assert "-march=native" in lnlstm_ext.build_flags()
+
+
+def test_the_other_build_after_the_first_load_warns_once_and_runs_the_loaded_one(monkeypatch, caplog):
+    loaded = object()
+    monkeypatch.setattr(lnlstm_ext, "_module", loaded)
+    monkeypatch.setattr(lnlstm_ext, "_loaded_as", "native")
+    monkeypatch.setattr(lnlstm_ext, "_mismatches_warned", set())
+    with caplog.at_level("WARNING", logger=lnlstm_ext.__name__):
+        assert lnlstm_ext.load(build="native") is loaded and lnlstm_ext.load() is loaded
+        assert not caplog.records
+        assert lnlstm_ext.load(build="portable") is loaded and lnlstm_ext.load(build="portable") is loaded
+    (record,) = caplog.records
+    assert record.getMessage().startswith("LNLSTM: model.lnlstm_build asks for the portable build of the C++ "
+                                          "operator, but this process loaded the native build first")
+
+
+@pytest.mark.slow  # builds the portable operator once (about a minute on 2 cores), then loads it from the cache
+def test_a_portable_build_is_what_a_process_asked_for_runs_and_records():
+    import subprocess
+    import sys
+
+    from helpers import PROJECT_ROOT, subprocess_env
+
+    script = ("from asr.config import from_dict; from asr.models.las import LAS, LASConfig; "
+              "from asr.models import runtime; import torch; "
+              "model = LAS(from_dict(LASConfig, {'lnlstm_build': 'portable', 'lnlstm_backend': 'cpp'}, 'model'), 6, 10); "
+              "record = runtime.describe(model, 'cpu'); print(record['cpp_build_flags']); "
+              "print(runtime.summary(record, 'here')); "
+              "y, _ = model.listener(torch.randn(2, 8, 6), torch.tensor([8, 5])); print(bool(torch.isfinite(y).all()))")
+    result = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                            timeout=900, env=subprocess_env())
+    assert result.returncode == 0, result.stderr[-2000:]
+    flags, summary, finite = result.stdout.splitlines()[-3:]
+    assert flags.split() == lnlstm_ext.build_configurations()[1][1]  # the portable flags of this CPU
+    assert "C++ operator built portable" in summary and "LN-LSTM cpp (" in summary and finite == "True"
 
 
 def test_a_build_says_so_and_how_long_it_takes_and_a_cached_one_says_nothing(tmp_path, capsys, monkeypatch):
@@ -566,7 +611,7 @@ def test_bad_inputs_raise_clear_errors():
         model(x, torch.tensor([5]))
     with pytest.raises(ValueError, match=r"\(2, 2, 4\)"):
         model(x, state=(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
-    with pytest.raises(ValueError, match="ASR_LNLSTM_IMPL"):
+    with pytest.raises(ValueError, match=r"LNLSTM implementation \(set_implementation\) must be one of"):
         lnlstm.set_implementation("fortran")
 
 

@@ -428,7 +428,7 @@ def test_auto_keeps_cpu_tensors_off_the_triton_path(implementation, monkeypatch)
     def not_here(*args, **kwargs):
         raise AssertionError("the Triton path ran for CPU tensors under 'auto'")
 
-    monkeypatch.setattr(lnlstm_ext, "load", lambda strict=False: None)  # as where the C++ operator cannot build
+    monkeypatch.setattr(lnlstm_ext, "load", lambda strict=False, build=None: None)  # as where the C++ operator cannot build
     monkeypatch.setattr(lnlstm_triton, "fused_layer", not_here)
     monkeypatch.setattr(lnlstm_triton, "cell_step", not_here)
     lnlstm.set_implementation("auto")

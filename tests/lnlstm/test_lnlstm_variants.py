@@ -175,7 +175,7 @@ def test_each_variant_reaches_only_the_fused_backends_that_compute_it(monkeypatc
     def fused(*args, **kwargs):
         raise Fused
 
-    monkeypatch.setattr(lnlstm_ext, "load", lambda strict: object())
+    monkeypatch.setattr(lnlstm_ext, "load", lambda strict, build=None: object())
     monkeypatch.setattr(lnlstm_triton, "usable", lambda device, strict=False: True)
     for name in ("fused_layer",):
         monkeypatch.setattr(lnlstm_ext, name, fused)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from asr.config import ConfigError, from_dict
-from asr.models import overrides
 from asr.models.las import LAS, LASConfig
-from asr.models.lnlstm import CellSpec, LNLSTM, select_backend, selection
+from asr.models.lnlstm import CellSpec, LNLSTM, LNLSTMCell, select_backend, selection
+from asr.models.lnlstm.backends import backends
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
@@ -94,42 +94,71 @@ def test_unsupported_calls_never_ask_for_availability():
     assert backends["cpp"].asked == [] and backends["triton"].asked == []
 
 
-def test_the_recipe_request_reaches_every_lstm_and_the_override_wins(monkeypatch):
-    config = from_dict(LASConfig, {"lnlstm_backend": "reference"}, "model")
+def test_the_recipe_request_reaches_every_lstm_and_only_set_implementation_overrides_it(monkeypatch):
+    config = from_dict(LASConfig, {"lnlstm_backend": "reference", "lnlstm_build": "portable"}, "model")
     model = LAS(config, input_dim=6, vocab_size=10)
-    lstms = [m for m in model.modules() if hasattr(m, "backend")]
-    assert lstms and {m.backend for m in lstms} == {"reference"}
+    lstms = [m for m in model.modules() if isinstance(m, (LNLSTM, LNLSTMCell))]
+    assert lstms and {m.backend for m in lstms} == {"reference"} and {m.build for m in lstms} == {"portable"}
     x = torch.randn(2, 4, 6)
     listener_lstm = model.listener.layers[0]
     assert listener_lstm.select_backend(torch.randn(2, 4, listener_lstm.input_size)) == "reference"
-    monkeypatch.setenv("ASR_LNLSTM_IMPL", "cpp")
-    assert selection.effective_request("reference") == "cpp"
-    monkeypatch.setattr(selection, "_programmatic", "reference")  # set_implementation comes first
-    assert selection.effective_request("auto") == "reference"
+    monkeypatch.setattr(selection, "_warned", set())
+    monkeypatch.setenv("ASR_LNLSTM_IMPL", "cpp")  # no longer read (a warning says so)
+    assert selection.effective_request("reference") == "reference"
+    assert listener_lstm.select_backend(torch.randn(2, 4, listener_lstm.input_size)) == "reference"
+    monkeypatch.setattr(selection, "_programmatic", "cpp")  # set_implementation
+    assert selection.effective_request("auto") == "cpp"
+    monkeypatch.setattr(selection, "_programmatic", None)
     assert model(x, torch.tensor([4, 3]), torch.randint(3, 10, (2, 3)), torch.tensor([3, 2])) is not None
 
 
-def test_bad_requests_name_their_key(monkeypatch):
+def test_the_build_request_reaches_the_cpp_backend_selection_asks():
+    assert backends()["cpp"].build == "native" and backends("portable")["cpp"].build == "portable"
+    assert backends("portable")["triton"] is backends()["triton"]  # the build is the C++ operator's alone
+    with pytest.raises(ValueError, match="model.lnlstm_build must be one of native, portable, got 'fast'"):
+        backends("fast")
+
+
+def test_bad_requests_name_their_key():
     with pytest.raises(ConfigError, match="lnlstm_backend"):
         from_dict(LASConfig, {"lnlstm_backend": "fortran"}, "model")
     with pytest.raises(ValueError, match="model.lnlstm_backend"):
         LNLSTM(3, 4, backend="fortran")
-    monkeypatch.setenv("ASR_LNLSTM_IMPL", "fortran")
-    with pytest.raises(ValueError, match="environment variable ASR_LNLSTM_IMPL"):
-        overrides.active()
-    monkeypatch.setenv("ASR_LNLSTM_IMPL", "python")  # the older name of the reference path
-    assert overrides.active() == {"ASR_LNLSTM_IMPL": "reference"}
+    assert selection.check_backend("python") == "reference"  # the older name of the reference path
+    with pytest.raises(ConfigError, match="model.lnlstm_build") as refused:
+        from_dict(LASConfig, {"lnlstm_build": "fast"}, "model")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match="model.lnlstm_build must be one of native, portable, got 'fast'"):
+        LNLSTM(3, 4, build="fast")
 
 
-def test_an_override_is_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(overrides, "_logged", set())
-    monkeypatch.setenv("ASR_LNLSTM_CUDA_GRAPHS", "0")
-    with caplog.at_level("WARNING", logger="asr.models"):
-        assert overrides.get("ASR_LNLSTM_CUDA_GRAPHS", True) is False
-        assert overrides.get("ASR_LNLSTM_CUDA_GRAPHS", True) is False
+def test_a_retired_environment_variable_is_warned_about_once_naming_its_recipe_key(monkeypatch, caplog):
+    monkeypatch.setattr(selection, "_warned", set())
+    environ = {"ASR_LNLSTM_CUDA_GRAPHS": "0", "ASR_SPELLER_CUDA_GRAPHS_MEMORY": "0.5", "ASR_LNLSTM_BUILD": "",
+               "HOME": "/root"}
+    with caplog.at_level("WARNING", logger="asr.models.lnlstm.selection"):
+        assert selection.warn_retired_variables(environ) == ["ASR_LNLSTM_CUDA_GRAPHS", "ASR_SPELLER_CUDA_GRAPHS_MEMORY"]
+        assert selection.warn_retired_variables(environ) == []  # once per process
     assert [r.getMessage() for r in caplog.records] == [
-        "ASR_LNLSTM_CUDA_GRAPHS=0 overrides the recipe (an override meant for benchmarks)"
+        "ASR_LNLSTM_CUDA_GRAPHS=0 is set but no longer read: set model.lnlstm_cuda_graphs in the recipe or on "
+        "the command line (model.lnlstm_cuda_graphs=...) instead",
+        "ASR_SPELLER_CUDA_GRAPHS_MEMORY=0.5 is set but no longer read: set model.speller_cuda_graphs_memory in "
+        "the recipe or on the command line (model.speller_cuda_graphs_memory=...) instead",
     ]
+    assert set(selection.RETIRED_VARIABLES.values()) <= {f"model.{name}" for name in LASConfig.__dataclass_fields__}
+
+
+def test_a_retired_variable_set_for_a_run_is_warned_about_when_its_lstms_pick_a_backend(monkeypatch, caplog):
+    monkeypatch.setattr(selection, "_warned", set())
+    monkeypatch.setenv("ASR_LNLSTM_IMPL", "cpp")
+    layer = LNLSTM(4, 3, backend="reference")
+    before = selection.calls()
+    with caplog.at_level("WARNING", logger="asr.models.lnlstm.selection"):
+        layer(torch.randn(2, 5, 4))
+        layer(torch.randn(2, 5, 4))
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["ASR_LNLSTM_IMPL=cpp is set but no longer read"]
+    assert "model.lnlstm_backend" in caplog.records[0].getMessage()
+    assert selection.ran(since=before) == {"cpu": ["reference"]}  # the recipe's request, not the variable's
 
 
 def test_what_ran_counts_only_calls_after_the_snapshot():

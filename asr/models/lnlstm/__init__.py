@@ -36,7 +36,8 @@ The package (docs/architecture.md draws it):
 * :mod:`.parameters`: one layer's per-direction tensors, gathered once for the fused backends;
 * :mod:`.backends`: one contract (:mod:`.backends.base`), three backends: the reference path; a fused C++ operator
   for CPU float32/float64 (``backends/csrc/lnlstm.cpp``, JIT-compiled for this CPU on first
-  use and cached; its speed against torch.nn.LSTM is in docs/benchmarks.md); fused Triton
+  use and cached, ``-march=native`` unless ``model.lnlstm_build: portable``; its speed against
+  torch.nn.LSTM is in docs/benchmarks.md); fused Triton
   kernels for CUDA and float32 parameters (autocast included), one kernel per time step, a
   hand-written backward and the time loop replayed as a CUDA graph; with
   ``TRITON_INTERPRET=1`` they also run CPU tensors (slowly: that is for testing). The
@@ -44,7 +45,9 @@ The package (docs/architecture.md draws it):
 * :mod:`.selection`: :func:`select_backend`, the one place that decides which backend runs,
   from the recipe's ``model.lnlstm_backend`` (auto, reference, cpp, triton); ``auto`` falls
   back to the reference path (with one warning) where a fused backend cannot build or run.
-  ``ASR_LNLSTM_IMPL`` or :func:`set_implementation` override it for benchmarks and tests.
+  ``model.lnlstm_build`` (native or portable) says how the C++ operator is built. A benchmark
+  switches either with a command-line override (``model.lnlstm_backend=reference``), which the
+  run records; :func:`set_implementation` overrides the request in-process, for tests.
 
 Variants. The cell above is ``variant="ba2016"``, the default. Two other
 LN-LSTM cells exist for the normalisation study (``model.lnlstm_variant``):
@@ -58,18 +61,28 @@ reference path instead, whatever the implementation switch says
 (:meth:`CellSpec.fused_by`), so raw_gates always runs there.
 """
 
+from asr.models.lnlstm.backends.cpp import BUILDS
 from asr.models.lnlstm.cells import CellSpec, LNLSTMCell, LNLSTMOptions
 from asr.models.lnlstm.reference import reverse_padded
-from asr.models.lnlstm.selection import get_implementation, select_backend, set_implementation
+from asr.models.lnlstm.selection import (
+    BACKEND_REQUESTS,
+    check_backend,
+    get_implementation,
+    select_backend,
+    set_implementation,
+)
 from asr.models.lnlstm.stack import LNLSTM, load_from_torch_lstm
 from asr.models.lnlstm.variants import VARIANTS
 
 __all__ = [
+    "BACKEND_REQUESTS",
+    "BUILDS",
     "LNLSTM",
     "VARIANTS",
     "CellSpec",
     "LNLSTMCell",
     "LNLSTMOptions",
+    "check_backend",
     "get_implementation",
     "load_from_torch_lstm",
     "reverse_padded",

@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from asr.models import overrides
 from asr.models.lnlstm import selection
 from asr.models.lnlstm.backends import backends
+from asr.models.lnlstm.backends.cpp import check_build
 from asr.models.lnlstm.selfcheck import CHECK_MODES
 from asr.models.lnlstm.variants import CELL_VARIANTS, Ba2016, check_variant, default_eps
 
@@ -66,6 +66,9 @@ class LNLSTMOptions:
             TensorFlow's LSTM cells; 0.0 matches torch.nn.LSTM, which has none).
         backend: the backend request (``model.lnlstm_backend``): auto, reference, cpp or triton
             (:mod:`asr.models.lnlstm.selection`).
+        build: how the C++ backend builds its operator (``model.lnlstm_build``): native (``-march=native``,
+            this CPU's vector extensions) or portable (what a CPU without them gets; for measuring).
+            One build serves a process: the first load decides (:mod:`asr.models.lnlstm.backends.cpp`).
         check: what a fused backend's failed self-check does (``model.lnlstm_check``): fallback, strict or
             off (:mod:`asr.models.lnlstm.selfcheck`).
         cuda_graphs: whether the Triton backend may record a layer's time loops as CUDA graphs
@@ -83,6 +86,7 @@ class LNLSTMOptions:
     eps: float | None = None
     forget_bias: float = 1.0
     backend: str = "auto"
+    build: str = "native"
     check: str = "fallback"
     cuda_graphs: bool = True
     recurrent_gain: float | None = None
@@ -103,7 +107,8 @@ class LNLSTMOptions:
         object.__setattr__(self, "layer_norm", bool(self.layer_norm))
         object.__setattr__(self, "eps", None if self.eps is None else float(self.eps))
         object.__setattr__(self, "forget_bias", float(self.forget_bias))
-        object.__setattr__(self, "backend", overrides.check_backend(self.backend))
+        object.__setattr__(self, "backend", selection.check_backend(self.backend))
+        check_build(self.build)
         object.__setattr__(self, "cuda_graphs", bool(self.cuda_graphs))
 
     @property
@@ -144,6 +149,7 @@ class LNLSTMCell(nn.Module):
         # The gate norms' epsilon is the spec's (the fused paths read it; ba2016 uses one epsilon throughout).
         self.spec = options.spec
         self.backend = options.backend
+        self.build = options.build  # the C++ operator's build, where the cpp backend runs this cell's layer
         self.recurrent_gain = options.recurrent_gain  # reset_parameters starts LN_h's gain there
         variant = CELL_VARIANTS[options.variant]
         self.weight_x = nn.Parameter(torch.empty(4 * hidden_size, input_size))
@@ -218,6 +224,6 @@ class LNLSTMCell(nn.Module):
             state = (zeros, zeros)
         h, c = state
         name = selection.checked(self.backend, self.spec, x.device, x.dtype, self.weight_h.dtype, single_step=True,
-                                 check=self.check)
+                                 check=self.check, build=self.build)
         selection.record(x.device, name)
-        return backends()[name].cell_step(self, x, h, c)
+        return backends(self.build)[name].cell_step(self, x, h, c)

@@ -1,8 +1,10 @@
 """Which backend computes an LN-LSTM layer or step: :func:`select_backend`, the only place that decides.
 
 The request comes from the recipe (``model.lnlstm_backend``, passed to :class:`LNLSTM` and
-:class:`LNLSTMCell` as ``backend``); ``ASR_LNLSTM_IMPL`` (:mod:`asr.models.overrides`) or
-:func:`set_implementation` override it for benchmarks and tests.
+:class:`LNLSTMCell` as ``backend``; ``model.lnlstm_build`` says how the C++ operator is built), and
+a run records it in its ``config.yaml``; a benchmark switches it with a command-line override
+(``model.lnlstm_backend=reference``). :func:`set_implementation` overrides it in-process, for tests
+and benchmarks that build their modules themselves.
 
 * ``reference``: always the PyTorch reference path.
 * ``cpp`` / ``triton``: that backend where it supports the call (variant, device, dtypes), raising
@@ -12,40 +14,83 @@ The request comes from the recipe (``model.lnlstm_backend``, passed to :class:`L
 
 :func:`record` counts what ran, so a run can write down what ran during it (:func:`calls`
 before, :func:`ran` after).
+
+Environment variables overrode these recipe keys once (:data:`RETIRED_VARIABLES`); they are no longer
+read, and a process where one is set warns once, naming the key to set instead (:func:`warn_retired_variables`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 import torch
 
-from asr.models import overrides
 from asr.models.lnlstm import selfcheck
 from asr.models.lnlstm.backends import Backend
 from asr.models.lnlstm.backends import backends as every_backend
 
+logger = logging.getLogger(__name__)
+
+BACKEND_REQUESTS = ("auto", "reference", "cpp", "triton")
+_BACKEND_ALIASES = {"python": "reference"}  # the older name of the reference path
+
+# Variable -> the recipe key that replaced it. Older docs and scripts set them, so a run where one is set
+# says so rather than ignoring it silently. They are checked where an LN-LSTM first picks its backend
+# (:func:`checked`; a run's record calls it as the run starts): every model the speller's variables
+# applied to, the LAS, has LN-LSTMs.
+RETIRED_VARIABLES = {
+    "ASR_LNLSTM_IMPL": "model.lnlstm_backend",
+    "ASR_LNLSTM_BUILD": "model.lnlstm_build",
+    "ASR_LNLSTM_CUDA_GRAPHS": "model.lnlstm_cuda_graphs",
+    "ASR_SPELLER_CUDA_GRAPHS": "model.speller_cuda_graphs",
+    "ASR_SPELLER_CUDA_GRAPHS_MEMORY": "model.speller_cuda_graphs_memory",
+}
+_warned: set[str] = set()  # the retired variables warned about in this process
+
 _programmatic: str | None = None  # set_implementation's override
 _calls: Counter[tuple[str, str]] = Counter()  # ("cpu", "cpp") -> calls computed there by that backend
+
+
+def check_backend(name: str, where: str = "model.lnlstm_backend") -> str:
+    """The backend request ``name`` in its canonical spelling; ValueError naming ``where`` otherwise."""
+    name = _BACKEND_ALIASES.get(name, name)
+    if name not in BACKEND_REQUESTS:
+        raise ValueError(f"{where} must be one of {', '.join(BACKEND_REQUESTS)}, got {name!r}")
+    return name
+
+
+def warn_retired_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Warn once per process for each of :data:`RETIRED_VARIABLES` set (non-empty) in ``environ`` (default:
+    the process environment), naming the recipe key that replaced it; returns the variables warned about now."""
+    environ = os.environ if environ is None else environ
+    warned = []
+    for name, key in RETIRED_VARIABLES.items():
+        value = environ.get(name)
+        if value and name not in _warned:
+            _warned.add(name)
+            warned.append(name)
+            logger.warning("%s=%s is set but no longer read: set %s in the recipe or on the command line "
+                           "(%s=...) instead", name, value, key, key)
+    return warned
 
 
 def set_implementation(name: str | None) -> None:
     """Override every LN-LSTM's backend request in this process (tests, benchmarks): ``"auto"``,
     ``"reference"`` (or ``"python"``), ``"cpp"``, ``"triton"``; None removes the override."""
     global _programmatic
-    _programmatic = None if name is None else overrides.check_backend(
-        name, where="LNLSTM implementation (set_implementation / ASR_LNLSTM_IMPL)"
-    )
+    _programmatic = None if name is None else check_backend(name, where="LNLSTM implementation (set_implementation)")
 
 
 def get_implementation() -> str | None:
-    """The override in effect (:func:`set_implementation`, else ``ASR_LNLSTM_IMPL``), or None."""
-    return _programmatic if _programmatic is not None else overrides.active().get("ASR_LNLSTM_IMPL")
+    """The override :func:`set_implementation` put in effect, or None."""
+    return _programmatic
 
 
 def effective_request(requested: str) -> str:
-    """The backend request after the overrides: :func:`get_implementation` where set, else ``requested``."""
+    """The backend request after the override: :func:`get_implementation` where set, else ``requested``."""
     override = get_implementation()
     return override if override is not None else requested
 
@@ -62,7 +107,7 @@ def select_backend(
 ) -> str:
     """The name of the backend that runs a call; a pure function of its arguments.
 
-    request: ``auto``, ``reference``, ``cpp`` or ``triton`` (already past the overrides);
+    request: ``auto``, ``reference``, ``cpp`` or ``triton`` (already past :func:`set_implementation`);
     spec: the cells' :class:`~asr.models.lnlstm.cells.CellSpec`; device, dtype: the input's;
     param_dtype: the parameters'; backends: name -> :class:`Backend` (the fused ones; the
     reference path needs none); single_step: one step of one cell (the speller) rather than a
@@ -86,16 +131,18 @@ def select_backend(
 
 
 def checked(request: str, spec, device: torch.device, dtype: torch.dtype, param_dtype: torch.dtype,
-            single_step: bool = False, check: str = "fallback") -> str:
-    """:func:`select_backend` over every backend, past the overrides, with the self-check ``check``
-    (``model.lnlstm_check``: fallback, strict or off; :mod:`asr.models.lnlstm.selfcheck`): what the
-    LN-LSTM modules and the run's record call."""
+            single_step: bool = False, check: str = "fallback", build: str = "native") -> str:
+    """:func:`select_backend` over every backend, past :func:`set_implementation`, with the self-check
+    ``check`` (``model.lnlstm_check``: fallback, strict or off; :mod:`asr.models.lnlstm.selfcheck`) and the
+    C++ operator built as ``build`` asks (``model.lnlstm_build``: native or portable,
+    :mod:`asr.models.lnlstm.backends.cpp`): what the LN-LSTM modules and the run's record call."""
+    warn_retired_variables()
 
     def passes(name: str) -> bool:
         return selfcheck.passes(name, spec, device, dtype, param_dtype, single_step, check)
 
-    return select_backend(effective_request(request), spec, device, dtype, param_dtype, every_backend(), single_step,
-                          passes)
+    return select_backend(effective_request(request), spec, device, dtype, param_dtype, every_backend(build),
+                          single_step, passes)
 
 
 def record(device: torch.device, backend: str) -> None:

@@ -29,7 +29,7 @@ class LNLSTM(nn.Module):
         dropout: dropout on every layer's output except the last (as nn.LSTM),
             only in training mode.
         options: the LN-LSTM's :class:`~asr.models.lnlstm.cells.LNLSTMOptions`, handed to every cell
-            (layer norm, variant, eps, forget bias, backend request, self-check) and read here for
+            (layer norm, variant, eps, forget bias, backend request, C++ build, self-check) and read here for
             ``cuda_graphs`` (whether the Triton backend may record its time loops as CUDA graphs).
         **fields: fields of :class:`~asr.models.lnlstm.cells.LNLSTMOptions` that replace ``options``'
             (``layer_norm=False, backend="reference"``), as nn.LSTM takes its options by keyword.
@@ -72,6 +72,7 @@ class LNLSTM(nn.Module):
         self.variant = self.cells[0].variant
         self.eps = self.cells[0].eps
         self.backend = self.cells[0].backend
+        self.build = self.cells[0].build
         self.cuda_graphs = options.cuda_graphs
 
     @property
@@ -118,7 +119,7 @@ class LNLSTM(nn.Module):
                 )
 
         name = self.select_backend(x)
-        backend = backends()[name]
+        backend = backends(self.build)[name]
         selection.record(x.device, name)
         h_n, c_n = [], []
         layer_input = x
@@ -150,7 +151,7 @@ class LNLSTM(nn.Module):
     def select_backend(self, x: torch.Tensor) -> str:
         """The name of the backend that computes this module for input x (B, T, I)."""
         return selection.checked(self.backend, self.cells[0].spec, x.device, x.dtype, self.cells[0].weight_h.dtype,
-                                 check=self.check)
+                                 check=self.check, build=self.build)
 
 
 _TORCH_TO_IJFO = (0, 2, 1, 3)  # nn.LSTM chunks i, f, g, o -> our i, j(=g), f, o

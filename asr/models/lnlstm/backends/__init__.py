@@ -22,7 +22,8 @@ __all__ = ["LAYER_INPUTS", "LN_INPUTS", "Backend", "backends", "layer_inputs"]
 
 
 @functools.cache
-def backends() -> dict[str, Backend]:
+def backends(build: str = "native") -> dict[str, Backend]:
     """Every backend by name, in the order ``auto`` tries them (the reference path is never
-    a candidate of ``auto``: it is what runs when no other does)."""
-    return {"triton": triton.BACKEND, "cpp": cpp.BACKEND, "reference": reference.BACKEND}
+    a candidate of ``auto``: it is what runs when no other does); the C++ one builds its operator
+    as ``build`` asks (``model.lnlstm_build``: native or portable, :mod:`.cpp`)."""
+    return {"triton": triton.BACKEND, "cpp": cpp.BACKENDS[cpp.check_build(build)], "reference": reference.BACKEND}

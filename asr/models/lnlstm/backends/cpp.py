@@ -4,8 +4,12 @@ The operator is JIT-compiled with ``torch.utils.cpp_extension.load`` on first
 use and cached (under ``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``); later processes only load the cached library.
 It is built for the CPU it runs on (``-march=native``, or portable flags where
-the compiler lacks that, or where ``ASR_LNLSTM_BUILD=portable`` asks for them),
-under a name that identifies the flags, the CPU and the checkout (:func:`build_configurations`).
+the compiler lacks that, or where the recipe's ``model.lnlstm_build: portable`` asks for them,
+to measure what a CPU without this one's vector extensions gets), under a name that identifies
+the flags, the CPU and the checkout (:func:`build_configurations`). Both builds can sit in the
+cache side by side, but a process loads one: both register ``torch.ops.asr_lnlstm`` (and
+``asr_attention``), and loading the second aborts the process, so the first load decides, and a later request for the other build is warned
+about once and runs the loaded one (:func:`load`; the run's record names the flags that ran).
 Where no compiler is available or the build fails, :func:`load` warns once and
 returns None, and :class:`asr.models.lnlstm.LNLSTM` runs its PyTorch reference
 path instead.
@@ -35,7 +39,6 @@ from pathlib import Path
 import torch
 from torch.autograd.function import once_differentiable
 
-from asr.models import overrides
 from asr.models.lnlstm.backends.base import LAYER_INPUTS, LN_INPUTS, Backend, layer_inputs
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "lnlstm.cpp"
@@ -48,6 +51,17 @@ _lock = threading.Lock()
 _module = None
 _error: Exception | None = None
 _flags: list[str] | None = None  # of the loaded build
+_loaded_as: str | None = None  # the build the first load asked for (native may have fallen back to portable flags)
+_mismatches_warned: set[str] = set()
+
+BUILDS = ("native", "portable")  # model.lnlstm_build
+
+
+def check_build(name: str, where: str = "model.lnlstm_build") -> str:
+    """``name`` where it is one of :data:`BUILDS`; ValueError naming ``where`` otherwise."""
+    if name not in BUILDS:
+        raise ValueError(f"{where} must be one of {', '.join(BUILDS)}, got {name!r}")
+    return name
 
 
 def _cpu_description() -> dict[str, str]:
@@ -97,7 +111,7 @@ def build_configurations(cpu: dict[str, str] | None = None,
     return configurations
 
 
-def _build():
+def _build(build: str = "native"):
     # Imported here: importing cpp_extension logs a CUDA_HOME warning on
     # CPU-only machines, irrelevant for this CPU-only operator.
     cpp_logger = logging.getLogger("torch.utils.cpp_extension")
@@ -118,7 +132,7 @@ def _build():
             pass
     global _flags
     (native_name, native_flags), (portable_name, portable_flags) = build_configurations()
-    if overrides.get("ASR_LNLSTM_BUILD", "native") == "portable":
+    if build == "portable":
         # For measuring what a CPU without this one's extensions gets.
         _compile(cpp_extension, portable_name, portable_flags)
         _flags = portable_flags
@@ -196,19 +210,25 @@ def _build_directory_held(directory: Path):
             fcntl.flock(held, fcntl.LOCK_UN)
 
 
-def load(strict: bool = False):
+def load(strict: bool = False, build: str | None = None):
     """The compiled operators (``torch.ops.asr_lnlstm``), building them on first call.
 
     strict=False: on failure warn once and return None (callers fall back to
     the reference path). strict=True: raise RuntimeError with the build error.
+    build: ``native`` or ``portable`` (``model.lnlstm_build``), what a first load builds; None (the
+    fused attention, which shares the library): whichever is loaded, else native. One build serves a
+    process (the module docstring): asking for the other one after the first load logs one warning
+    and returns the loaded one.
     """
-    global _module, _error
+    global _module, _error, _loaded_as
     if _module is not None:
+        _check_loaded(build)
         return _module
     with _lock:
         if _module is None and _error is None:
+            _loaded_as = check_build(build or "native")
             try:
-                _module = _build()
+                _module = _build(_loaded_as)
             except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
                 # no compiler or ninja, a compile or link error, a library that will not load
                 _error = exc
@@ -221,7 +241,18 @@ def load(strict: bool = False):
                     )
     if _module is None and strict:
         raise RuntimeError(f"LNLSTM: the fused C++ operator ({SOURCE}) could not be built: {_error}")
+    if _module is not None:
+        _check_loaded(build)
     return _module
+
+
+def _check_loaded(build: str | None) -> None:
+    if build is None or build == _loaded_as or build in _mismatches_warned:
+        return
+    _mismatches_warned.add(build)
+    _log.warning("LNLSTM: model.lnlstm_build asks for the %s build of the C++ operator, but this process loaded "
+                 "the %s build first and runs it (one build per process: both register torch.ops.asr_lnlstm)",
+                 build, _loaded_as)
 
 
 def build_flags() -> list[str] | None:
@@ -305,20 +336,24 @@ def fused_layer(params, x: torch.Tensor, lengths: torch.Tensor | None, h0: torch
 
 
 class CppBackend(Backend):
-    """The fused C++ operator behind the backend contract: CPU, float32 and float64, whole layers."""
+    """The fused C++ operator behind the backend contract: CPU, float32 and float64, whole layers;
+    ``build`` (:data:`BUILDS`) is the build its first load makes (:func:`load`)."""
 
     name = "cpp"
     auto_devices = ("cpu",)
+
+    def __init__(self, build: str = "native") -> None:
+        self.build = check_build(build)
 
     def supports(self, spec, device, dtype, param_dtype, single_step) -> bool:
         return (spec.fused_by(self.name) and not single_step and device.type == "cpu"
                 and dtype in (torch.float32, torch.float64))
 
     def available(self, device, strict: bool = False) -> bool:
-        return load(strict) is not None
+        return load(strict, self.build) is not None
 
     def layer(self, params, x, lengths, h0, c0, cuda_graphs: bool):
         return fused_layer(params, x, lengths, h0, c0)
 
 
-BACKEND = CppBackend()
+BACKENDS = {build: CppBackend(build) for build in BUILDS}

@@ -70,7 +70,6 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from asr.models import cuda_graphs as graphs
-from asr.models import overrides
 from asr.models.lnlstm.backends.base import LAYER_INPUTS, Backend, layer_inputs
 
 _lock = threading.Lock()
@@ -235,7 +234,6 @@ def _static(device: torch.device, cuda_graphs: bool) -> bool:
     (Off CUDA, :func:`asr.models.cuda_graphs.run_recorded` runs a loop eagerly on those buffers.)"""
     if device.type != "cuda":
         return False
-    cuda_graphs = overrides.get("ASR_LNLSTM_CUDA_GRAPHS", cuda_graphs)
     return cuda_graphs and graphs.LNLSTM_POLICY.enabled and not interpreting()
 
 
