@@ -2,7 +2,8 @@
 keys (asr/models/attention_interface.py).
 
 tests/fixtures/las_attention_da63599.json was written by the code before each type owned its keys (commit
-da63599, MoChA's keys in every type's config): for recipes/study_las_demo.yaml with each attention type,
+da63599, every type's keys in every type's config): for recipes/study_las_demo.yaml with each attention type
+(and with the keys now of some types only set: a window, the scaling, the backend, the location filters),
 the ``model`` section its run wrote into config.yaml and its checkpoints, the state_dict (each entry's
 shape and sum) of the LAS built from it with seed 0, and its loss on a fixed batch in train and eval mode."""
 
@@ -13,7 +14,7 @@ import torch
 
 from asr.config import ConfigError, describe_config, from_dict, to_dict
 from asr.experiment import as_recipe, experiment_config_to_dict, load_experiment_config
-from asr.models.attention import Attention, AttentionConfig
+from asr.models.attention import Attention, AttentionConfig, ContentConfig, DotConfig, LocationConfig
 from asr.models.common import lengths_to_mask
 from asr.models.las import LAS
 from asr.models.mocha import MochaConfig
@@ -31,7 +32,8 @@ QUERY, KEY = 6, 10
 
 def make(kind: str, heads: int = 1) -> Attention:
     torch.manual_seed(0)
-    att = Attention(AttentionConfig(type=kind, dim=8, heads=heads, conv_channels=3, conv_kernel=5), QUERY, KEY)
+    filters = {"conv_channels": 3, "conv_kernel": 5} if kind == "location" else {}  # location's keys
+    att = Attention(AttentionConfig(type=kind, dim=8, heads=heads, **filters), QUERY, KEY)
     return att.double()
 
 
@@ -182,6 +184,13 @@ def _las_results(model_config) -> tuple[dict[str, torch.Tensor], float, float]:
     return model.state_dict(), train_loss, eval_loss
 
 
+# What each type's section leaves out of an old run's, which held every type's keys: the other types' own
+MOCHA_KEYS, LOCATION_KEYS = {"chunk", "monotonic_bias", "sigmoid_noise"}, {"conv_channels", "conv_kernel"}
+LEFT_OUT = {"location": MOCHA_KEYS, "content": MOCHA_KEYS | LOCATION_KEYS, "dot": MOCHA_KEYS | LOCATION_KEYS | {"backend"},
+            "mocha": LOCATION_KEYS | {"scaling", "window", "backend"}}
+CONFIG_CLASSES = {"location": LocationConfig, "content": ContentConfig, "dot": DotConfig, "mocha": MochaConfig}
+
+
 @pytest.mark.parametrize("name", sorted(OLD))
 def test_an_old_runs_attention_config_reads_as_its_recipe_does_today_and_builds_the_same_model(name):
     entry = OLD[name]
@@ -192,7 +201,7 @@ def test_an_old_runs_attention_config_reads_as_its_recipe_does_today_and_builds_
     new = to_dict(config)["attention"]
     assert {key: written["attention"][key] for key in new} == new  # every key it keeps has its old value
     left_out = set(written["attention"]) - set(new)
-    assert left_out == (set() if config.attention.type == "mocha" else {"chunk", "monotonic_bias", "sigmoid_noise"})
+    assert left_out == LEFT_OUT[config.attention.type]
     # an old run resumes: its checkpoint's config, read as a recipe, is the recipe's
     resolved = experiment_config_to_dict(today)
     assert check_resume(as_recipe({**resolved, "model": written}), resolved, "last.pt") == []
@@ -215,20 +224,56 @@ def test_another_types_key_is_refused_in_one_line_naming_the_key_and_the_type():
     with pytest.raises(ConfigError, match="'model.attention.monotonic_bias' for attention type 'content'"):
         from_dict(AttentionConfig, {"type": "content", "monotonic_bias": 4.0}, "model.attention")
     with pytest.raises(ConfigError, match="unknown config key 'model.attention.chunks' for attention type 'mocha' "
-                                          "\\(the keys of 'mocha': backend, chunk,"):
+                                          "\\(the keys of 'mocha': chunk, dim, heads, monotonic_bias, prior_width, "
+                                          "sigmoid_noise, type\\)$"):
         from_dict(AttentionConfig, {"type": "mocha", "chunks": 3}, "model.attention")
     # a config object of the wrong class for its type is refused too
-    with pytest.raises(ValueError, match="type 'mocha' has its keys in MochaConfig, not AttentionConfig"):
-        AttentionConfig(type="mocha")
-    with pytest.raises(ValueError, match="type 'location' has its keys in AttentionConfig, not MochaConfig"):
+    with pytest.raises(ValueError, match="type 'location' has its keys in LocationConfig, not MochaConfig"):
         MochaConfig(type="location")
+    with pytest.raises(ValueError, match="type 'location' has its keys in LocationConfig, not ContentConfig"):
+        ContentConfig(type="location")
+    # AttentionConfig(type=...) in Python builds the type's own class, which takes its own keys only
+    assert type(AttentionConfig(type="mocha")) is MochaConfig and type(AttentionConfig()) is LocationConfig
+    assert AttentionConfig(type="dot", dim=8, scaling=2.0) == DotConfig(dim=8, scaling=2.0)
+    with pytest.raises(TypeError, match="conv_kernel"):
+        AttentionConfig(type="content", conv_kernel=5)
 
 
-@pytest.mark.parametrize("kind", ["location", "mocha"])
+@pytest.mark.parametrize("kind, key, value, owners", [
+    ("content", "conv_kernel", 201, "'location'"),
+    ("dot", "conv_channels", 4, "'location'"),
+    ("mocha", "conv_kernel", 5, "'location'"),
+    ("dot", "backend", "cpp", "'content', 'location'"),
+    ("mocha", "backend", "reference", "'content', 'location'"),
+    ("mocha", "scaling", 2.0, "'content', 'dot', 'location'"),
+    ("mocha", "window", [4, 24], "'content', 'dot', 'location'"),
+])
+def test_a_key_of_some_types_is_refused_for_another_at_any_other_value_than_its_default(kind, key, value, owners):
+    with pytest.raises(ConfigError) as refused:
+        load_experiment_config(DEMO, [f"model.attention.type={kind}", f"model.attention.{key}={json.dumps(value)}"])
+    message = str(refused.value)
+    assert message.startswith(f"{DEMO}: unknown config key 'model.attention.{key}' for attention type '{kind}'; "
+                              f"it is a key of {owners} (the keys of '{kind}': ")
+    assert "\n" not in message
+    # at its default (what every run wrote before) it is left out, and the model is the type's as ever
+    default = {"conv_kernel": 31, "conv_channels": 10, "backend": "auto", "scaling": 1.0, "window": []}[key]
+    config = load_experiment_config(DEMO, [f"model.attention.type={kind}", f"model.attention.{key}={json.dumps(default)}"])
+    assert config.model.attention == load_experiment_config(DEMO, [f"model.attention.type={kind}"]).model.attention
+
+
+def test_dot_takes_backend_reference_which_is_what_it_runs():
+    """An old dot run that named backend: reference (the only path dot has) still reads, as plain dot."""
+    config = load_experiment_config(DEMO, ["model.attention.type=dot", "model.attention.backend=reference"])
+    assert config.model.attention == DotConfig(dim=64) and config.model.attention.backend == "reference"
+    assert Attention(config.model.attention, 4, 5).config.backend == "reference"
+
+
+@pytest.mark.parametrize("kind", ["location", "content", "dot", "mocha"])
 def test_the_listed_keys_are_the_types_own_each_with_its_meaning(kind):
     keys = {k.key: k for k in describe_config(load_experiment_config(DEMO, [f"model.attention.type={kind}"]))}
     attention = {key.rpartition(".")[2]: k for key, k in keys.items() if key.startswith("model.attention.")}
-    config_class = MochaConfig if kind == "mocha" else AttentionConfig
-    assert set(attention) == {f.name for f in __import__("dataclasses").fields(config_class)}
+    assert set(attention) == {f.name for f in __import__("dataclasses").fields(CONFIG_CLASSES[kind])}
     assert all(k.meaning for k in attention.values()), [name for name, k in attention.items() if not k.meaning]
-    assert ("chunk" in attention) == (kind == "mocha")
+    every = {"type", "dim", "heads", "prior_width"}
+    assert set(attention) == every | {"chunk", "monotonic_bias", "sigmoid_noise", "scaling", "window", "backend",
+                                      "conv_channels", "conv_kernel"} - LEFT_OUT[kind]

@@ -54,8 +54,8 @@ def _run(attention, queries, keys, mask, attend, bias):
 def test_fused_step_matches_the_reference_path_values_and_gradients(dtype, tolerance, kind, extra):
     torch.manual_seed(0)
     batch, time, key_dim, query_dim = 3, 23, 6, 5
-    config = AttentionConfig(type=kind, dim=4, conv_channels=3, conv_kernel=7,
-                             scaling=2.0 if extra == "prior_and_scaling" else 1.0)
+    filters = {"conv_channels": 3, "conv_kernel": 7} if kind == "location" else {}  # location's keys
+    config = AttentionConfig(type=kind, dim=4, scaling=2.0 if extra == "prior_and_scaling" else 1.0, **filters)
     reference, fused = _pair(config, query_dim, key_dim, dtype)
     keys = torch.randn(batch, time, key_dim, dtype=dtype)
     mask = torch.ones(batch, time, dtype=torch.bool)

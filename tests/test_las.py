@@ -104,7 +104,9 @@ def test_decode_step_with_teacher_tokens_equals_the_teacher_forced_pass(attentio
     config = small_config(ctc_weight=0.3)
     # read as the class of its type (MoChA's keys are MochaConfig's)
     heads = 2 if attention == "content" else 1
-    config.attention = from_dict(AttentionConfig, {**to_dict(config.attention), "type": attention, "heads": heads})
+    # (the filters are location's keys, refused for another type at values other than their defaults)
+    own = to_dict(config.attention) if attention == "location" else {"dim": config.attention.dim}
+    config.attention = from_dict(AttentionConfig, {**own, "type": attention, "heads": heads})
     torch.manual_seed(0)
     model = LAS(config, input_dim=6, vocab_size=10).eval()
     features, feature_lengths, tokens, token_lengths = random_batch()
@@ -200,8 +202,9 @@ def test_small_las_learns_real_connected_digits(fsdd_dev, attention):
         # MoChA with a stop bias of +4 (p = 0.98): with the paper's -4 (p = 0.02) the scan expects
         # to pass 50 frames before it stops, more than these utterances have after the 8x
         # reduction, so the stop mass runs off the end and the speller learns without its audio.
-        attention=(MochaConfig(dim=32, conv_channels=4, conv_kernel=5, monotonic_bias=4.0) if attention == "mocha"
-                   else AttentionConfig(type=attention, dim=32, conv_channels=4, conv_kernel=5)),
+        attention=(MochaConfig(dim=32, monotonic_bias=4.0) if attention == "mocha"
+                   else AttentionConfig(type=attention, dim=32,  # the filters: location's keys
+                                        **({"conv_channels": 4, "conv_kernel": 5} if attention == "location" else {}))),
         speller=SpellerConfig(embedding_dim=16, hidden_size=64, num_layers=1),
         ctc_weight=0.3,
     )

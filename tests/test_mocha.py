@@ -5,6 +5,8 @@ and the speller's monotonic decoding."""
 import pytest
 import torch
 
+from asr.config import ConfigError, from_dict
+from asr.models.attention import AttentionConfig
 from asr.models.common import lengths_to_mask
 from asr.models.mocha import (
     MochaConfig,
@@ -189,7 +191,11 @@ def test_noise_only_in_training_and_gradients_reach_every_parameter_without_nan(
 def test_config_rejects_what_mocha_cannot_do():
     with pytest.raises(ValueError, match="heads"):
         MochaConfig(heads=2)
-    with pytest.raises(ValueError, match="window"):
+    # a window is not MoChA's key (its scan is monotonic already): refused naming the key and the type
+    with pytest.raises(ConfigError, match=r"^unknown config key 'model.attention.window' for attention type 'mocha'; "
+                                          r"it is a key of 'content', 'dot', 'location' \(the keys of 'mocha': "):
+        from_dict(AttentionConfig, {"type": "mocha", "window": [2, 4]}, "model.attention")
+    with pytest.raises(TypeError, match="window"):
         MochaConfig(window=[2, 4])
     with pytest.raises(ValueError, match="chunk"):
         MochaConfig(chunk=0)

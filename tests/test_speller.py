@@ -18,7 +18,8 @@ def make(kind="location", heads=1, layers=2, **options) -> Speller:
     torch.manual_seed(0)
     speller = Speller(
         SpellerConfig(embedding_dim=5, hidden_size=7, num_layers=layers, **options),
-        from_dict(AttentionConfig, {"type": kind, "dim": 6, "heads": heads, "conv_channels": 3, "conv_kernel": 3}),
+        from_dict(AttentionConfig, {"type": kind, "dim": 6, "heads": heads,  # the filters: location's keys
+                                    **({"conv_channels": 3, "conv_kernel": 3} if kind == "location" else {})}),
         VOCAB,
         KEY,
     )

@@ -27,7 +27,8 @@ def make(kind="location", heads=1, layers=2, device="cpu", **options) -> Speller
     torch.manual_seed(0)
     speller = Speller(
         SpellerConfig(embedding_dim=6, hidden_size=12, num_layers=layers, **options),
-        from_dict(AttentionConfig, {"type": kind, "dim": 8, "heads": heads, "conv_channels": 3, "conv_kernel": 5}),
+        from_dict(AttentionConfig, {"type": kind, "dim": 8, "heads": heads,  # the filters: location's keys
+                                    **({"conv_channels": 3, "conv_kernel": 5} if kind == "location" else {})}),
         VOCAB,
         KEY,
     )
@@ -194,7 +195,9 @@ def small_las(kind):
 
     torch.manual_seed(2)
     config = small_config(ctc_weight=0.3)
-    config.attention = from_dict(AttentionConfig, {**to_dict(config.attention), "type": kind})  # its type's class
+    # read as its type's class; the filters are location's keys
+    own = to_dict(config.attention) if kind == "location" else {"dim": config.attention.dim}
+    config.attention = from_dict(AttentionConfig, {**own, "type": kind})
     return LAS(config, input_dim=6, vocab_size=10).eval()
 
 

@@ -18,9 +18,12 @@ is its own module, :class:`asr.models.mocha.MonotonicChunkwiseAttention`: it
 keeps a different state (where the previous step stopped) and has one head.
 Every type implements :class:`~asr.models.attention_interface.LASAttention`, the
 one interface the speller sees, and the table at the end of this file maps
-``model.attention.type`` to its class: a new type is one file and one line there. The keys of
-``model.attention`` are :class:`~asr.models.attention_interface.AttentionConfig`'s (every type's, and all
-that these three read); MoChA's own keys live beside it (:class:`~asr.models.mocha.MochaConfig`).
+``model.attention.type`` to its class and its keys: a new type is one file and one line there. The keys
+every type has are :class:`~asr.models.attention_interface.AttentionConfig`'s; each of these three reads
+its own subclass of it, declared here (:class:`DotConfig`: the softmax's ``scaling`` and the ``window``;
+:class:`ContentConfig`: those and the ``backend``, since the fused C++ step computes content and location
+only; :class:`LocationConfig`: those and the filters, ``conv_channels`` and ``conv_kernel``). MoChA's own
+keys live beside it (:class:`~asr.models.mocha.MochaConfig`).
 
 Masks follow the toolkit convention (True = valid frame). Energies of padded
 frames are set to ``-inf`` before the softmax, so their weights are exactly 0,
@@ -38,7 +41,10 @@ as in the LAS paper (no output projection).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -48,7 +54,80 @@ from asr.models.attention_interface import ATTENTION_TYPES, AttentionConfig, LAS
 from asr.models.interface import STATIC_STATE_KEY
 from asr.models.mocha import MonotonicChunkwiseAttention
 
-__all__ = ["ATTENTION_TYPES", "Attention", "AttentionConfig", "register_attention"]
+__all__ = ["ATTENTION_TYPES", "Attention", "AttentionConfig", "ContentConfig", "DotConfig", "LocationConfig",
+           "register_attention"]
+
+
+@dataclass
+class DotConfig(AttentionConfig):
+    """``model.attention`` with ``type: dot``: the keys every type has, and those of the softmax over all
+    frames that content and location share (the scaling, the window)."""
+
+    type: str = "dot"         # content, dot, location or mocha (ATTENTION_TYPES); dot: the LAS paper's energy
+    # The softmax's inverse temperature: weights = softmax(scaling * energies). ESPnet's AttLoc uses 2.0
+    # by default (its `scaling`); 1.0 is Chorowski et al.'s. Larger values sharpen the attention.
+    scaling: float = 1.0
+    # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
+    # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
+    # restrict it to keep attention from jumping ahead; [] attends everywhere. On utterances longer than
+    # any trained on it did not stop the speller from skipping words (docs/studies/long_utterances.md).
+    window: list[int] = field(default_factory=list)
+    # dot's step is PyTorch ops always (the fused step computes content and location): no key, but what
+    # asr.models.attention_fused and the run's record read
+    backend: ClassVar[str] = "reference"
+
+    @classmethod
+    def config_data(cls, data: dict, path: str) -> dict:
+        """As every type reads its data (:meth:`AttentionConfig.config_data`), but for dot a ``backend`` of
+        ``reference``, what dot runs anyway, is left out too: it was a key of every type before."""
+        if "backend" not in {f.name for f in dataclasses.fields(cls)} and data.get("backend") == cls.backend:
+            data = {key: value for key, value in data.items() if key != "backend"}
+        return super().config_data(data, path)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.scaling <= 0:
+            raise ValueError(f"scaling must be positive, got {self.scaling}")
+        if self.window and (len(self.window) != 2 or min(self.window) < 0):
+            raise ValueError(f"window must be [] or [left, right] with both >= 0, got {self.window}")
+
+
+@dataclass
+class ContentConfig(DotConfig):
+    """``model.attention`` with ``type: content``: dot's keys, and the backend of its step."""
+
+    type: str = "content"     # content, dot, location or mocha (ATTENTION_TYPES); content: additive (Bahdanau)
+    # Which code computes a step of types content and location (asr/models/attention_fused.py): auto
+    # (the fused C++ step on CPU with one head, where it builds; else PyTorch ops), reference (PyTorch
+    # ops always) or cpp (an error where the fused step cannot run). The run records what ran.
+    backend: Literal["auto", "reference", "cpp"] = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backend not in attention_fused.BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(attention_fused.BACKENDS)}, got {self.backend!r}")
+
+
+@dataclass
+class LocationConfig(ContentConfig):
+    """``model.attention`` with ``type: location``: content's keys, and the location filters."""
+
+    # content, dot, location or mocha (ATTENTION_TYPES); location-aware copes best with long utterances
+    type: str = "location"
+    conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
+    # Odd width of the location filters in encoder frames. ESPnet's default (aconv-filts 100, a
+    # 201-frame filter) is used by its RNN recipes after 4x reduction too (WSJ: subsample 1_2_2_1_1),
+    # so 201 frames is not only for unreduced encoders; 31 reaches +-15 frames (0.6 s at 40 ms).
+    conv_kernel: int = 31
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("conv_channels", "conv_kernel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.conv_kernel % 2 == 0:
+            # An odd kernel centred on each frame keeps frame t's filter output aligned with frame t.
+            raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
 
 
 class Attention(LASAttention):
@@ -56,7 +135,8 @@ class Attention(LASAttention):
     dot and location.
 
     Args:
-        config: energy type, projection size, heads, location filters.
+        config: its type's keys (:class:`DotConfig`, :class:`ContentConfig`, :class:`LocationConfig`):
+            energy type, projection size, heads, scaling, window, backend, location filters.
         query_dim: Q, size of the query.
         key_dim: H, size of each key; also the size of the returned context.
 
@@ -69,7 +149,7 @@ class Attention(LASAttention):
     # Its state: the previous weights; the static part: the projected keys (B, heads, T, dim).
     frame_dims = {"weights": 2, "projected_keys": 2}
 
-    def __init__(self, config: AttentionConfig, query_dim: int, key_dim: int) -> None:
+    def __init__(self, config: DotConfig, query_dim: int, key_dim: int) -> None:
         super().__init__(key_dim)
         if config.type not in self.ENERGIES:
             raise ValueError(f"Attention computes the types {', '.join(self.ENERGIES)}, not {config.type!r} "
@@ -253,11 +333,11 @@ class Attention(LASAttention):
         return context, weights
 
 
-# The table: model.attention.type -> the class that computes it, whose config_class holds the keys it
-# reads (asr/models/attention_interface.py derives the rest). A new type: one file with a LASAttention
-# subclass, its config beside it where it has keys of its own (asr/models/mocha.py is the example), and
-# one line here; from outside the package, one register_attention call.
-register_attention("content", Attention)
-register_attention("dot", Attention)
-register_attention("location", Attention)
+# The table: model.attention.type -> the class that computes it and the class of the keys it reads (by
+# default the attention class's config_class; asr/models/attention_interface.py derives the rest). A new
+# type: one file with a LASAttention subclass, its config beside it where it has keys of its own
+# (asr/models/mocha.py is the example), and one line here; from outside the package, one register_attention call.
+register_attention("content", Attention, ContentConfig)
+register_attention("dot", Attention, DotConfig)
+register_attention("location", Attention, LocationConfig)
 register_attention("mocha", MonotonicChunkwiseAttention)

@@ -6,12 +6,14 @@ attention through :class:`LASAttention` only, so a new type (one that keeps a st
 does) is one file with a subclass and one :func:`register_attention` line (:mod:`asr.models.attention`
 names the toolkit's types; code outside the package calls it too).
 
-A type declares its options beside its code: its ``config_class``, a subclass of :class:`AttentionConfig`
-whose ``type`` defaults to the type's name, with its own keys (MoChA's chunk, stop bias and noise:
-:class:`asr.models.mocha.MochaConfig`); types without keys of their own (``content``, ``dot``, ``location``)
-read :class:`AttentionConfig` itself. Everything else follows from the table: the types a recipe may name,
-the keys each takes, and the refusal of a key the named type does not have, one line naming the key and
-the type. This module knows no type (they import it), as :mod:`asr.models.encoder_registry` knows no encoder.
+A type declares its options beside its code: a subclass of :class:`AttentionConfig` whose ``type``
+defaults to the type's name, with its own keys (MoChA's chunk, stop bias and noise:
+:class:`asr.models.mocha.MochaConfig`; the location filters: :class:`asr.models.attention.LocationConfig`),
+named by its class's ``config_class`` or by its line in the table (content, dot and location share one
+class, each with keys of its own); a type without keys of its own reads :class:`AttentionConfig` itself.
+Everything else follows from the table: the types a recipe may name, the keys each takes, and the refusal
+of a key the named type does not have, one line naming the key and the type. This module knows no type
+(they import it), as :mod:`asr.models.encoder_registry` knows no encoder.
 
 An attention owns some entries of the speller's decoding state (a dict whose tensors have the
 hypothesis as their first dimension, :class:`asr.models.speller.Speller`):
@@ -31,69 +33,50 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from asr.config import ConfigError
-from asr.models import attention_fused
 
 
 @dataclass
 class AttentionConfig:
-    """The ``model.attention`` section of an LAS recipe: the keys every type has, and all the keys of the
-    types ``content``, ``dot`` and ``location``. A type with keys of its own reads a subclass
-    (``LASAttention.config_class``); ``model.attention`` is read as the class its ``type`` names
-    (:meth:`config_variant`)."""
+    """The ``model.attention`` section of an LAS recipe: the keys every type has. Each type reads it as
+    its own subclass (:func:`attention_config_class`), with the type's keys beside these:
+    ``model.attention`` is read as the class its ``type`` names (:meth:`config_variant`), and so is
+    ``AttentionConfig(type=..., **keys)`` in Python (which names the type's own keys only)."""
 
     # content, dot, location or mocha (ATTENTION_TYPES); location-aware copes best with long utterances
     type: str = "location"
     dim: int = 256            # size of the projected query/keys the energies are computed in
     heads: int = 1            # LAS uses one; Chiu et al. (2018) report gains from 4
-    conv_channels: int = 10   # location filters; 10 as in Chorowski et al. (2015) and ESPnet
-    # Odd width of the location filters in encoder frames. ESPnet's default (aconv-filts 100, a
-    # 201-frame filter) is used by its RNN recipes after 4x reduction too (WSJ: subsample 1_2_2_1_1),
-    # so 201 frames is not only for unreduced encoders; 31 reaches +-15 frames (0.6 s at 40 ms).
-    conv_kernel: int = 31
-    # The softmax's inverse temperature: weights = softmax(scaling * energies). ESPnet's AttLoc uses 2.0
-    # by default (its `scaling`); 1.0 is Chorowski et al.'s. Larger values sharpen the attention.
-    scaling: float = 1.0
     # Width of the soft diagonal prior (asr/models/speller.py, "Attention prior") in encoder frames per
-    # output step; the prior acts only while the attention_prior schedule is above 0.
+    # output step; the prior acts only while the attention_prior schedule is above 0. The speller reads it
+    # for every type (a type that applies no energy bias, as MoChA, leaves the prior unused).
     prior_width: float = 3.0
-    # [left, right]: attend only to encoder frames from `left` before to `right` after the previous
-    # step's focus (the median of its attention; frame 0 at the first step), as Chorowski et al. (2015)
-    # restrict it to keep attention from jumping ahead; [] attends everywhere. On utterances longer than
-    # any trained on it did not stop the speller from skipping words (docs/studies/long_utterances.md).
-    window: list[int] = field(default_factory=list)
-    # Which code computes a step of types content and location (asr/models/attention_fused.py): auto
-    # (the fused C++ step on CPU with one head, where it builds; else PyTorch ops), reference (PyTorch
-    # ops always) or cpp (an error where the fused step cannot run). The run records what ran.
-    backend: Literal["auto", "reference", "cpp"] = "auto"
+
+    def __new__(cls, *args, **kwargs):
+        if cls is AttentionConfig:  # the keys of the type named: AttentionConfig(type="content", ...)
+            kind = args[0] if args else kwargs.get("type", AttentionConfig.type)
+            if kind in ATTENTION_TYPES:
+                cls = attention_config_class(kind)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         """The checks of the keys every type has; a type's config adds its own after calling this."""
         if self.type not in ATTENTION_TYPES:
             raise ValueError(f"type: {self.type!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
-        config_class = ATTENTION_TYPES[self.type].config_class
+        config_class = attention_config_class(self.type)
         if type(self) is not config_class:
             raise ValueError(f"type {self.type!r} has its keys in {config_class.__name__}, not {type(self).__name__}")
-        if self.scaling <= 0:
-            raise ValueError(f"scaling must be positive, got {self.scaling}")
         if self.prior_width <= 0:
             raise ValueError(f"prior_width must be positive, got {self.prior_width}")
-        if self.backend not in attention_fused.BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(attention_fused.BACKENDS)}, got {self.backend!r}")
-        for name in ("dim", "heads", "conv_channels", "conv_kernel"):
+        for name in ("dim", "heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.conv_kernel % 2 == 0:
-            # An odd kernel centred on each frame keeps frame t's filter output aligned with frame t.
-            raise ValueError(f"conv_kernel must be odd, got {self.conv_kernel}")
-        if self.window and (len(self.window) != 2 or min(self.window) < 0):
-            raise ValueError(f"window must be [] or [left, right] with both >= 0, got {self.window}")
 
     @classmethod
     def config_variant(cls, data: dict, path: str) -> type[AttentionConfig]:
@@ -103,15 +86,16 @@ class AttentionConfig:
         kind = data.get("type", AttentionConfig.type)
         if kind not in ATTENTION_TYPES:
             raise ConfigError(f"{path or 'config'}: type: {kind!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
-        return ATTENTION_TYPES[kind].config_class
+        return attention_config_class(kind)
 
     @classmethod
     def config_data(cls, data: dict, path: str) -> dict:
         """``data`` as this type reads it (:func:`asr.config.from_dict` asks). A key the type does not have
         is an error naming the key and the type, but for another type's key at that type's default, which
-        is left out: runs before each type owned its keys wrote MoChA's (chunk, monotonic_bias,
-        sigmoid_noise) beside every type's, at their defaults, into config.yaml and their checkpoints, and
-        those load."""
+        is left out: runs before each type owned its keys wrote every type's keys (MoChA's chunk,
+        monotonic_bias and sigmoid_noise; location's conv_channels and conv_kernel; the scaling, window and
+        backend of content, dot and location) at their defaults into config.yaml and their checkpoints,
+        and those load."""
         own = {f.name for f in dataclasses.fields(cls)}
         kind = data.get("type", cls.type)
         kept = {}
@@ -119,8 +103,8 @@ class AttentionConfig:
             if key in own:
                 kept[key] = value
                 continue
-            owners = {name: _defaults(entry.config_class) for name, entry in ATTENTION_TYPES.items()
-                      if key in _defaults(entry.config_class)}
+            owners = {name: _defaults(attention_config_class(name)) for name in ATTENTION_TYPES
+                      if key in _defaults(attention_config_class(name))}
             if any(value == defaults[key] for defaults in owners.values()):
                 continue
             whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
@@ -149,7 +133,8 @@ class LASAttention(nn.Module, ABC):
     """
 
     # The keys this type reads: AttentionConfig, or a subclass of it with the type's own keys (and its own
-    # checks, in its __post_init__) whose ``type`` defaults to the type's name.
+    # checks, in its __post_init__) whose ``type`` defaults to the type's name. A class registered under
+    # several names may give each its own (register_attention's config_class).
     config_class: type[AttentionConfig] = AttentionConfig
 
     # The dimension that runs over the listener frames of each state entry this type keeps (its own, the
@@ -200,20 +185,28 @@ class LASAttention(nn.Module, ABC):
         energies, added where a type has energies over the frames (a type may ignore it)."""
 
 
-# model.attention.type -> the class that computes it (its config_class: the keys it reads). Filled by
+# model.attention.type -> the class that computes it, and the class of the keys it reads. Filled by
 # register_attention: asr/models/attention.py names the toolkit's types, one line each.
 ATTENTION_TYPES: dict[str, type[LASAttention]] = {}
+_CONFIG_CLASSES: dict[str, type[AttentionConfig]] = {}
 
 
-def register_attention(name: str, attention_class: type[LASAttention]) -> None:
-    """Make ``model.attention.type: name`` build ``attention_class`` and read its keys as its
-    ``config_class`` (several names may share one, as content, dot and location share AttentionConfig);
-    ValueError where the name is taken."""
+def register_attention(name: str, attention_class: type[LASAttention],
+                       config_class: type[AttentionConfig] | None = None) -> None:
+    """Make ``model.attention.type: name`` build ``attention_class`` and read its keys as ``config_class``
+    (None: the class's ``config_class``). Several names may share a class, each with its keys (content,
+    dot and location share :class:`~asr.models.attention.Attention`); ValueError where the name is taken."""
     if name in ATTENTION_TYPES:
         raise ValueError(f"attention type {name!r} is registered already")
     if not (isinstance(attention_class, type) and issubclass(attention_class, LASAttention)):
         raise TypeError(f"an attention type must subclass LASAttention, got {attention_class!r}")
-    config_class = attention_class.config_class
+    config_class = attention_class.config_class if config_class is None else config_class
     if not (isinstance(config_class, type) and issubclass(config_class, AttentionConfig)):
         raise TypeError(f"the config of attention type {name!r} must subclass AttentionConfig, got {config_class!r}")
     ATTENTION_TYPES[name] = attention_class
+    _CONFIG_CLASSES[name] = config_class
+
+
+def attention_config_class(name: str) -> type[AttentionConfig]:
+    """The class attention type ``name`` (registered) reads its keys as."""
+    return _CONFIG_CLASSES[name]

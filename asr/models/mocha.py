@@ -57,8 +57,8 @@ from asr.models.interface import STATIC_STATE_KEY
 
 @dataclass
 class MochaConfig(AttentionConfig):
-    """``model.attention`` with ``type: mocha``: the keys every type has (one head, no window: the scan is
-    monotonic already) and MoChA's own."""
+    """``model.attention`` with ``type: mocha``: the keys every type has (one head) and MoChA's own; no
+    window (the scan is monotonic already), no scaling (the chunk's softmax is its own) and no backend."""
 
     type: str = "mocha"       # content, dot, location or mocha (ATTENTION_TYPES); mocha: monotonic chunkwise attention
     # The softmax's chunk in encoder frames, the initial bias r of the stop energy, and the std of the
@@ -71,8 +71,6 @@ class MochaConfig(AttentionConfig):
         super().__post_init__()
         if self.heads != 1:
             raise ValueError(f"heads must be 1 with type 'mocha', got {self.heads}")
-        if self.window:
-            raise ValueError("window cannot be used with type 'mocha': its scan is already monotonic")
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {self.chunk}")
         if self.sigmoid_noise < 0:
