@@ -69,6 +69,23 @@ def test_a_stale_lock_on_this_host_is_taken_over_with_a_warning(tmp_path, caplog
     lock.release()
 
 
+@pytest.mark.parametrize("holder, said", [({}, "the run that held it"),
+                                          ({"holder": "asr.study", "option": "--out"}, "the asr.study that held it")])
+def test_the_stale_lock_warning_names_what_held_it_a_run_or_a_study(tmp_path, caplog, holder, said):
+    """asr.train's train.lock and asr.study's study.lock (asr.studies.grid) share the lock: the warning on
+    taking one over says whose it was, not "its run" for a study."""
+    name, command = ("study.lock", "python -m asr.study x") if holder else (LOCK_NAME, "python -m asr.train x")
+    dead = _dead_pid()
+    (tmp_path / name).write_text(json.dumps({"pid": dead, "host": socket.gethostname(), "started": "yesterday",
+                                             "command": command}))
+    lock = RunLock(tmp_path, name, **holder)
+    lock.acquire()
+    (warning,) = [r.getMessage() for r in caplog.records if "stale lock" in r.getMessage()]
+    assert warning == (f"taking over the stale lock {tmp_path / name}: {said} (PID {dead} on host "
+                       f"{socket.gethostname()}, started yesterday, command: {command}) is no longer alive")
+    lock.release()
+
+
 @pytest.mark.parametrize("holder", [{"host": "another-node"}, {}])
 def test_a_lock_of_a_live_process_or_another_host_is_not_taken_over(tmp_path, holder):
     # another host: its PID cannot be checked from here, even one that is not alive here

@@ -71,9 +71,8 @@ class RunLock:
             except FileExistsError:
                 holder = read_lock(self.path)
                 if attempt == 0 and holder is not None and is_stale(holder):
-                    logger.warning(
-                        "taking over the stale lock %s: its run (%s) is no longer alive", self.path, describe(holder)
-                    )
+                    logger.warning("taking over the stale lock %s: the %s that held it (%s) is no longer alive",
+                                   self.path, self._holder, describe(holder))
                     if read_lock(self.path) == holder:  # nobody took it over in the meantime
                         self.path.unlink(missing_ok=True)
                     continue
