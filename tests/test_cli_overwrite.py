@@ -231,3 +231,64 @@ def test_study_refuses_a_finished_run_another_study_trained_and_trains_it_again_
     status, err = run("study", argv + ["--overwrite"], capsys)
     assert status == 1 and f"asr.study: trained {runs[1].name}\n" in err, err
     assert not runs[1].exp_dir.exists() and (runs[0].exp_dir / "study_time.json").exists()
+
+
+def test_study_overwrite_never_deletes_a_run_folder_a_live_process_holds(tmp_path, capsys, monkeypatch):
+    """--overwrite empties another study's finished run only under that run's lock: an asr.train someone
+    started there by hand (a live process holding train.lock) stops the study in one line naming it, exit 2,
+    with no folder deleted, not even another one --overwrite would replace; once that process is gone its
+    stale lock is taken over and the folder replaced."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+    from helpers import LAS_RECIPE, TINY
+
+    from asr.cli import study
+    from asr.experiment import experiment_config_to_dict, load_experiment_config
+    from asr.studies.grid import StudyError
+    from asr.training.runlock import LOCK_NAME
+
+    def trained(runs, *args):  # what would train: the runs left to train, stopped here
+        raise StudyError("trained " + " ".join(sorted(r.name for r in runs if not (r.exp_dir / "study_time.json").exists())))
+
+    monkeypatch.setattr(study, "train_runs", trained)
+    argv = [str(LAS_RECIPE), *TINY, "data.demo.enabled=false", "--grid", "train.seed=0,1", "--out", str(tmp_path / "s")]
+    runs = study.plan(study.build_parser(), argv).runs
+    for planned in runs:  # both finished by another study (another model) into the same folder
+        config = experiment_config_to_dict(load_experiment_config(
+            LAS_RECIPE, [*TINY, "data.demo.enabled=false", *planned.overrides(), f"exp_dir={planned.exp_dir}",
+                         "model.listener.hidden_size=32"]))
+        planned.exp_dir.mkdir(parents=True)
+        (planned.exp_dir / "config.yaml").write_text(yaml.safe_dump({**config, "runtime": {"device": "cpu"}}))
+        (planned.exp_dir / "study_time.json").write_text('{"train_seconds": 1.0}\n')
+    held = runs[1].exp_dir
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # the asr.train run by hand
+    try:
+        command = f"python -m asr.train {LAS_RECIPE} exp_dir={held} --resume"
+        (held / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                  "started": "2026-11-29T04:00:00+00:00", "command": command}))
+        # every file's bytes and mtime, and each folder's names (a lock taken on the first run and let go when
+        # the second is refused passes through its folder, whose own mtime moves)
+        planted = [p for planned in runs for p in sorted(planned.exp_dir.iterdir())]
+        before = state(planted), [sorted(q.name for q in planned.exp_dir.iterdir()) for planned in runs]
+        status, err = run("study", argv + ["--overwrite"], capsys)
+        lines = err.strip().splitlines()
+        assert status == 2 and len(lines) == 1, err
+        assert lines[0].startswith(f"error: --overwrite does not delete a run folder in use: {held} is in use by "
+                                   f"another run: PID {holder.pid} on host {socket.gethostname()}, "
+                                   f"started 2026-11-29T04:00:00+00:00, command: {command}. "), err
+        # neither run's folder deleted, the holder's lock untouched
+        assert (state(planted), [sorted(q.name for q in planned.exp_dir.iterdir()) for planned in runs]) == before
+        assert not (tmp_path / "s" / "study.lock").exists()  # the study let go of --out
+        assert not (runs[0].exp_dir / LOCK_NAME).exists()  # nor left the lock it took on the other run
+    finally:
+        holder.kill()
+        holder.wait()
+    # the hand-started run is over (killed): its stale lock is taken over, and both runs are trained again
+    status, err = run("study", argv + ["--overwrite"], capsys)
+    assert status == 1 and f"asr.study: trained {runs[0].name} {runs[1].name}\n" in err, err
+    assert not runs[0].exp_dir.exists() and not held.exists()
+    assert os.path.isdir(tmp_path / "s")

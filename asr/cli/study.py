@@ -96,7 +96,9 @@ A study is resumable: a finished run (its folder holds ``study_time.json``)
 is not trained again, unless another study trained it (its ``config.yaml`` differs from what this
 study gives the run in a key that may not change on resume: another recipe, other overrides into the
 same ``--out``), which is refused before anything trains, naming the run, unless ``--overwrite``, which
-trains it again from the start (:mod:`asr.cli.outputs`); an interrupted one (``last.pt`` but no
+trains it again from the start (:mod:`asr.cli.outputs`), but never deletes a run folder that a live
+process holds (its ``train.lock``: an ``asr.train`` started there by hand), refused naming the holder
+before any folder goes; an interrupted one (``last.pt`` but no
 ``study_time.json``) is continued with ``--resume``, and an evaluation is
 reused when its ``wer.json`` is newer than the checkpoint and was made with
 the same settings. A resumed run's training minutes are the trainer's own
@@ -391,17 +393,36 @@ def other_studies_runs(study: Study) -> list[tuple[Run, str]]:
 
 def replace_other_studies_runs(study: Study) -> None:
     """Refuse the finished runs of another study found in ``--out`` (:func:`other_studies_runs`), or with
-    ``--overwrite`` remove them, so that they are trained again from the start."""
+    ``--overwrite`` remove them, so that they are trained again from the start.
+
+    A folder is removed only under its run's lock (:class:`asr.training.runlock.RunLock`), taken for every
+    one of them before any goes: a run a live process holds (an ``asr.train`` someone started there by
+    hand, or one on another host, which cannot be checked from here) stops the study with one error line
+    naming the holder, exit status 2, and nothing deleted; a lock whose process is gone is taken over."""
+    from asr.training.runlock import RunLock, RunLockError
+
     found = other_studies_runs(study)
     if found and not study.args.overwrite:
         run, changes = found[0]
         more = f"; {len(found) - 1} more run(s) there too" if len(found) > 1 else ""
         refuse_to_replace(run.exp_dir, f"a run another study trained (its config.yaml -> here: {changes}){more}",
                           out_given=study.args.out is not None, metavar="FOLDER")
-    for run, changes in found:
-        logger.warning("--overwrite: %s held a run another study trained (%s); training it again from the start",
-                       run.exp_dir, changes)
-        shutil.rmtree(run.exp_dir)
+    locks = []
+    try:
+        for run, _ in found:
+            lock = RunLock(run.exp_dir, option="--out")
+            try:
+                lock.acquire()
+            except RunLockError as err:
+                fail(f"--overwrite does not delete a run folder in use: {err}")
+            locks.append(lock)
+        for run, changes in found:
+            logger.warning("--overwrite: %s held a run another study trained (%s); training it again from the start",
+                           run.exp_dir, changes)
+            shutil.rmtree(run.exp_dir)  # its lock with it: until then no asr.train can start there
+    finally:
+        for lock in locks:
+            lock.release()  # removes nothing once the folder is gone (nor another's lock)
 
 
 def report_progress(study: Study, argv: list[str] | None) -> int:
