@@ -17,6 +17,7 @@ from asr.models.interface import ModelConfig
 from asr.models.registry import model_config_from_dict
 from asr.training.config import TrainConfig
 from asr.training.schedules import check_schedule_target
+from asr.training.shapes import check_scaled_shape
 from features.config import FeatureConfig
 
 __all__ = [
@@ -54,6 +55,9 @@ def experiment_config_from_dict(data: dict) -> ExperimentConfig:
         data["train"] = {**train, "schedules": {k: v for k, v in train["schedules"].items() if v is not None}}
     config = from_dict(ExperimentConfig, data)
     config.model = model_config_from_dict(model_data)
+    # A model's keys that name a schedule shape are checked here, above both (a model does not import training).
+    for key, name in getattr(config.model, "schedule_shapes", dict)().items():
+        check_scaled_shape(name, f"model.{key}", advice="give it with its options in train.schedules instead")
     return config
 
 

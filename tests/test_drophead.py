@@ -32,10 +32,12 @@ def test_drophead_rates_are_checked_and_named():
     for key in ("encoder", "decoder"):
         with pytest.raises(ConfigError, match=f"{key}.drophead"):
             from_dict(TransformerConfig, {key: {"drophead": 1.0}}, "model")
+    from asr.experiment import experiment_config_from_dict
+
     for name in ("points", "vshap"):  # points has no scale for the peak to set
         with pytest.raises(ConfigError, match=rf"^model.drophead_schedule: '{name}' is not one of constant, cosine, "
                                               r".*vshape \(the schedule shapes with a scale") as err:
-            from_dict(TransformerConfig, {"drophead_schedule": name}, "model")
+            experiment_config_from_dict({"model": {"type": "transformer", "drophead_schedule": name}})
         assert "\n" not in str(err.value)
 
 
@@ -313,9 +315,11 @@ def test_a_shape_registered_from_outside_drives_the_drophead_rate(outside_shapes
 
 def test_a_shape_that_cannot_run_at_its_defaults_is_one_line_naming_the_key(outside_shapes):
     with pytest.raises(ConfigError, match=r"^model.drophead_schedule: the 'needs_options' shape does not run at its "
-                                          r"default options \(.*\); give it with its options as "
-                                          r"train.schedules.drophead_encoder") as err:
-        from_dict(TransformerConfig, {"drophead_schedule": "needs_options"}, "model")
+                                          r"default options \(.*\); give it with its options in "
+                                          r"train.schedules instead") as err:
+        from asr.experiment import experiment_config_from_dict
+
+        experiment_config_from_dict({"model": {"type": "transformer", "drophead_schedule": "needs_options"}})
     assert "\n" not in str(err.value)
 
 

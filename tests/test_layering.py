@@ -52,3 +52,12 @@ def test_the_root_holds_commands_and_no_library_twins():
         for path in (ROOT / "asr").rglob("*.py"):
             assert not imports_any(path, [f"asr.{old}"]), (path, old)
 
+
+
+@pytest.mark.parametrize("package", ["asr/models", "asr/data", "asr/decoding", "asr/synthesis", "features"])
+def test_models_data_and_decoding_never_import_training(package):
+    """Training is built above models, data and decoding (asr.run composes them); a model's key that names a
+    training thing (model.drophead_schedule, a schedule shape) is checked by the recipe's reader, asr.experiment."""
+    offenders = {str(path.relative_to(ROOT)): imports_any(path, ["asr.training", "asr.run", "asr.experiment"])
+                 for path in sorted((ROOT / package).rglob("*.py"))}
+    assert {path: names for path, names in offenders.items() if names} == {}

@@ -29,35 +29,8 @@ a shape with options of its own, which replaces the model's.
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 from torch import Tensor
-
-from asr.config import ConfigError
-from asr.training.shapes import shape_config_class, shape_names
-
-
-def drophead_shapes() -> list[str]:
-    """The shapes ``model.drophead_schedule`` may name: those with a ``scale``, which each stack's
-    ``drophead`` (the peak) sets."""
-    return [name for name in shape_names() if "scale" in {f.name for f in fields(shape_config_class(name))}]
-
-
-def check_drophead_schedule(name: object) -> None:
-    """Refuse a ``model.drophead_schedule`` that is no shape with a scale, or one whose options have no
-    defaults to run at, in one line naming the key."""
-    shapes = drophead_shapes()
-    if name not in shapes:
-        raise ConfigError(f"model.drophead_schedule: {name!r} is not one of {', '.join(shapes)} "
-                          "(the schedule shapes with a scale, which each stack's drophead sets)")
-    try:
-        shape_config_class(name)()
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"model.drophead_schedule: the {name!r} shape does not run at its default options "
-                          f"({err}); give it with its options as train.schedules.drophead_encoder "
-                          "(and drophead_decoder) instead") from None
-
 
 def drop_heads(heads: Tensor, rate: float) -> Tensor:
     """heads: (B, H, L, D/H), each head's attention output before the heads are joined

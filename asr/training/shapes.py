@@ -534,3 +534,21 @@ register_shape("cosine", CosineConfig, Cosine)
 register_shape("constant", ConstantConfig, Constant)
 register_shape("plateau", PlateauConfig, Plateau)
 register_shape("vshape", VShapeConfig, VShape)
+
+
+def scaled_shapes() -> list[str]:
+    """The shapes with a ``scale`` (which a caller's peak sets): those a model's default schedule may name."""
+    return [name for name in shape_names() if "scale" in {f.name for f in fields(shape_config_class(name))}]
+
+
+def check_scaled_shape(name: object, key: str, advice: str = "") -> None:
+    """Refuse, in one line naming ``key``, a shape name that is no shape with a scale, or one whose options
+    have no defaults to run at (``advice``: where to give it with its options instead)."""
+    shapes = scaled_shapes()
+    if name not in shapes:
+        raise ConfigError(f"{key}: {name!r} is not one of {', '.join(shapes)} (the schedule shapes with a scale)")
+    try:
+        shape_config_class(name)()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: the {name!r} shape does not run at its default options ({err})"
+                          + (f"; {advice}" if advice else "")) from None
