@@ -114,6 +114,7 @@ class TrainingStep:
         self.groups = gradient_groups(model)
         self._before = OptimizerSnapshot()
         self._bound = AdamBound(optimizer, parameters)
+        self._model_parameters = list(model.parameters())
 
     def backward(self, batch, scale: float = 1.0) -> StepOutcome:
         """Loss of ``batch`` (a :class:`~asr.data.batching.Batch` on the model's device) and its gradients
@@ -171,7 +172,9 @@ class TrainingStep:
         """
         params = self.parameters
         if params is None:
-            params = [p for p in self.model.parameters() if p.grad is not None]
+            # the model's parameter list is walked once (module.parameters() recurses through every submodule:
+            # 1.8 ms an update for the Conformer's 587 tensors on a CPU, in benchmarks/loop_overhead.py's profile)
+            params = [p for p in self._model_parameters if p.grad is not None]
         groups = self._group_norms(params) if group_norms else None
         norm = torch.nn.utils.clip_grad_norm_(params, self.max_norm)
         if not torch.isfinite(norm):
