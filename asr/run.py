@@ -38,7 +38,7 @@ from asr.training.metrics import higher_is_better
 from asr.training.hooks import Hook
 from asr.training.reporting import Reporting, RunLog, RunRecord, held_records, setup_logging
 from asr.training.resume import read_resume_state, refusal, remove_stale_checkpoint_writes, restore, settings_record
-from asr.training.schedules import ScheduleSet, run_schedules
+from asr.training.schedules import ScheduleSet, WatchedSchedules, run_schedules
 from asr.training.state import Progress, seed_everything
 from asr.training.timing import RunClock
 from asr.training.trainer import RunParts, Trainer
@@ -123,7 +123,7 @@ def build_trainer(config: ExperimentConfig, resume: bool = False, overrides: lis
     return Trainer(RunParts(
         train=train, exp_dir=exp_dir, config=resolved, data=data, raw_model=raw_model, model=model,
         optimizer=optimizer, schedules=schedules, device=device, dist=dist, loader=loader, clock=clock,
-        progress=progress, dev=config.data.dev, hooks=[record, Reporting(log, train.best_metric), *(hooks or [])],
+        progress=progress, dev=config.data.dev, hooks=[record, Reporting(log, train.best_metric), WatchedSchedules(), *(hooks or [])],
     ))
 
 

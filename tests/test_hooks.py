@@ -91,3 +91,40 @@ def test_a_run_stopped_and_resumed_shows_its_hooks_the_same_losses_as_one_run_st
     curves = {name: read_scalars(tmp_path / name / "exp")["train/loss"] for name in ("straight", "stopped")}
     assert [(step, value) for _, step, value in curves["stopped"]] == [(step, value) for _, step, value in curves["straight"]]
     assert torch.tensor([v for _, _, v in curves["straight"]]).isfinite().all()
+
+
+class Rates(Hook):
+    """Each update's learning rate and loss."""
+
+    def __init__(self):
+        self.updates: dict[int, tuple[float, float]] = {}
+
+    def on_update(self, trainer, update):
+        self.updates[update.step] = (update.values["lr"], update.loss)
+
+
+def test_the_plateau_rule_is_a_hook_and_a_resumed_run_moves_the_rate_as_one_run_straight(tmp_path):
+    """The plateau rule (a bootstrap of the rehearsal recipes) watches the validations as a hook
+    (asr.training.schedules.WatchedSchedules): with a threshold no epoch meets, every validation after the
+    first halves the rate; a run stopped inside its second epoch and resumed makes the same rates and
+    losses, bit for bit, as one run straight, and logs the same halvings."""
+    extra = ("train.max_epochs=4", "train.scheduler.kind=plateau", "train.scheduler.warmup_steps=1",
+             "train.scheduler.plateau_threshold=0.99", "train.scheduler.plateau_patience=1",
+             "train.scheduler.decay_factor=0.5", "model.listener.dropout=0.2")
+    from asr.training.schedules import WatchedSchedules
+
+    straight = Rates()
+    trainer = build_trainer(_config(tmp_path / "straight", *extra), hooks=[straight])
+    assert sum(isinstance(hook, WatchedSchedules) for hook in trainer.hooks) == 1  # the rule is one hook
+    trainer.fit()
+    rates = [rate for rate, _ in straight.updates.values()]
+    assert len(set(rates)) >= 3 and rates == sorted(rates, reverse=True)  # it fell, epoch by epoch
+    first, second = Rates(), Rates()
+    config = _config(tmp_path / "stopped", *extra)
+    with pytest.raises(TrainingStopped):
+        build_trainer(config, hooks=[first, StopAfter(8)]).fit()  # inside the second epoch, after one halving
+    build_trainer(config, resume=True, hooks=[second]).fit()
+    assert {**first.updates, **second.updates} == straight.updates  # bit for bit
+    logs = {name: [line.split(" ", 1)[1] for line in (tmp_path / name / "exp" / "train.log").read_text().splitlines()
+                   if "learning rate x" in line] for name in ("straight", "stopped")}
+    assert logs["straight"] and logs["stopped"] == logs["straight"]

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Callable, ClassVar
 
 from asr.config import ConfigError, from_dict
+from asr.training.hooks import Hook, Validated
 from asr.training.shapes import (
     PointsConfig,
     RunPlan,
@@ -313,6 +314,19 @@ class ScheduleSet:
         for name, schedule in self.schedules.items():
             if name in saved:
                 schedule.load_state_dict(saved[name])
+
+
+class WatchedSchedules(Hook):
+    """The schedules that watch the validations (the plateau rule, a bootstrap of the rehearsal recipes):
+    after each finished epoch's validation this hook hands its metrics to the run's schedule set, which
+    moves the rate from the next update on. It keeps nothing of its own: what the rule remembers (its best,
+    its patience left, its factor) is the schedule set's state, saved in every checkpoint after this event,
+    so a resumed run goes on as one run straight does. Validations inside an epoch are not watched."""
+
+    def on_validation(self, trainer, validated: Validated) -> None:
+        if validated.at_epoch_end:
+            for line in trainer.schedules.observe(validated.step, validated.metrics):
+                logger.info(line)
 
 
 def model_default_schedules(model) -> dict[str, ScheduleConfig]:

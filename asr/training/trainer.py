@@ -275,8 +275,6 @@ class Trainer:
         """Log, rank and checkpoint the finished epoch number ``epoch`` (from 1). Returns True when
         early stopping fires."""
         progress, metrics = self.progress, validation.metrics
-        for line in self.schedules.observe(progress.step, metrics):
-            logger.info(line)
         self.epoch_end.rank(progress, epoch, metrics)
         self._report(epoch, validation, progress.epoch)
         progress.skipped_in_epoch = {}
