@@ -333,3 +333,14 @@ def check_range(name: str, value: list, minimum: float, maximum: float = math.in
     if len(value) != 2 or not minimum <= value[0] <= value[1] <= maximum:
         upper = f" <= {maximum}" if math.isfinite(maximum) else ""
         raise ValueError(f"{name} must be [low, high] with {minimum} <= low <= high{upper}, got {value}")
+
+
+def field_defaults(config_class: type) -> dict[str, Any]:
+    """Each field of the dataclass ``config_class`` that has a default, with it (a factory's called)."""
+    defaults = {}
+    for f in dataclasses.fields(config_class):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults

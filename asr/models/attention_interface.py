@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from asr.config import ConfigError
+from asr.config import field_defaults, ConfigError
 
 
 @dataclass
@@ -103,25 +103,14 @@ class AttentionConfig:
             if key in own:
                 kept[key] = value
                 continue
-            owners = {name: _defaults(attention_config_class(name)) for name in ATTENTION_TYPES
-                      if key in _defaults(attention_config_class(name))}
+            owners = {name: field_defaults(attention_config_class(name)) for name in ATTENTION_TYPES
+                      if key in field_defaults(attention_config_class(name))}
             if any(value == defaults[key] for defaults in owners.values()):
                 continue
             whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
             raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for attention type {kind!r}"
                               f"{whose} (the keys of {kind!r}: {', '.join(sorted(own))})")
         return kept
-
-
-def _defaults(config_class: type[AttentionConfig]) -> dict[str, Any]:
-    """Each field of ``config_class`` with its default."""
-    defaults = {}
-    for f in dataclasses.fields(config_class):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
-    return defaults
 
 
 class LASAttention(nn.Module, ABC):

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 
 from torch import Tensor, nn
 
-from asr.config import ConfigError
+from asr.config import field_defaults, ConfigError
 from asr.models.blocks import check_stack
 
 
@@ -100,24 +100,13 @@ class EncoderConfig:
             if key in own:
                 kept[key] = value
                 continue
-            owners = [name for name, entry in _ENCODERS.items() if key in _defaults(entry.config_class)]
-            if any(value == _defaults(_ENCODERS[name].config_class)[key] for name in owners):
+            owners = [name for name, entry in _ENCODERS.items() if key in field_defaults(entry.config_class)]
+            if any(value == field_defaults(_ENCODERS[name].config_class)[key] for name in owners):
                 continue
             whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
             raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for encoder kind {kind!r}{whose} "
                               f"(the keys of {kind!r}: {', '.join(sorted(own))})")
         return kept
-
-
-def _defaults(config_class: type[EncoderConfig]) -> dict[str, Any]:
-    """Each field of ``config_class`` with its default."""
-    defaults = {}
-    for f in dataclasses.fields(config_class):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
-    return defaults
 
 
 @dataclass(frozen=True)
