@@ -10,7 +10,7 @@ import torch
 
 import asr.checkpoints.io
 from asr.checkpoints.io import load_checkpoint, save_checkpoint
-from asr.training.signals import STOP_SIGNALS, StopNow, StopSignals
+from asr.training.signals import PARENT_DIED, STOP_SIGNALS, StopNow, StopSignals
 
 
 @pytest.mark.parametrize("signum", STOP_SIGNALS)
@@ -25,6 +25,27 @@ def test_the_first_signal_asks_and_the_second_stops_at_once(signum):
                 pass
         assert now.value.exit_code == 128 + signum
     assert signal.getsignal(signum) is before
+
+
+def _deliver(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    for _ in range(1000):  # the handler runs between bytecodes
+        pass
+
+
+def test_the_parents_death_stops_once_however_often_the_kernel_repeats_it():
+    # asr.studies.tether: the kernel sends it once per thread of the dead study the orphan passes through
+    with StopSignals() as stop:
+        _deliver(PARENT_DIED)
+        assert stop.received == PARENT_DIED
+        _deliver(PARENT_DIED)
+        _deliver(PARENT_DIED)  # no StopNow: the run finishes its step and writes last.pt
+        with pytest.raises(StopNow):  # a person's SIGTERM still stops it at once
+            _deliver(signal.SIGTERM)
+    with StopSignals() as stop:  # after another stop signal, it does not escalate either
+        _deliver(signal.SIGTERM)
+        _deliver(PARENT_DIED)
+        assert stop.received == signal.SIGTERM
 
 
 def test_a_second_signal_during_a_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

@@ -736,11 +736,12 @@ def test_sigkill_to_a_study_stops_its_run_with_last_pt_and_the_same_command_resu
         if not process_ended(trainer):
             os.kill(trainer, signal.SIGKILL)  # a failed test leaves nothing running
     first_attempt = (run / "study_train.out").read_text()
-    # stopped as on SIGTERM: it finished its step and wrote last.pt. Once in three full-suite runs under xdist
-    # (2026-11-29, never alone) a second SIGTERM followed the first and the run stopped at once instead, with the
-    # last.pt it had; where the second one comes from is not known yet. The run is resumable either way.
-    assert "SIGTERM received" in first_attempt
-    assert "continue with --resume" in first_attempt or "stopped at once by a second SIGTERM" in first_attempt
+    # stopped as on a first SIGTERM: it finished its step and wrote last.pt. The death signal may come twice
+    # (the kernel sends it for each thread of the study the orphan is handed to; tests/test_tether.py), and
+    # a second one does not stop the run at once, as a second SIGTERM would (seen once in three full-suite runs
+    # when the signal was SIGTERM)
+    assert "SIGUSR2 received (the study that started this run has ended)" in first_attempt
+    assert "continue with --resume" in first_attempt and "stopped at once" not in first_attempt
     assert not (run / "train.lock").exists() and (run / "last.pt").is_file()
     assert (out / study.STUDY_LOCK).exists() and not (run / "study_time.json").exists()  # the study never cleaned up
     stopped_at = load_checkpoint(run / "last.pt")["training"]["progress"]["step"]

@@ -13,6 +13,13 @@ A second signal stops the process at once (:class:`StopNow` is raised wherever i
 is): a save in progress is abandoned, its temporary file removed, and the previous
 ``last.pt`` stays as it was. ``asr.train`` then exits with 128 + the signal's number
 (143 for SIGTERM, 130 for SIGINT), as a process killed by it would.
+
+:data:`PARENT_DIED` (SIGUSR2) stops a run as the first signal does, but never "at once": it is the
+signal :mod:`asr.studies.tether` asks the kernel to send when the study that started the run dies, and
+the kernel sends it at every step of the orphan's reparenting, once for each thread of the dead study it
+is handed to before it reaches a live process (``forget_original_parent`` in the kernel's exit.c). A
+study killed with SIGKILL mostly gives one, sometimes two, depending on the order its threads end; so
+repeats of it are ignored, while a SIGTERM, SIGINT or SIGUSR1 after it still stops at once.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import sys
 import threading
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+PARENT_DIED = signal.SIGUSR2  # the parent's death (asr.studies.tether): a stop that repeats count once
 
 EXIT_STOPPED = 75  # stopped on a signal after writing a resumable checkpoint (sysexits EX_TEMPFAIL)
 
@@ -55,7 +64,7 @@ class StopSignals:
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
+            for signum in (*STOP_SIGNALS, PARENT_DIED):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -65,22 +74,27 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
+        if self.received is not None and signum == PARENT_DIED:
+            return  # the kernel repeats it while the orphan is reparented (above); the stop is under way
         if self.received is not None:
             _say(f"{signal.Signals(signum).name} again: stopping at once; last.pt is the last one completed\n")
             raise StopNow(signum)
         self.received = signum
         # Only the flag is set here: the trainer logs and saves at the next step boundary.
         # (os.write, not logging: a handler may run while the logging stream is mid-write.)
+        why, again = " (the study that started this run has ended)", "SIGTERM"
+        if signum != PARENT_DIED:
+            why, again = "", "it again"
         _say(
-            f"{signal.Signals(signum).name} received: finishing the current step, then writing last.pt "
-            "and stopping (send it again to stop at once)\n"
+            f"{signal.Signals(signum).name} received{why}: finishing the current step, then writing last.pt "
+            f"and stopping (send {again} to stop at once)\n"
         )
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
     """In a DataLoader worker: ignore the stop signals (a terminal's Ctrl-C or SLURM signal them too);
     the main process stops the run and then ends its workers."""
-    for signum in STOP_SIGNALS:
+    for signum in (*STOP_SIGNALS, PARENT_DIED):
         signal.signal(signum, signal.SIG_IGN)
 
 
