@@ -60,18 +60,20 @@ class _Slow(Dataset):
         return torch.tensor([i])
 
 
-@pytest.mark.parametrize("loader_s, step_s", [(0.03, 0.0), (0.0, 0.03)])
+@pytest.mark.parametrize("loader_s, step_s", [(0.1, 0.0), (0.0, 0.1)])
 def test_a_slow_loader_shows_as_waiting_and_a_slow_step_does_not(loader_s, step_s):
+    # wall-clock sleeps, so the bounds leave room for a busy machine's scheduling (the ideal shares are 1 and
+    # 0; with 30 ms sleeps and bounds 0.8/0.2 it failed now and then in a full suite beside training runs)
     timer = LoaderClock()
     for _ in timer.batches(DataLoader(_Slow(loader_s), batch_size=1)):
         time.sleep(step_s)
         timer.updated()
     timing = timer.read()
-    assert timing["seconds_per_update"] >= 0.03
+    assert timing["seconds_per_update"] >= 0.1
     if loader_s:
-        assert timing["loader_wait"] > 0.8
+        assert timing["loader_wait"] > 0.6
     else:
-        assert timing["loader_wait"] < 0.2
+        assert timing["loader_wait"] < 0.4
 
 
 def test_the_run_log_writes_the_timing_as_scalars_and_on_the_train_log_line(tmp_path, caplog):
