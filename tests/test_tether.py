@@ -18,10 +18,27 @@ pytestmark = pytest.mark.skipif(not tether.available(), reason="PR_SET_PDEATHSIG
                                 "study killed with SIGKILL leaves its runs to be stopped by hand")
 
 
+def _study_like_parent(child_code: str, then: str) -> tuple[subprocess.Popen, int]:
+    """A parent that plays the study: a worker thread starts a tethered ``python -c child_code``, prints its
+    PID and runs ``then`` (a line of that thread's code); the main thread waits for the thread, then sleeps."""
+    parent_code = ("import os, subprocess, sys, threading, time\n"
+                   "from asr.studies.tether import tethered\n"
+                   "def start():\n"
+                   f"    p = subprocess.Popen(tethered([sys.executable, '-c', {child_code!r}]), start_new_session=True)\n"
+                   "    print(p.pid, flush=True)\n"
+                   f"    {then}\n"
+                   "t = threading.Thread(target=start)\n"
+                   "t.start()\n"
+                   "t.join()\n"
+                   "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    return parent, int(parent.stdout.readline())
+
+
 def test_a_tethered_child_is_sent_the_death_signal_when_its_parent_is_killed_with_sigkill(tmp_path):
     """issue 81: kill -9 of asr.study left its asr.train children training, orphaned."""
-    # the parent plays the study: it starts a tethered child from a worker thread, as the study does, and
-    # waits for it; the child records the signal that stops it
+    # the child records the signal that stops it
     child_code = ("import signal, sys, time, pathlib\n"
                   "def stop(signum, frame):\n"
                   f"    pathlib.Path({str(tmp_path / 'stopped')!r}).write_text(signal.Signals(signum).name)\n"
@@ -29,18 +46,7 @@ def test_a_tethered_child_is_sent_the_death_signal_when_its_parent_is_killed_wit
                   "signal.signal(signal.SIGUSR2, stop)\n"
                   f"pathlib.Path({str(tmp_path / 'ready')!r}).touch()\n"
                   "time.sleep(60)\n")
-    parent_code = ("import subprocess, sys, threading\n"
-                   "from asr.studies.tether import tethered\n"
-                   "def start():\n"
-                   f"    p = subprocess.Popen(tethered([sys.executable, '-c', {child_code!r}]), start_new_session=True)\n"
-                   "    print(p.pid, flush=True)\n"
-                   "    p.wait()\n"
-                   "t = threading.Thread(target=start)\n"
-                   "t.start()\n"
-                   "t.join()\n")
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
-                              env=subprocess_env())
-    child = int(parent.stdout.readline())
+    parent, child = _study_like_parent(child_code, then="p.wait()")  # as the study's worker threads do
     try:
         deadline = time.monotonic() + 60
         # the child makes its request, then becomes the program (exec keeps the PID): no wrapper stays between
@@ -86,20 +92,9 @@ def test_the_kernel_sends_the_death_signal_again_for_each_thread_the_orphan_is_h
                   "end = time.monotonic() + 60\n"
                   "while n[0] < 2 and time.monotonic() < end:\n"
                   "    time.sleep(0.02)\n")
-    parent_code = ("import subprocess, sys, threading, time\n"
-                   "from asr.studies.tether import tethered\n"
-                   "def start():\n"
-                   f"    p = subprocess.Popen(tethered([sys.executable, '-c', {child_code!r}]), start_new_session=True)\n"
-                   "    print(p.pid, flush=True)\n"
-                   f"    while not __import__('os').path.exists({str(tmp_path / 'ready')!r}):\n"
-                   "        time.sleep(0.02)\n"
-                   "t = threading.Thread(target=start)\n"
-                   "t.start()\n"
-                   "t.join()\n"  # the thread that started the child has ended; the main thread lives on
-                   "time.sleep(60)\n")
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
-                              env=subprocess_env())
-    child = int(parent.stdout.readline())
+    ready = str(tmp_path / "ready")
+    # the thread that started the child returns once the child is ready; the parent's main thread lives on
+    parent, child = _study_like_parent(child_code, then=f"while not os.path.exists({ready!r}): time.sleep(0.02)")
     try:
         deadline = time.monotonic() + 60
         while not (counts.exists() and counts.read_text() == "1"):  # its starting thread ended
