@@ -344,3 +344,35 @@ def field_defaults(config_class: type) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             defaults[f.name] = f.default_factory()
     return defaults
+
+
+def variant_class(data: dict, path: str, tag: str, default: str, variants: dict[str, type]) -> type:
+    """The class of a tagged section (``model.attention``'s ``type``, ``model.encoder``'s ``kind``): the one
+    ``variants`` holds under ``data[tag]`` (``default`` when absent); another tag is a :class:`ConfigError`
+    naming the key and the tags there are. For a base class's ``config_variant``."""
+    kind = data.get(tag, default)
+    if kind not in variants:
+        key = f"{path}.{tag}" if path else tag
+        raise ConfigError(f"{key}: {kind!r} is not one of {', '.join(map(repr, variants))}")
+    return variants[kind]
+
+
+def variant_data(config_class: type, data: dict, path: str, what: str, name: str, variants: dict[str, type]) -> dict:
+    """``data`` as ``config_class``, one of the tagged ``variants``, reads it (a ``config_data``): its own keys.
+    Another variant's key at that variant's default is left out, since runs written before each variant
+    owned its keys wrote every variant's at their defaults, and those load; any other key is a
+    :class:`ConfigError` naming it, the section's variant (``what`` ``name``: say attention type 'dot'), the
+    variants that have it and ``config_class``'s keys."""
+    own = {f.name for f in dataclasses.fields(config_class)}
+    kept = {}
+    for key, value in data.items():
+        if key in own:
+            kept[key] = value
+            continue
+        owners = {name: field_defaults(c) for name, c in variants.items() if key in field_defaults(c)}
+        if any(value == defaults[key] for defaults in owners.values()):
+            continue
+        whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
+        raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for {what} {name!r}{whose} "
+                          f"(the keys of {name!r}: {', '.join(sorted(own))})")
+    return kept

@@ -138,7 +138,7 @@ def test_gradients_flow_to_every_parameter():
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ConfigError, match="model.attention: type: 'monotonic' is not one of 'content', 'dot', "
+    with pytest.raises(ConfigError, match="model.attention.type: 'monotonic' is not one of 'content', 'dot', "
                                           "'location', 'mocha'"):
         from_dict(AttentionConfig, {"type": "monotonic"}, "model.attention")
     with pytest.raises(ConfigError, match="conv_kernel must be odd"):

@@ -31,15 +31,13 @@ Masks follow the toolkit's convention (True = valid); every row has at least one
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
-from asr.config import field_defaults, ConfigError
+from asr.config import variant_class, variant_data
 
 
 @dataclass
@@ -83,34 +81,20 @@ class AttentionConfig:
         """The config class ``data`` is read as (:func:`asr.config.from_dict` asks): its ``type``'s."""
         if cls is not AttentionConfig:
             return cls
-        kind = data.get("type", AttentionConfig.type)
-        if kind not in ATTENTION_TYPES:
-            raise ConfigError(f"{path or 'config'}: type: {kind!r} is not one of {', '.join(map(repr, ATTENTION_TYPES))}")
-        return attention_config_class(kind)
+        return variant_class(data, path, "type", AttentionConfig.type, _attention_config_classes())
 
     @classmethod
     def config_data(cls, data: dict, path: str) -> dict:
-        """``data`` as this type reads it (:func:`asr.config.from_dict` asks). A key the type does not have
-        is an error naming the key and the type, but for another type's key at that type's default, which
-        is left out: runs before each type owned its keys wrote every type's keys (MoChA's chunk,
-        monotonic_bias and sigmoid_noise; location's conv_channels and conv_kernel; the scaling, window and
-        backend of content, dot and location) at their defaults into config.yaml and their checkpoints,
-        and those load."""
-        own = {f.name for f in dataclasses.fields(cls)}
+        """``data`` as this type reads it (:func:`asr.config.from_dict` asks; :func:`asr.config.variant_data`):
+        runs before each type owned its keys wrote every type's keys (MoChA's chunk, monotonic_bias and
+        sigmoid_noise; location's conv_channels and conv_kernel; the scaling, window and backend of content,
+        dot and location) at their defaults into config.yaml and their checkpoints, and those load."""
         kind = data.get("type", cls.type)
-        kept = {}
-        for key, value in data.items():
-            if key in own:
-                kept[key] = value
-                continue
-            owners = {name: field_defaults(attention_config_class(name)) for name in ATTENTION_TYPES
-                      if key in field_defaults(attention_config_class(name))}
-            if any(value == defaults[key] for defaults in owners.values()):
-                continue
-            whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
-            raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for attention type {kind!r}"
-                              f"{whose} (the keys of {kind!r}: {', '.join(sorted(own))})")
-        return kept
+        return variant_data(cls, data, path, "attention type", kind, _attention_config_classes())
+
+
+def _attention_config_classes() -> dict[str, type[AttentionConfig]]:
+    return {name: attention_config_class(name) for name in ATTENTION_TYPES}
 
 
 class LASAttention(nn.Module, ABC):

@@ -13,13 +13,12 @@ This module knows no encoder (they import it), as :mod:`asr.models.interface` kn
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from torch import Tensor, nn
 
-from asr.config import field_defaults, ConfigError
+from asr.config import variant_class, variant_data
 from asr.models.blocks import check_stack
 
 
@@ -82,31 +81,18 @@ class EncoderConfig:
         """The config class ``data`` is read as (:func:`asr.config.from_dict` asks): its ``kind``'s."""
         if cls is not EncoderConfig:
             return cls
-        kind = data.get("kind", EncoderConfig.kind)
-        if kind not in _ENCODERS:
-            raise ConfigError(f"{path}.kind: {kind!r} is not one of {', '.join(map(repr, encoder_kinds()))}")
-        return _ENCODERS[kind].config_class
+        return variant_class(data, path, "kind", EncoderConfig.kind, _encoder_config_classes())
 
     @classmethod
     def config_data(cls, data: dict, path: str) -> dict:
-        """``data`` as this kind reads it (:func:`asr.config.from_dict` asks). A key the kind does not have
-        is an error naming the key and the kind, but for another kind's key at that kind's default, which
-        is left out: runs before the table wrote every kind's keys into config.yaml (the Conformer's beside
-        a Transformer encoder's, at their defaults), as the old single config had them, and those load."""
-        own = {f.name for f in dataclasses.fields(cls)}
-        kind = cls.kind
-        kept = {}
-        for key, value in data.items():
-            if key in own:
-                kept[key] = value
-                continue
-            owners = [name for name, entry in _ENCODERS.items() if key in field_defaults(entry.config_class)]
-            if any(value == field_defaults(_ENCODERS[name].config_class)[key] for name in owners):
-                continue
-            whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""
-            raise ConfigError(f"unknown config key '{f'{path}.{key}' if path else key}' for encoder kind {kind!r}{whose} "
-                              f"(the keys of {kind!r}: {', '.join(sorted(own))})")
-        return kept
+        """``data`` as this kind reads it (:func:`asr.config.from_dict` asks; :func:`asr.config.variant_data`):
+        runs before the table wrote every kind's keys into config.yaml (the Conformer's beside a
+        Transformer encoder's, at their defaults), as the old single config had them, and those load."""
+        return variant_data(cls, data, path, "encoder kind", cls.kind, _encoder_config_classes())
+
+
+def _encoder_config_classes() -> dict[str, type[EncoderConfig]]:
+    return {name: entry.config_class for name, entry in _ENCODERS.items()}
 
 
 @dataclass(frozen=True)
