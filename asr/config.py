@@ -364,12 +364,13 @@ def variant_data(config_class: type, data: dict, path: str, what: str, name: str
     :class:`ConfigError` naming it, the section's variant (``what`` ``name``: say attention type 'dot'), the
     variants that have it and ``config_class``'s keys."""
     own = {f.name for f in dataclasses.fields(config_class)}
+    variant_defaults = {name: field_defaults(c) for name, c in variants.items()}
     kept = {}
     for key, value in data.items():
         if key in own:
             kept[key] = value
             continue
-        owners = {name: field_defaults(c) for name, c in variants.items() if key in field_defaults(c)}
+        owners = {name: defaults for name, defaults in variant_defaults.items() if key in defaults}
         if any(value == defaults[key] for defaults in owners.values()):
             continue
         whose = f"; it is a key of {', '.join(map(repr, owners))}" if owners else ""

@@ -33,6 +33,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 PARENT_DIED = signal.SIGUSR2  # the parent's death (asr.studies.tether): a stop that repeats count once
 
+HANDLED_SIGNALS = (*STOP_SIGNALS, PARENT_DIED)  # what a run catches, and its loader workers ignore
+
 EXIT_STOPPED = 75  # stopped on a signal after writing a resumable checkpoint (sysexits EX_TEMPFAIL)
 
 
@@ -64,7 +66,7 @@ class StopSignals:
 
     def __enter__(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
-            for signum in (*STOP_SIGNALS, PARENT_DIED):
+            for signum in HANDLED_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -82,8 +84,9 @@ class StopSignals:
         self.received = signum
         # Only the flag is set here: the trainer logs and saves at the next step boundary.
         # (os.write, not logging: a handler may run while the logging stream is mid-write.)
-        why, again = " (the study that started this run has ended)", "SIGTERM"
-        if signum != PARENT_DIED:
+        if signum == PARENT_DIED:
+            why, again = " (the study that started this run has ended)", "SIGTERM"
+        else:
             why, again = "", "it again"
         _say(
             f"{signal.Signals(signum).name} received{why}: finishing the current step, then writing last.pt "
@@ -94,7 +97,7 @@ class StopSignals:
 def ignore_stop_signals(worker_id: int | None = None) -> None:
     """In a DataLoader worker: ignore the stop signals (a terminal's Ctrl-C or SLURM signal them too);
     the main process stops the run and then ends its workers."""
-    for signum in (*STOP_SIGNALS, PARENT_DIED):
+    for signum in HANDLED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
 
