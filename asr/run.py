@@ -35,6 +35,7 @@ from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import all_max, device_kind, init_distributed, resolve_device
 from asr.training.errors import TrainingError
 from asr.training.metrics import higher_is_better
+from asr.training.clipping import ClippingWatch
 from asr.training.hooks import Hook
 from asr.training.reporting import Reporting, RunLog, RunRecord, held_records, setup_logging
 from asr.training.resume import read_resume_state, refusal, remove_stale_checkpoint_writes, restore, settings_record
@@ -123,7 +124,8 @@ def build_trainer(config: ExperimentConfig, resume: bool = False, overrides: lis
     return Trainer(RunParts(
         train=train, exp_dir=exp_dir, config=resolved, data=data, raw_model=raw_model, model=model,
         optimizer=optimizer, schedules=schedules, device=device, dist=dist, loader=loader, clock=clock,
-        progress=progress, dev=config.data.dev, hooks=[record, Reporting(log, train.best_metric), WatchedSchedules(), *(hooks or [])],
+        progress=progress, dev=config.data.dev, hooks=[record, Reporting(log, train.best_metric), WatchedSchedules(),
+               ClippingWatch(train.grad_clip, dist.is_main), *(hooks or [])],
     ))
 
 

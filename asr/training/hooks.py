@@ -23,8 +23,9 @@ events carry (the update's number, the epoch's), so a run stopped and resumed se
 does the same as one run straight. The run's own reporting (``train.log``, TensorBoard and the closing
 summary: :class:`asr.training.reporting.Reporting`) and its runtime record
 (:class:`asr.training.reporting.RunRecord`, which writes ``config.yaml`` when the run is built and logs what
-ran when it ends) are hooks, and so is the plateau rule that watches the epochs' validations
-(:class:`asr.training.schedules.WatchedSchedules`); a new one is a class in a file of its own, handed to
+ran when it ends) are hooks, and so are the plateau rule that watches the epochs' validations
+(:class:`asr.training.schedules.WatchedSchedules`) and the warning on a gradient far over its clipping limit
+(:class:`asr.training.clipping.ClippingWatch`); a new one is a class in a file of its own, handed to
 :func:`asr.run.build_trainer` (``hooks=[...]``).
 """
 

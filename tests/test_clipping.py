@@ -1,0 +1,76 @@
+"""The clipping watch (asr.training.clipping): a gradient far over train.grad_clip is told once, with the share
+of each module group, and counted at the end; a run whose gradient stays near the limit hears nothing."""
+
+import logging
+
+import pytest
+from helpers import tiny_run
+
+from asr.experiment import load_experiment_config
+from asr.run import build_trainer
+from asr.training.clipping import FAR_ABOVE, ClippingWatch, about
+from asr.training.hooks import RunEnd, Update
+
+
+def _update(step: int, norm: float | None, groups: dict | None = None) -> Update:
+    return Update(epoch=1, step=step, loss=1.0, grad_norm=norm, values={}, epochs_done=0.1, group_norms=groups)
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "asr.train" and r.levelno == logging.WARNING]
+
+
+def test_the_first_update_far_over_the_limit_is_told_once_with_each_groups_share(caplog):
+    watch = ClippingWatch(grad_clip=2.0)
+    limit = FAR_ABOVE * 2.0
+    with caplog.at_level(logging.WARNING, logger="asr.train"):
+        watch.on_update(None, _update(1, limit))                       # at the limit, not over it: quiet
+        watch.on_update(None, _update(2, None))                        # a skipped update has no norm
+        # 3-4-5: the speller holds 16/25 of the norm's square, the listener 9/25
+        watch.on_update(None, _update(3, 2500.0, {"listener": 1500.0, "speller": 2000.0}))
+        watch.on_update(None, _update(4, 1e6, {"listener": 1e6, "speller": 1.0}))
+        watch.on_update(None, _update(5, 1.0))
+        first = _warnings(caplog)
+        watch.on_run_end(None, RunEnd(why="train.max_steps=5", step=5, epochs_done=1.0))
+    assert len(first) == 1
+    assert first[0].startswith("update 3: the gradient's norm before clipping is 2,500, "
+                               "1,250 times train.grad_clip (2)")
+    assert "the speller holds 64% of its square (speller 2,000, listener 1,500)" in first[0]
+    assert "1,250 times smaller" in first[0]
+    (end,) = _warnings(caplog)[1:]
+    assert end.startswith(f"2 update(s) from update 3 on had a gradient norm over {FAR_ABOVE:g} x train.grad_clip "
+                          "(the largest 1,000,000 at update 4)")
+
+
+@pytest.mark.parametrize("value, text", [(5769323.4, "5,770,000"), (2500.0, "2,500"), (999.5, "1,000"), (999.4, "999"),
+                                         (4.9712, "4.97"), (0.0086321, "0.00863")])
+def test_numbers_are_written_out_to_three_digits(value, text):
+    assert about(value) == text
+
+
+@pytest.mark.parametrize("grad_clip, main", [(0.0, True), (5.0, False)])
+def test_no_clipping_or_another_rank_says_nothing(caplog, grad_clip, main):
+    watch = ClippingWatch(grad_clip=grad_clip, main=main)
+    with caplog.at_level(logging.WARNING, logger="asr.train"):
+        watch.on_update(None, _update(1, 1e9, {"listener": 1e9}))
+        watch.on_run_end(None, RunEnd(why="end", step=1, epochs_done=1.0))
+    assert _warnings(caplog) == []
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("tiny_demo_corpus")
+def test_a_run_far_over_its_limit_says_so_in_train_log_and_one_near_it_does_not(tmp_path):
+    """A tiny LAS clipped at 1e-6 (its gradient is far over that at every update) against the same run at
+    its recipe's limit: train.log has the first update's warning with the listener, speller and attention
+    measured, and the count of every update at the end; the other run has neither."""
+    logs = {}
+    for name, clip in (("clipped", ["train.grad_clip=0.000001"]), ("recipe", [])):
+        recipe, *overrides = tiny_run(tmp_path / name, "train.max_steps=4", "train.log_every_steps=100", *clip)
+        build_trainer(load_experiment_config(recipe, overrides)).fit()
+        logs[name] = (tmp_path / name / "exp" / "train.log").read_text()
+    (first,) = [line for line in logs["clipped"].splitlines() if "the gradient's norm before clipping" in line]
+    assert "update 1: " in first and "train.grad_clip (1e-06)" in first
+    measured = first.split("of its square (")[1].split(")")[0]
+    assert {"listener", "speller", "attention"} <= {part.split()[0] for part in measured.split(", ")}
+    assert f"4 update(s) from update 1 on had a gradient norm over {FAR_ABOVE:g} x train.grad_clip" in logs["clipped"]
+    assert "gradient norm over" not in logs["recipe"] and "norm before clipping" not in logs["recipe"]
