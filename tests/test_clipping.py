@@ -36,7 +36,7 @@ def test_the_first_update_far_over_the_limit_is_told_once_with_each_groups_share
     assert first[0].startswith("update 3: the gradient's norm before clipping is 2,500, "
                                "1,250 times train.grad_clip (2)")
     assert "the speller holds 64% of its square (speller 2,000, listener 1,500)" in first[0]
-    assert "1,250 times smaller" in first[0]
+    assert "1,250 times smaller" in first[0] and first[0].endswith("see docs/studies/ln_open_vocabulary.md")
     (end,) = _warnings(caplog)[1:]
     assert end.startswith(f"2 update(s) from update 3 on had a gradient norm over {FAR_ABOVE:g} x train.grad_clip "
                           "(the largest 1,000,000 at update 4)")
@@ -46,6 +46,13 @@ def test_the_first_update_far_over_the_limit_is_told_once_with_each_groups_share
                                          (4.9712, "4.97"), (0.0086321, "0.00863")])
 def test_numbers_are_written_out_to_three_digits(value, text):
     assert about(value) == text
+
+
+def test_a_transformer_s_groups_are_not_sent_to_the_lstm_study(caplog):
+    with caplog.at_level(logging.WARNING, logger="asr.train"):
+        ClippingWatch(grad_clip=1.0).on_update(None, _update(7, 1e4, {"encoder": 1e4, "decoder": 3.0}))
+    (text,) = _warnings(caplog)
+    assert "the encoder holds 100% of its square" in text and "ln_open_vocabulary" not in text
 
 
 @pytest.mark.parametrize("grad_clip, main", [(0.0, True), (5.0, False)])

@@ -28,6 +28,7 @@ logger = logging.getLogger("asr.train")
 FAR_ABOVE = 100.0
 
 STUDY = "docs/studies/ln_open_vocabulary.md"
+RECURRENT_GROUPS = ("listener", "speller")  # a LAS's LSTM stacks, as asr.training.step.gradient_groups names them
 
 
 class ClippingWatch(Hook):
@@ -75,7 +76,9 @@ def first_warning(step: int, norm: float, limit: float, group_norms: dict[str, f
         share = min(1.0, (top_norm / norm) ** 2)
         text += (f", and the {top} holds {100 * share:.0f}% of its square ({where}): every group's gradient reaches "
                  f"the optimiser {about(factor)} times smaller")
-    return text + f". A layer-normalised LSTM's recurrent norm can do this from the first updates: see {STUDY}"
+        if top in RECURRENT_GROUPS:
+            return text + f". A layer-normalised LSTM's recurrent norm can do this from the first updates: see {STUDY}"
+    return text + f". Where it comes from: grad_norm/<group> in TensorBoard, asr.compare RUN --diagnose"
 
 
 def about(value: float) -> str:
