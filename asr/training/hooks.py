@@ -24,7 +24,7 @@ does the same as one run straight. The run's own reporting (``train.log``, Tenso
 summary: :class:`asr.training.reporting.Reporting`) and its runtime record
 (:class:`asr.training.reporting.RunRecord`, which writes ``config.yaml`` when the run is built and logs what
 ran when it ends) are hooks, and so are the plateau rule that watches the epochs' validations
-(:class:`asr.training.schedules.WatchedSchedules`) and the warning on a gradient far over its clipping limit
+(:class:`asr.training.schedules.WatchedSchedules`) and the warning on gradients far over their clipping limit
 (:class:`asr.training.clipping.ClippingWatch`); a new one is a class in a file of its own, handed to
 :func:`asr.run.build_trainer` (``hooks=[...]``).
 """
