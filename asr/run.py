@@ -31,11 +31,11 @@ from asr.data.batching import batch_shapes
 from asr.experiment import ExperimentConfig, as_recipe, experiment_config_to_dict
 from asr.models import runtime
 from asr.models.registry import build_model
+from asr.training.clipping import ClippingWatch
 from asr.training.data import build_training_data, make_loader
 from asr.training.distributed import all_max, device_kind, init_distributed, resolve_device
 from asr.training.errors import TrainingError
 from asr.training.metrics import higher_is_better
-from asr.training.clipping import ClippingWatch
 from asr.training.hooks import Hook
 from asr.training.reporting import Reporting, RunLog, RunRecord, held_records, setup_logging
 from asr.training.resume import read_resume_state, refusal, remove_stale_checkpoint_writes, restore, settings_record

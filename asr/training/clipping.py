@@ -5,11 +5,11 @@ hundred or a million times over the limit is not a spike that clipping trims: th
 the limit's, whatever the gradient says, and its direction is the gradient's largest part. Where one
 module group (a LAS's listener, say) holds almost all of the norm, every other group's gradient reaches the
 optimiser shrunk by that factor. A layer-normalised LSTM whose recurrent norm undoes the LSTM's small
-initialisation does this for its first hundred or so updates (docs/studies/ln_open_vocabulary.md), and the
+initialisation does this from its first updates on (docs/studies/ln_open_vocabulary.md), and the
 run looks like one that "stops converging": the loss falls slowly while the attention stays put.
 
-:class:`ClippingWatch` counts the updates whose norm is more than :data:`FAR_ABOVE` times the limit. One
-or two such updates at the start are common in runs that learn; when :data:`PERSISTENT` of them have
+:class:`ClippingWatch` counts the updates whose norm is more than :data:`FAR_ABOVE` times the limit. A
+run that learns can have one or two at its start (docs/usage.md); when :data:`PERSISTENT` of them have
 come, it warns, naming the largest and, where an update's group norms were measured (the first update's
 always are: :class:`asr.training.reporting.RunLog` logs it in detail), the groups' norms and shares. When
 the run ends it says how many there were. It keeps nothing in the checkpoint (:mod:`asr.training.hooks`):
