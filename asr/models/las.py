@@ -94,7 +94,7 @@ class LASConfig(ModelConfig):
                 raise ValueError(f"lnlstm_recurrent_gain must be positive, got {self.lnlstm_recurrent_gain}")
             if self.lnlstm_variant != "ba2016":
                 raise ValueError(f"lnlstm_recurrent_gain: only the ba2016 cell normalises W_h h alone with a gain, "
-                                 f"not {self.lnlstm_variant}")
+                                 f"not {self.lnlstm_variant} (with it, set lnlstm_recurrent_gain to null)")
         check_backend(self.lnlstm_backend, where="lnlstm_backend")
         if self.lnlstm_build not in BUILDS:
             raise ValueError(f"lnlstm_build must be one of {', '.join(BUILDS)}, got {self.lnlstm_build!r}")
