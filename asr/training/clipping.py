@@ -91,7 +91,8 @@ def warning(step: int, count: int, first: int, largest: tuple[float, int], limit
     text += (f". At update {step_measured} the {top} held {100 * share:.0f}% of the norm's square ({where}), and "
              f"every group's gradient reached the optimiser {about(norm_measured / limit)} times smaller")
     if top in RECURRENT_GROUPS:
-        return text + f". A layer-normalised LSTM's recurrent norm can do this: see {STUDY}"
+        return text + (f". A layer-normalised LSTM's recurrent norm can do this (Ba et al.'s cell at its published "
+                       f"gain; model.lnlstm_recurrent_gain starts it lower): see {STUDY}")
     return text + ". More: asr.compare RUN --diagnose"
 
 
