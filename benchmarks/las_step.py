@@ -27,6 +27,14 @@ warm-up compiles the Triton kernels and records the CUDA graphs):
 Then the estimated time of one train-clean-100 epoch: 100.6 h of audio in
 batches of this size (padding ignored) times the whole step. Results go to
 docs/benchmarks.md by hand, with the command, GPU and date.
+
+``--compare KEY=V1,V2,...`` times instead the whole step of each recipe with KEY at each value, the
+rounds interleaved (each round times every value once, in turn, so that what else the machine does falls
+on all alike), and prints each value's median and its ratio to the first value's, measured in the same
+run: what LN costs a LAS, say::
+
+    python benchmarks/las_step.py --device cpu --threads 1 --recipes rehearsal_las.yaml \
+        --batch 8 --seconds 8 --compare model.layer_norm=both,none
 """
 
 from __future__ import annotations
@@ -184,7 +192,41 @@ def benchmark_recipe(recipe: str, args, device) -> None:
     )
 
 
-def main() -> None:
+def compare_recipe(recipe: str, key: str, values: list[str], args, device) -> list[tuple[str, float, int]]:
+    """The whole training step of ``recipe`` with ``key`` set to each of ``values`` (one model each, built
+    from seed 0, on one synthetic batch sized as the first value's recipe says), rounds interleaved; per
+    value its median seconds and its parameter count."""
+    cases = []
+    batch = None
+    for value in values:
+        config = load_experiment_config(ROOT / "recipes" / recipe, [f"{key}={value}"])
+        tokenizer, feature_dim = stand_ins(config)
+        torch.manual_seed(0)
+        model = build_model(config.model, feature_dim, tokenizer).to(device).train()
+        if batch is None:
+            frames_per_utterance = round(args.seconds * FRAMES_PER_SECOND)
+            batch_size = args.batch or max(1, config.data.max_frames_per_batch // frames_per_utterance)
+            batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, tokenizer.vocab_size,
+                                    feature_dim, device)
+        step = step_case(model, build_optimizer(model, config.train), config.train.grad_clip, batch)
+        amp = config.train.amp and device.type == "cuda"
+        cases.append((value, step, amp, sum(p.numel() for p in model.parameters())))
+    times: dict[str, list[float]] = {value: [] for value in values}
+    for index in range(args.warmup + args.repeats):
+        for value, step, amp, _ in cases:
+            seconds = measure(step, device, amp, warmup=0, repeats=1)
+            if index >= args.warmup:
+                times[value].append(seconds)
+    rows = [(value, statistics.median(times[value]), parameters) for value, _, _, parameters in cases]
+    print(f"\n{recipe}: whole step (+ clip, optimizer), batch {batch[0].size(0)} x {args.seconds:g} s, "
+          f"{key} at each value, {args.repeats} interleaved rounds after {args.warmup} warm-up")
+    for value, seconds, parameters in rows:
+        print(f"  {key}={value}: {seconds * 1e3:9.1f} ms ({seconds / rows[0][1]:.3f} x {values[0]}), "
+              f"{parameters / 1e6:.2f} M parameters")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     parser.add_argument("--batch", type=int, default=None, help="utterances per batch (default: cuda: the recipe's "
@@ -195,7 +237,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (cpu only)")
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), help="recipe files in recipes/")
-    args = parser.parse_args()
+    parser.add_argument("--compare", metavar="KEY=V1,V2", help="time the whole step with KEY at each value, "
+                        "rounds interleaved, as ratios to the first value")
+    args = parser.parse_args(argv)
+    compare = None
+    if args.compare:
+        key, _, values = args.compare.partition("=")
+        compare = (key, [value for value in values.split(",") if value])
+        if not key or len(compare[1]) < 2:
+            parser.error(f"--compare {args.compare!r}: give KEY=V1,V2 with two or more values")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device")
@@ -212,7 +262,10 @@ def main() -> None:
     print(f"{where}; torch {torch.__version__}; LNLSTM backend override: {override}")
     print(f"median of {args.repeats} rounds after {args.warmup} warm-up")
     for recipe in args.recipes:
-        benchmark_recipe(recipe, args, device)
+        if compare:
+            compare_recipe(recipe, *compare, args, device)
+        else:
+            benchmark_recipe(recipe, args, device)
 
 
 if __name__ == "__main__":
