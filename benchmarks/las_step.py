@@ -150,19 +150,27 @@ def measure(run, device, amp: bool, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def benchmark_recipe(recipe: str, args, device) -> None:
-    config = load_experiment_config(ROOT / "recipes" / recipe)
+def recipe_model(recipe: str, overrides: list[str], args, device):
+    """The recipe's config (with ``overrides``), its model built from seed 0 in training mode, and a
+    synthetic batch of --batch utterances of --seconds (default: the recipe's max_frames_per_batch filled)."""
+    config = load_experiment_config(ROOT / "recipes" / recipe, overrides)
     tokenizer, feature_dim = stand_ins(config)
-    vocab_size = tokenizer.vocab_size
     torch.manual_seed(0)
     model = build_model(config.model, feature_dim, tokenizer).to(device).train()
+    batch_size = args.batch or max(1, config.data.max_frames_per_batch // round(args.seconds * FRAMES_PER_SECOND))
+    batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, tokenizer.vocab_size, feature_dim,
+                            device)
+    return config, model, batch
+
+
+def benchmark_recipe(recipe: str, args, device) -> None:
+    config, model, batch = recipe_model(recipe, [], args, device)
     for line in runtime.lines(runtime.describe(model, device)):  # which code this measures
         print(f"  {line}")
     optimizer = build_optimizer(model, config.train)
     amp = config.train.amp and device.type == "cuda"
     frames_per_utterance = round(args.seconds * FRAMES_PER_SECOND)
-    batch_size = args.batch or max(1, config.data.max_frames_per_batch // frames_per_utterance)
-    batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, vocab_size, feature_dim, device)
+    batch_size = batch[0].size(0)
     parameters = sum(p.numel() for p in model.parameters())
     print(
         f"\n{recipe}: {config.model.type}, {parameters / 1e6:.1f} M parameters; batch {batch_size} x "
@@ -199,15 +207,8 @@ def compare_recipe(recipe: str, key: str, values: list[str], args, device) -> li
     cases = []
     batch = None
     for value in values:
-        config = load_experiment_config(ROOT / "recipes" / recipe, [f"{key}={value}"])
-        tokenizer, feature_dim = stand_ins(config)
-        torch.manual_seed(0)
-        model = build_model(config.model, feature_dim, tokenizer).to(device).train()
-        if batch is None:
-            frames_per_utterance = round(args.seconds * FRAMES_PER_SECOND)
-            batch_size = args.batch or max(1, config.data.max_frames_per_batch // frames_per_utterance)
-            batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, tokenizer.vocab_size,
-                                    feature_dim, device)
+        config, model, own_batch = recipe_model(recipe, [f"{key}={value}"], args, device)
+        batch = batch if batch is not None else own_batch
         step = step_case(model, build_optimizer(model, config.train), config.train.grad_clip, batch)
         amp = config.train.amp and device.type == "cuda"
         cases.append((value, step, amp, sum(p.numel() for p in model.parameters())))
