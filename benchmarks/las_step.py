@@ -150,13 +150,16 @@ def measure(run, device, amp: bool, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def recipe_model(recipe: str, overrides: list[str], args, device):
-    """The recipe's config (with ``overrides``), its model built from seed 0 in training mode, and a
-    synthetic batch of --batch utterances of --seconds (default: the recipe's max_frames_per_batch filled)."""
+def recipe_model(recipe: str, overrides: list[str], args, device, batch=None):
+    """The recipe's config (with ``overrides``), its model built from seed 0 in training mode, and
+    ``batch``, or when it is None a synthetic batch of --batch utterances of --seconds (default: the
+    recipe's max_frames_per_batch filled)."""
     config = load_experiment_config(ROOT / "recipes" / recipe, overrides)
     tokenizer, feature_dim = stand_ins(config)
     torch.manual_seed(0)
     model = build_model(config.model, feature_dim, tokenizer).to(device).train()
+    if batch is not None:
+        return config, model, batch
     batch_size = args.batch or max(1, config.data.max_frames_per_batch // round(args.seconds * FRAMES_PER_SECOND))
     batch = synthetic_batch(batch_size, args.seconds, args.tokens_per_second, tokenizer.vocab_size, feature_dim,
                             device)
@@ -207,8 +210,7 @@ def compare_recipe(recipe: str, key: str, values: list[str], args, device) -> li
     cases = []
     batch = None
     for value in values:
-        config, model, own_batch = recipe_model(recipe, [f"{key}={value}"], args, device)
-        batch = batch if batch is not None else own_batch
+        config, model, batch = recipe_model(recipe, [f"{key}={value}"], args, device, batch)
         step = step_case(model, build_optimizer(model, config.train), config.train.grad_clip, batch)
         amp = config.train.amp and device.type == "cuda"
         cases.append((value, step, amp, sum(p.numel() for p in model.parameters())))
