@@ -520,6 +520,23 @@ def test_progress_reports_a_study_as_it_stands_and_compares_its_runs_at_one_step
     assert f"no study folder {elsewhere}" in capsys.readouterr().err and not elsewhere.exists()
 
 
+def test_one_cell_of_a_compared_grid_reports_its_seeds_and_says_nothing_is_compared(tmp_path, capsys, caplog,
+                                                                                    monkeypatch):
+    """A documented study's command narrowed to one value of its --compare key (one cell, as a fresh clone
+    re-runs it) was refused; it reports the cell's seeds and says that it compares nothing."""
+    monkeypatch.setattr(study_cli, "band_plot", lambda study, measured=None, name="": study.out / name)
+    argv = [str(RECIPE), "--grid", "model.layer_norm=both", "train.seed=0,1", "--out", str(tmp_path),
+            "--seeds", "train.seed", "--compare", "model.layer_norm", "--progress"]
+    for run in study_cli.plan(study_cli.build_parser(), argv).runs:
+        _log_run(run.exp_dir, [3.0, 2.0, 1.5 + int(run.values["train.seed"]) / 10], 300)
+    with caplog.at_level("WARNING", logger="asr.study"):
+        assert study_cli.main(argv) == 0
+    assert "--compare model.layer_norm: the grid gives it one value (both), so nothing is compared" in caplog.text
+    text = (tmp_path / "progress.md").read_text()
+    assert "layer_norm: one value in this grid, nothing compared" in text and "each value against" not in text
+    assert "Mean ± sample std over 2 values of seed" in text
+
+
 def test_progress_reads_a_run_logged_by_epochs_and_refuses_to_cut_it_at_a_step(tmp_path, capsys):
     from torch.utils.tensorboard import SummaryWriter
 

@@ -65,7 +65,8 @@ in KEY are also decoded together as one ensemble, into
   ±1 std (``--band minmax``: minimum to maximum). ``--compare KEY`` (with
   ``--seeds``) then sets each of KEY's values against its first, per setting
   of the other keys: per measure, the difference of the means over the seeds
-  and the two-sided p of Welch's t-test;
+  and the two-sided p of Welch's t-test (a grid that gives KEY one value, one
+  cell of a larger study, compares nothing and says so);
 - ``alignments.png``: each run's attention on the same dev utterance after
   its last epoch (the ``alignment_<utterance>.png`` the trainer writes), one
   row per setting (with ``--seeds``, the seeds side by side);
@@ -287,8 +288,6 @@ def plan(parser: argparse.ArgumentParser, argv: list[str] | None) -> Study:
                 raise StudyError("--compare needs --seeds: the test is over the seeds of each value")
             if args.compare not in grid or args.compare == args.seeds:
                 raise StudyError(f"--compare {args.compare!r} is not a grid key other than --seeds ({', '.join(grid)})")
-            if len(grid[args.compare]) < 2:
-                raise StudyError(f"--compare {args.compare!r}: the grid gives it one value; give two or more")
         runs = plan_runs(args.recipe, args.overrides, grid, out, variants)
         if not args.progress:  # --progress reads the runs' folders only
             check_demo_corpora(args.recipe, args.overrides, runs)
@@ -339,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     study = plan(build_parser(), argv)
     args = study.args
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.compare and len(study.grid[args.compare]) < 2:  # one cell of a documented grid: its seeds still report
+        logger.warning("--compare %s: the grid gives it one value (%s), so nothing is compared", args.compare,
+                       study.grid[args.compare][0])
     if args.progress:
         return report_progress(study, argv)
     logger.info("%d runs: %s", len(study.runs), "; ".join(r.name for r in study.runs))
@@ -590,7 +592,9 @@ def convergence_lines(study: Study, scorings: list[Scoring], write_files: bool) 
     if write_files:
         image = band_plot(study)
         lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
-    if args.compare:
+    if args.compare and len(study.grid[args.compare]) < 2:
+        lines += [f"### {short_key(args.compare)}: one value in this grid, nothing compared", ""]
+    elif args.compare:
         compare = short_key(args.compare)
         lines += [f"### {compare}: each value against {study.grid[args.compare][0]}", "",
                   f"The difference of the means over the seeds (this value's minus {study.grid[args.compare][0]}'s) "
