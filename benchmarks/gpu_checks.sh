@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
 # Issue 82's GPU checks in one run of at most 10 minutes on one H100/H200; results under $OUT as they come.
 #
-#     OUT=/tmp/out bash benchmarks/gpu_checks.sh                 # makes the 100-hour synthetic corpus first
+#     OUT=/tmp/out bash benchmarks/gpu_checks.sh                 # makes a 30-hour synthetic corpus first
+#     OUT=/tmp/out HOURS=100 bash benchmarks/gpu_checks.sh       # LibriSpeech-100's size (about 2.5 min more)
 #     OUT=/tmp/out CORPUS=/data/c100 bash benchmarks/gpu_checks.sh  # a corpus made before (data.root: holds LibriSpeech/)
 #
 # Parts, in order of what they tell (each with its own timeout, never past the whole run's deadline, so a
 # slow part leaves the others their time; a part cut short says so in $OUT/summary.txt and keeps its log):
 #   env          GPU, driver, torch, cuDNN, and SDPA's priority order on this GPU (does torch pick cuDNN?)
-#   corpus       python -m asr.synth_librispeech (100 h; only without $CORPUS; needs the [synth] extra)
-#   transformer  recipes/librispeech100_transformer.yaml as shipped (data.pad_frames_to 64, sdpa_backend auto)
-#                for train.max_minutes=1.5: how far into its LibriSpeech-size epoch it gets in the target's
-#                1.5 minutes, s/update from train.log, the GPU's busy share sampled each second
-#   las          recipes/librispeech100.yaml, a full first epoch (no length curriculum, speller from the first
-#                update, as docs/benchmarks.md's H200 epoch) for train.max_minutes=2.5, the target: how far it
-#                gets, the CUDA graphs it records (config.yaml runtime:), the busy share
-#   conformer    as the Transformer, recipes/librispeech100_conformer.yaml
+#   corpus       benchmarks/gpu_corpus.py (asr.synth_librispeech, Pico for Piper where Piper is not installed;
+#                $HOURS hours, 30 by default; only without $CORPUS; needs the [synth] extra), on all CPU cores
+#                but two, while
 #   shapes       benchmarks/shape_variety.py on the Transformer: first and second meeting of 20 batch shapes,
-#                per SDPA backend, unpadded and with --pad-multiple 64
+#                per SDPA backend, unpadded and with --pad-multiple 64 (no corpus needed: the GPU is free)
+#   transformer  recipes/librispeech100_transformer.yaml as shipped (data.pad_frames_to 64, sdpa_backend auto)
+#                for train.max_minutes=1: s/update from train.log, how far into its epoch (the share of an
+#                epoch is the corpus' own; the target is a LibriSpeech-100 epoch in 1.5 minutes), the GPU's
+#                busy share sampled each second
+#   las          recipes/librispeech100.yaml, a full first epoch (no length curriculum, speller from the first
+#                update, as docs/benchmarks.md's H200 epoch) for train.max_minutes=2 (the recordings of CUDA
+#                graphs took the first 2.5 minutes before padding): how far it gets, the CUDA graphs it
+#                records (config.yaml runtime:), the busy share
+#   conformer    as the Transformer, recipes/librispeech100_conformer.yaml
 # Stopped by train.max_minutes, the epochs validate where they stop, on 20 dev utterances (a short pass after
-# the budget). Each part's files: $OUT/<part>/{log.txt,gpu.csv,exp/}.
+# the budget). Each part's files: $OUT/<part>/{log.txt,gpu.csv,exp/}. The minutes are the run's 10 minutes
+# shared out: corpus and shapes side by side, then three trainings with their start-up and validation.
 set -u
 OUT=${OUT:?set OUT to a folder for the results}
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-570} ))  # the whole run, less a margin for the tool around it
@@ -59,9 +65,17 @@ print(\"cudnn sdp enabled\", torch.backends.cuda.cudnn_sdp_enabled())
 "'
 
 CORPUS=${CORPUS:-}
+SHAPES='python benchmarks/shape_variety.py --device cuda --steps 20 &&
+  python benchmarks/shape_variety.py --device cuda --steps 20 --pad-multiple 64'
 if [[ -z "$CORPUS" ]]; then
-  CORPUS=/tmp/c100
-  part corpus 240 python -m asr.synth_librispeech "$CORPUS" --hours 100 --quiet
+  CORPUS=/tmp/c${HOURS:-30}
+  jobs=$(( $(nproc) - 2 )); (( jobs < 1 )) && jobs=1
+  part corpus 200 python benchmarks/gpu_corpus.py "$CORPUS" --hours "${HOURS:-30}" --jobs "$jobs" --quiet &
+  corpus_pid=$!
+  part shapes 110 bash -c "$SHAPES"
+  wait "$corpus_pid"
+else
+  part shapes 110 bash -c "$SHAPES"
 fi
 
 # a run's own figures: its last log lines with s/update, how far into the epoch, its runtime record
@@ -76,11 +90,9 @@ run_epoch() {
 
 export -f run_epoch  # timeout runs a program, so each run goes through bash -c
 export OUT CORPUS
-part transformer 170 bash -c 'run_epoch transformer librispeech100_transformer.yaml 1.5'
-part las 220 bash -c 'run_epoch las librispeech100.yaml 2.5 train.curriculum_epochs=0 train.schedules.max_duration=null \
+part transformer 120 bash -c 'run_epoch transformer librispeech100_transformer.yaml 1'
+part las 190 bash -c 'run_epoch las librispeech100.yaml 2 train.curriculum_epochs=0 train.schedules.max_duration=null \
   train.schedules.ctc_weight=null train.schedules.attention_prior=null'
-part conformer 150 bash -c 'run_epoch conformer librispeech100_conformer.yaml 1.5'
-part shapes 120 bash -c 'python benchmarks/shape_variety.py --device cuda --steps 20 &&
-  python benchmarks/shape_variety.py --device cuda --steps 20 --pad-multiple 64'
+part conformer 120 bash -c 'run_epoch conformer librispeech100_conformer.yaml 1'
 
 echo "done $(date -u +%FT%TZ), $(left) s of the deadline left" | tee -a "$SUMMARY"
