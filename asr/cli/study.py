@@ -179,6 +179,11 @@ class Study:
     threads: int
     targets: Targets
 
+    @property
+    def compares_nothing(self) -> bool:
+        """--compare names a key the grid gives one value: one cell of a documented grid, whose seeds still report."""
+        return bool(self.args.compare) and len(self.grid[self.args.compare]) < 2
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m asr.study", description=__doc__.split("\n\n")[0])
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     study = plan(build_parser(), argv)
     args = study.args
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.compare and len(study.grid[args.compare]) < 2:  # one cell of a documented grid: its seeds still report
+    if study.compares_nothing:
         logger.warning("--compare %s: the grid gives it one value (%s), so nothing is compared", args.compare,
                        study.grid[args.compare][0])
     if args.progress:
@@ -592,7 +597,7 @@ def convergence_lines(study: Study, scorings: list[Scoring], write_files: bool) 
     if write_files:
         image = band_plot(study)
         lines += [f"![mean validation curves over {seeds}]({image.name})", ""]
-    if args.compare and len(study.grid[args.compare]) < 2:
+    if study.compares_nothing:
         lines += [f"### {short_key(args.compare)}: one value in this grid, nothing compared", ""]
     elif args.compare:
         compare = short_key(args.compare)
